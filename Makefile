@@ -1,0 +1,53 @@
+# The commands a developer and CI run. `make tools` first: everything else uses bin/.
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+
+GO        ?= go
+BIN       := $(CURDIR)/bin
+GOTEST    ?= $(GO) test
+TEST_FLAGS ?= -race -count=1 -timeout 30m
+PKGS      ?= ./...
+
+# Generated files: `make check-generated` fails when they differ from what the sources give.
+GENERATED := deploy/crd deploy/rbac operator/api/v1alpha1/zz_generated.deepcopy.go
+
+.PHONY: all tools generate check-generated lint fmt vet test test-unit help
+
+all: generate lint test
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+tools: ## build the pinned temporal CLI, envtest binaries, controller-gen and linters into bin/
+	hack/tools/install.sh
+
+generate: ## regenerate deepcopy, the CRD and RBAC from the Go sources
+	$(BIN)/controller-gen object paths=./operator/api/...
+	$(BIN)/controller-gen crd paths=./operator/api/... output:crd:artifacts:config=deploy/crd
+	$(BIN)/controller-gen rbac:roleName=proxyfleet-operator paths=./operator/... output:rbac:artifacts:config=deploy/rbac/operator
+	$(BIN)/controller-gen rbac:roleName=proxyfleet-worker paths=./activities/... output:rbac:artifacts:config=deploy/rbac/worker
+
+check-generated: ## fail when generated files are stale (compares against a fresh generation)
+	@snap=$$(mktemp -d); trap 'rm -rf "$$snap"' EXIT; \
+	tar -cf "$$snap/before.tar" $(GENERATED); \
+	$(MAKE) --no-print-directory generate >/dev/null; \
+	mkdir "$$snap/before" && tar -xf "$$snap/before.tar" -C "$$snap/before"; \
+	if ! diff -r "$$snap/before/deploy/crd" deploy/crd >/dev/null || \
+	   ! diff -r "$$snap/before/deploy/rbac" deploy/rbac >/dev/null || \
+	   ! diff "$$snap/before/operator/api/v1alpha1/zz_generated.deepcopy.go" operator/api/v1alpha1/zz_generated.deepcopy.go >/dev/null; then \
+		echo "generated files were stale; they are regenerated now: review and commit them"; exit 1; \
+	fi
+
+fmt: ## gofmt the tree
+	gofmt -w $$(git ls-files '*.go')
+
+vet:
+	$(GO) vet $(PKGS)
+
+lint: check-generated vet ## gofmt, go vet, workflowcheck, staticcheck, generated files
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(BIN)/workflowcheck ./workflows/...
+	$(BIN)/staticcheck $(PKGS)
+
+test: check-generated vet ## vet, unit and integration tests (real Temporal dev server and kube-apiserver), with -race
+	$(GOTEST) $(TEST_FLAGS) $(PKGS)

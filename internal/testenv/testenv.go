@@ -1,0 +1,266 @@
+// Package testenv starts the real servers that integration tests share: a Temporal dev
+// server (the pinned `temporal` CLI) with the project's search attributes, and a
+// kube-apiserver + etcd through controller-runtime's envtest with the Proxy CRD installed.
+//
+// A package's TestMain calls Run once; tests then reach the servers through Temporal() and
+// Kube(). Both listen on free 127.0.0.1 ports and are stopped when the tests end. Missing
+// binaries are an error, not a skip: a test that silently does not run proves nothing.
+// `make tools` builds them into bin/.
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/log"
+	"go.temporal.io/sdk/testsuite"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows"
+)
+
+// Options says which servers a test package needs.
+type Options struct {
+	Temporal bool
+	Kube     bool
+}
+
+// TemporalEnv is a running Temporal dev server.
+type TemporalEnv struct {
+	// HostPort is the frontend's gRPC address.
+	HostPort string
+	// Namespace is the namespace registered on the server.
+	Namespace string
+	// Client is a client connected to the server, shared by the package's tests.
+	Client client.Client
+	// Binary is the temporal CLI, for tests that drive it like an operator would.
+	Binary string
+}
+
+// KubeEnv is a running kube-apiserver with the project's CRDs installed.
+type KubeEnv struct {
+	Config *rest.Config
+	Client ctrlclient.Client
+	Scheme *runtime.Scheme
+	// Kubectl is the pinned kubectl binary.
+	Kubectl string
+
+	kubeconfig []byte
+}
+
+var (
+	temporalEnv *TemporalEnv
+	kubeEnv     *KubeEnv
+)
+
+// Temporal returns the package's Temporal server; it fails the test if TestMain did not
+// start one.
+func Temporal(t testing.TB) *TemporalEnv {
+	t.Helper()
+	if temporalEnv == nil {
+		t.Fatal("testenv: Temporal was not started; call testenv.Run(m, testenv.Options{Temporal: true}) in TestMain")
+	}
+	return temporalEnv
+}
+
+// Kube returns the package's kube-apiserver; it fails the test if TestMain did not start one.
+func Kube(t testing.TB) *KubeEnv {
+	t.Helper()
+	if kubeEnv == nil {
+		t.Fatal("testenv: kube-apiserver was not started; call testenv.Run(m, testenv.Options{Kube: true}) in TestMain")
+	}
+	return kubeEnv
+}
+
+// Run starts the servers in opts, runs the package's tests and stops the servers. Its result
+// is the process exit code.
+func Run(m *testing.M, opts Options) int {
+	code, err := run(m, opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testenv:", err)
+		return 1
+	}
+	return code
+}
+
+func run(m *testing.M, opts Options) (code int, err error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return 0, err
+	}
+	if opts.Temporal {
+		srv, env, err := startTemporal(root)
+		if err != nil {
+			return 0, err
+		}
+		temporalEnv = env
+		defer func() {
+			env.Client.Close()
+			err = errors.Join(err, srv.Stop())
+		}()
+	}
+	if opts.Kube {
+		te, env, err := startKube(root)
+		if err != nil {
+			return 0, err
+		}
+		kubeEnv = env
+		defer func() { err = errors.Join(err, te.Stop()) }()
+	}
+	return m.Run(), nil
+}
+
+// RepoRoot finds the module root by walking up from the working directory, which go test
+// sets to the package's folder.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Binary returns the path of a pinned tool in bin/, or an error telling how to build it.
+func Binary(root, rel string) (string, error) {
+	p := filepath.Join(root, "bin", rel)
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%s is missing: run `make tools` (it builds the pinned tools into bin/)", p)
+	}
+	return p, nil
+}
+
+// TemporalBinary is the pinned temporal CLI; TEMPORAL_CLI overrides it.
+func TemporalBinary(root string) (string, error) {
+	if p := os.Getenv("TEMPORAL_CLI"); p != "" {
+		return p, nil
+	}
+	return Binary(root, "temporal")
+}
+
+func startTemporal(root string) (*testsuite.DevServer, *TemporalEnv, error) {
+	bin, err := TemporalBinary(root)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out io.Writer = io.Discard
+	if os.Getenv("TESTENV_VERBOSE") != "" {
+		out = os.Stderr
+	}
+	const namespace = "default"
+	srv, err := testsuite.StartDevServer(ctx, testsuite.DevServerOptions{
+		ExistingPath: bin,
+		ClientOptions: &client.Options{
+			Namespace: namespace,
+			Logger:    log.NewStructuredLogger(quietLogger()),
+		},
+		SearchAttributes: workflows.SearchAttributes(),
+		LogLevel:         "error",
+		Stdout:           out,
+		Stderr:           out,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("start temporal dev server: %w", err)
+	}
+	return srv, &TemporalEnv{
+		HostPort:  srv.FrontendHostPort(),
+		Namespace: namespace,
+		Client:    srv.Client(),
+		Binary:    bin,
+	}, nil
+}
+
+func startKube(root string) (*envtest.Environment, *KubeEnv, error) {
+	assets := os.Getenv("KUBEBUILDER_ASSETS")
+	if assets == "" {
+		assets = filepath.Join(root, "bin", "k8s")
+	}
+	for _, b := range []string{"kube-apiserver", "etcd", "kubectl"} {
+		if _, err := os.Stat(filepath.Join(assets, b)); err != nil {
+			return nil, nil, fmt.Errorf("%s is missing from %s: run `make tools`", b, assets)
+		}
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, nil, err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return nil, nil, err
+	}
+	te := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDDirectoryPaths:     []string{filepath.Join(root, "deploy", "crd")},
+		ErrorIfCRDPathMissing: true,
+		Scheme:                scheme,
+	}
+	cfg, err := te.Start()
+	if err != nil {
+		return nil, nil, fmt.Errorf("start kube-apiserver (envtest): %w", err)
+	}
+	c, err := ctrlclient.New(cfg, ctrlclient.Options{Scheme: scheme})
+	if err != nil {
+		return nil, nil, errors.Join(err, te.Stop())
+	}
+	admin, err := te.AddUser(envtest.User{Name: "testenv-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return nil, nil, errors.Join(err, te.Stop())
+	}
+	kubeconfig, err := admin.KubeConfig()
+	if err != nil {
+		return nil, nil, errors.Join(err, te.Stop())
+	}
+	return te, &KubeEnv{
+		Config: cfg, Client: c, Scheme: scheme,
+		Kubectl: filepath.Join(assets, "kubectl"), kubeconfig: kubeconfig,
+	}, nil
+}
+
+// Kubeconfig writes a kubeconfig for the test's kube-apiserver into a temp dir and returns
+// its path, for tests that drive kubectl or a binary like a user would.
+func (k *KubeEnv) Kubeconfig(t testing.TB) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(p, k.kubeconfig, 0o600); err != nil {
+		t.Fatalf("testenv: kubeconfig: %v", err)
+	}
+	return p
+}
+
+// RunKubectl runs the pinned kubectl against the test's kube-apiserver and returns its
+// combined output.
+func (k *KubeEnv) RunKubectl(t testing.TB, stdin io.Reader, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(k.Kubectl, append([]string{"--kubeconfig", k.Kubeconfig(t)}, args...)...)
+	cmd.Stdin = stdin
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// quietLogger keeps the SDK's info chatter out of test output; warnings still show.
+func quietLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}

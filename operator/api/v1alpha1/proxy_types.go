@@ -1,0 +1,427 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Mode says who runs the proxy.
+// +kubebuilder:validation:Enum=Managed;External
+type Mode string
+
+const (
+	// ModeManaged proxies are provisioned, replaced and deleted by this system.
+	ModeManaged Mode = "Managed"
+	// ModeExternal proxies already exist elsewhere; they are only probed and offered.
+	ModeExternal Mode = "External"
+)
+
+// Provider names a registered instance provider.
+// +kubebuilder:validation:Enum=gcp;kubernetes;local
+type Provider string
+
+// Providers known to the worker's registry.
+const (
+	ProviderGCP        Provider = "gcp"
+	ProviderKubernetes Provider = "kubernetes"
+	ProviderLocal      Provider = "local"
+)
+
+// DefaultManagedPort is the port a Managed proxy listens on when spec.port is not set:
+// Squid's conventional port, which the GCP image and the Squid pod both use.
+const DefaultManagedPort int32 = 3128
+
+// DefaultSquidImage is the pinned image of the kubernetes provider's Squid pods.
+const DefaultSquidImage = "ubuntu/squid:6.6-24.04_beta"
+
+// Duration is a Go duration string such as "10s", "5m" or "1h30m". The pattern keeps
+// CEL's duration() from failing at admission with an opaque evaluation error.
+// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+// +kubebuilder:validation:MaxLength=32
+type Duration string
+
+// ProxySpec is the desired state of one egress proxy.
+//
+// The rules below are evaluated by the API server, so a Proxy that could never work is
+// refused with a message naming the field instead of failing later inside a workflow.
+//
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || has(self.endpoint)",message="External proxies need spec.endpoint (host and port)"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.provider)",message="External proxies take no spec.provider: nothing is provisioned for them"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.cloudInit)",message="spec.cloudInit is for Managed proxies only"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !(has(self.gcp) || has(self.kubernetes) || has(self.local))",message="External proxies take no provider block (gcp, kubernetes, local)"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.port)",message="spec.port is for Managed proxies; External proxies set spec.endpoint.port"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.lifecycle)",message="spec.lifecycle is for Managed proxies only: an External endpoint cannot be replaced"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || has(self.provider)",message="Managed proxies need spec.provider (gcp, kubernetes or local)"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || !has(self.endpoint)",message="spec.endpoint is for External proxies; a Managed proxy's address comes from its instance"
+// +kubebuilder:validation:XValidation:rule="!has(self.provider) || self.provider != 'gcp' || has(self.gcp)",message="provider gcp needs the spec.gcp block"
+// +kubebuilder:validation:XValidation:rule="!has(self.provider) || self.provider != 'kubernetes' || has(self.kubernetes)",message="provider kubernetes needs the spec.kubernetes block"
+// +kubebuilder:validation:XValidation:rule="!has(self.provider) || self.provider != 'local' || has(self.local)",message="provider local needs the spec.local block"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || (has(self.gcp) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + (has(self.local) ? 1 : 0) <= 1",message="set only the block of spec.provider (one of gcp, kubernetes, local)"
+type ProxySpec struct {
+	// Mode is Managed (this system runs the instance) or External (an existing endpoint
+	// that is only probed and offered). It cannot change after creation.
+	// +kubebuilder:default=Managed
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.mode is immutable; create a new Proxy instead"
+	// +optional
+	Mode Mode `json:"mode,omitempty"`
+
+	// Provider is the registry name of the provider that runs a Managed proxy's instance.
+	// Changing it replaces the instance make-before-break, across providers.
+	// +optional
+	Provider Provider `json:"provider,omitempty"`
+
+	// Endpoint is the address of an External proxy.
+	// +optional
+	Endpoint *Endpoint `json:"endpoint,omitempty"`
+
+	// Port is the port a Managed proxy's instance listens on (default 3128).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
+
+	// Attributes are the selector labels crawlers lease by (region, country, ...). Keys and
+	// values follow the rules of Kubernetes label names and values.
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) <= 63 && k.matches('^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$'))",message="attribute keys must be 1-63 lowercase alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
+	// +optional
+	Attributes map[string]AttributeValue `json:"attributes,omitempty"`
+
+	// CloudInit points at a Secret whose data is given to a Managed instance at boot (GCP
+	// startup-script). Only a hash of it ever leaves the worker; rotating it replaces the
+	// instance. The Secret must carry the label crawl.example.com/cloud-init: "true".
+	// +optional
+	CloudInit *CloudInit `json:"cloudInit,omitempty"`
+
+	// HealthCheck says how the proxy is probed, through itself.
+	HealthCheck HealthCheck `json:"healthCheck"`
+
+	// GCP configures a Compute Engine instance (provider gcp).
+	// +optional
+	GCP *GCPSpec `json:"gcp,omitempty"`
+
+	// Kubernetes configures a Squid pod (provider kubernetes).
+	// +optional
+	Kubernetes *KubernetesSpec `json:"kubernetes,omitempty"`
+
+	// Local configures a forward proxy on the worker host's loopback (provider local).
+	// +optional
+	Local *LocalSpec `json:"local,omitempty"`
+
+	// Lifecycle sets when a Managed proxy is replaced without being asked.
+	// +optional
+	Lifecycle *Lifecycle `json:"lifecycle,omitempty"`
+
+	// MaxLeases is how many crawler leases the proxy holds at once. The default of 4 lets a
+	// proxy carry a few sticky sessions without one crawler's volume getting it banned.
+	// +kubebuilder:default=4
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +optional
+	MaxLeases int32 `json:"maxLeases,omitempty"`
+}
+
+// AttributeValue is a selector label value, validated like a Kubernetes label value.
+// +kubebuilder:validation:MaxLength=63
+// +kubebuilder:validation:XValidation:rule="self.matches('^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$')",message="attribute values must be at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
+type AttributeValue string
+
+// Endpoint is a host and port.
+type Endpoint struct {
+	// Host is a DNS name or an IP address.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="!self.contains('/') && !self.contains(' ') && !self.contains('@')",message="endpoint.host must be a bare host name or IP address, not a URL"
+	Host string `json:"host"`
+
+	// Port is the proxy's TCP port.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port"`
+}
+
+// CloudInit references the Secret key holding an instance's boot configuration.
+type CloudInit struct {
+	// SecretRef names the Secret (in the Proxy's namespace) and the key to read.
+	SecretRef SecretKeyRef `json:"secretRef"`
+}
+
+// SecretKeyRef selects a key of a Secret in the Proxy's namespace.
+type SecretKeyRef struct {
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Key string `json:"key"`
+}
+
+// HealthCheck configures the probe sent through the proxy.
+// +kubebuilder:validation:XValidation:rule="duration(self.timeout) < duration(self.interval)",message="healthCheck.timeout must be shorter than healthCheck.interval"
+type HealthCheck struct {
+	// URL is fetched through the proxy: for https, a CONNECT tunnel and TLS inside it.
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''",message="healthCheck.url must be an absolute http or https URL"
+	URL string `json:"url"`
+
+	// Interval between probes.
+	// +kubebuilder:default="10s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="healthCheck.interval must be at least 1s"
+	// +optional
+	Interval Duration `json:"interval,omitempty"`
+
+	// Timeout of one probe; shorter than the interval.
+	// +kubebuilder:default="5s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="healthCheck.timeout must be positive"
+	// +optional
+	Timeout Duration `json:"timeout,omitempty"`
+
+	// SuccessThreshold is how many consecutive successes make an unhealthy proxy healthy.
+	// +kubebuilder:default=2
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	SuccessThreshold int32 `json:"successThreshold,omitempty"`
+
+	// FailureThreshold is how many consecutive failures make a healthy proxy unhealthy.
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	FailureThreshold int32 `json:"failureThreshold,omitempty"`
+
+	// ExpectedStatus is the HTTP status the target must answer with.
+	// +kubebuilder:default=200
+	// +kubebuilder:validation:Minimum=100
+	// +kubebuilder:validation:Maximum=599
+	// +optional
+	ExpectedStatus int32 `json:"expectedStatus,omitempty"`
+}
+
+// GCPSpec configures a Compute Engine instance. Zone, machine type and image have no
+// defaults on purpose: guessing them would create billable VMs of an arbitrary shape.
+type GCPSpec struct {
+	// Project defaults to the worker's configured project.
+	// +kubebuilder:validation:Pattern=`^[a-z][-a-z0-9]{4,28}[a-z0-9]$`
+	// +optional
+	Project string `json:"project,omitempty"`
+
+	// Zone such as us-central1-a.
+	// +kubebuilder:validation:Pattern=`^[a-z]+-[a-z]+[0-9]+-[a-z]$`
+	Zone string `json:"zone"`
+
+	// MachineType such as e2-micro.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	MachineType string `json:"machineType"`
+
+	// Image is the boot image, e.g. projects/debian-cloud/global/images/family/debian-12.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Image string `json:"image"`
+
+	// Network defaults to the project's default network.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Network string `json:"network,omitempty"`
+
+	// Subnetwork, for custom-mode networks.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Subnetwork string `json:"subnetwork,omitempty"`
+
+	// Tags are network tags (they select firewall rules).
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +optional
+	Tags []NetworkTag `json:"tags,omitempty"`
+
+	// Labels are added to the instance beside the ownership labels, which they cannot
+	// override.
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) <= 63 && k.matches('^[a-z][-_a-z0-9]*$') && !k.startsWith('proxyfleet-'))",message="gcp.labels keys must be 1-63 lowercase letters, digits, '-' or '_', start with a letter, and not start with the reserved prefix proxyfleet-"
+	// +optional
+	Labels map[string]GCPLabelValue `json:"labels,omitempty"`
+}
+
+// NetworkTag is a GCP network tag.
+// +kubebuilder:validation:Pattern=`^[a-z]([-a-z0-9]*[a-z0-9])?$`
+// +kubebuilder:validation:MaxLength=63
+type NetworkTag string
+
+// GCPLabelValue is a GCP label value.
+// +kubebuilder:validation:Pattern=`^[-_a-z0-9]*$`
+// +kubebuilder:validation:MaxLength=63
+type GCPLabelValue string
+
+// KubernetesSpec configures a Squid pod.
+type KubernetesSpec struct {
+	// Image of the pod; Squid listening on spec.port.
+	// +kubebuilder:default="ubuntu/squid:6.6-24.04_beta"
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	Image string `json:"image,omitempty"`
+
+	// Namespace the pod runs in; defaults to the Proxy's namespace.
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	Namespace string `json:"namespace,omitempty"`
+
+	// Resources of the Squid container.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+}
+
+// LocalSpec configures a forward proxy run by the local proxy host on 127.0.0.1. It has no
+// fields yet; the block exists so a Managed proxy always names its provider's settings.
+type LocalSpec struct{}
+
+// Lifecycle sets automatic replacement of a Managed proxy.
+// +kubebuilder:validation:XValidation:rule="!has(self.banWindow) || has(self.banReplaceTargets)",message="lifecycle.banWindow needs lifecycle.banReplaceTargets"
+type Lifecycle struct {
+	// MaxAge replaces the instance once it is this old (at least 10m).
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10m')",message="lifecycle.maxAge must be at least 10m"
+	// +optional
+	MaxAge *Duration `json:"maxAge,omitempty"`
+
+	// BanReplaceTargets replaces the instance when crawlers report it banned on this many
+	// distinct targets within BanWindow.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	BanReplaceTargets *int32 `json:"banReplaceTargets,omitempty"`
+
+	// BanWindow is how far back ban reports count (default 1h).
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1m')",message="lifecycle.banWindow must be at least 1m"
+	// +optional
+	BanWindow *Duration `json:"banWindow,omitempty"`
+
+	// UnhealthyReplaceAfter replaces an instance that stayed unhealthy this long. Off when
+	// unset.
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('30s')",message="lifecycle.unhealthyReplaceAfter must be at least 30s"
+	// +optional
+	UnhealthyReplaceAfter *Duration `json:"unhealthyReplaceAfter,omitempty"`
+}
+
+// Phase summarises where a Proxy is in its life.
+type Phase string
+
+// Phases, in the order a Managed proxy normally goes through them.
+const (
+	PhasePending      Phase = "Pending"
+	PhaseProvisioning Phase = "Provisioning"
+	PhaseReady        Phase = "Ready"
+	PhaseUnhealthy    Phase = "Unhealthy"
+	PhaseReplacing    Phase = "Replacing"
+	PhaseDeleting     Phase = "Deleting"
+	PhaseFailed       Phase = "Failed"
+)
+
+// Condition types.
+const (
+	// ConditionProvisioned is True while an instance (or the External endpoint) exists
+	// with an address.
+	ConditionProvisioned = "Provisioned"
+	// ConditionHealthy is True while probes through the proxy succeed.
+	ConditionHealthy = "Healthy"
+	// ConditionQuotaExceeded is True while the provider refuses for quota; it is a wait,
+	// never a failure.
+	ConditionQuotaExceeded = "QuotaExceeded"
+	// ConditionReady is True when the proxy is provisioned and healthy: it can be leased.
+	ConditionReady = "Ready"
+)
+
+// Condition reasons.
+const (
+	ReasonPending          = "Pending"
+	ReasonProvisioning     = "Provisioning"
+	ReasonInstanceRunning  = "InstanceRunning"
+	ReasonExternalEndpoint = "ExternalEndpoint"
+	ReasonReplacing        = "Replacing"
+	ReasonDeleting         = "Deleting"
+	ReasonProviderError    = "ProviderError"
+	ReasonPermanentError   = "PermanentError"
+	ReasonCloudInitError   = "CloudInitError"
+	ReasonQuotaExceeded    = "QuotaExceeded"
+	ReasonQuotaAvailable   = "QuotaAvailable"
+	ReasonProbeSucceeded   = "ProbeSucceeded"
+	ReasonProbeFailed      = "ProbeFailed"
+	ReasonNotProbed        = "NotProbed"
+	ReasonReady            = "Ready"
+	ReasonNotReady         = "NotReady"
+)
+
+// ProxyStatus is written only by the Proxy's workflow, through an activity.
+type ProxyStatus struct {
+	// Phase summarises the conditions.
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+	// IP is the address crawlers connect to.
+	// +optional
+	IP string `json:"ip,omitempty"`
+	// Port is the port crawlers connect to.
+	// +optional
+	Port int32 `json:"port,omitempty"`
+	// InstanceName is the provider-side name of the current instance.
+	// +optional
+	InstanceName string `json:"instanceName,omitempty"`
+	// ProviderID identifies the current instance to its provider.
+	// +optional
+	ProviderID string `json:"providerID,omitempty"`
+	// Replacements counts instances replaced over the Proxy's life.
+	// +optional
+	Replacements int32 `json:"replacements,omitempty"`
+	// LatencyMillis is the latency of the last recorded probe.
+	// +optional
+	LatencyMillis int64 `json:"latencyMillis,omitempty"`
+	// LastHealthCheckTime is when the last recorded probe ran. Probes that change nothing
+	// are not recorded; their recency is in the worker's metrics.
+	// +optional
+	LastHealthCheckTime *metav1.Time `json:"lastHealthCheckTime,omitempty"`
+	// ObservedGeneration is the spec generation the workflow has applied.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// WorkflowID is the Temporal workflow that owns this Proxy.
+	// +optional
+	WorkflowID string `json:"workflowID,omitempty"`
+	// Conditions: Provisioned, Healthy, QuotaExceeded, Ready.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Proxy is one egress proxy for crawlers: a Managed instance this system runs, or an
+// External endpoint it only probes and offers.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=px,categories=crawl
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="IP",type=string,JSONPath=`.status.ip`
+// +kubebuilder:printcolumn:name="Healthy",type=string,JSONPath=`.status.conditions[?(@.type=="Healthy")].status`
+// +kubebuilder:printcolumn:name="Latency",type=integer,JSONPath=`.status.latencyMillis`,description="latency of the last recorded probe, in milliseconds"
+// +kubebuilder:printcolumn:name="Provider",type=string,JSONPath=`.spec.provider`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Proxy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   ProxySpec   `json:"spec"`
+	Status ProxyStatus `json:"status,omitempty"`
+}
+
+// ProxyList is a list of Proxies.
+//
+// +kubebuilder:object:root=true
+type ProxyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Proxy `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Proxy{}, &ProxyList{})
+}

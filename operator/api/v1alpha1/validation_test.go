@@ -1,0 +1,250 @@
+package v1alpha1_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Run(m, testenv.Options{Kube: true}))
+}
+
+// newNamespace gives each test its own namespace so objects never collide.
+func newNamespace(t *testing.T) string {
+	t.Helper()
+	k := testenv.Kube(t)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "validation-"}}
+	require.NoError(t, k.Client.Create(context.Background(), ns))
+	return ns.Name
+}
+
+// readObjects decodes every document of a multi-document YAML file.
+func readObjects(t *testing.T, path string) []*unstructured.Unstructured {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		u := &unstructured.Unstructured{}
+		err := dec.Decode(&u.Object)
+		if errors.Is(err, io.EOF) {
+			return objs
+		}
+		require.NoError(t, err, path)
+		if len(u.Object) > 0 {
+			objs = append(objs, u)
+		}
+	}
+}
+
+func TestSamplesAreAccepted(t *testing.T) {
+	k := testenv.Kube(t)
+	root, err := testenv.RepoRoot()
+	require.NoError(t, err)
+	files, err := filepath.Glob(filepath.Join(root, "deploy", "samples", "*.yaml"))
+	require.NoError(t, err)
+
+	// The design promises one sample per way of running a proxy.
+	seen := map[string]bool{}
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			ns := newNamespace(t)
+			for _, obj := range readObjects(t, file) {
+				obj.SetNamespace(ns)
+				require.NoError(t, k.Client.Create(context.Background(), obj), "%s %s", obj.GetKind(), obj.GetName())
+				if obj.GetKind() != "Proxy" {
+					continue
+				}
+				var p v1alpha1.Proxy
+				require.NoError(t, k.Client.Get(context.Background(), client.ObjectKeyFromObject(obj), &p))
+				kind := string(p.Spec.Mode)
+				if p.Spec.Mode == v1alpha1.ModeManaged {
+					kind += "/" + string(p.Spec.Provider)
+				}
+				seen[kind] = true
+				// Defaults are applied by the API server, so every consumer sees them.
+				assert.Equal(t, int32(2), p.Spec.HealthCheck.SuccessThreshold)
+				assert.Equal(t, int32(3), p.Spec.HealthCheck.FailureThreshold)
+				assert.Equal(t, int32(200), p.Spec.HealthCheck.ExpectedStatus)
+				assert.NotEmpty(t, p.Spec.HealthCheck.Interval)
+				assert.NotEmpty(t, p.Spec.HealthCheck.Timeout)
+				assert.GreaterOrEqual(t, p.Spec.MaxLeases, int32(1))
+			}
+		})
+	}
+	for _, want := range []string{"Managed/gcp", "Managed/kubernetes", "Managed/local", "External"} {
+		assert.True(t, seen[want], "no sample for %s in deploy/samples", want)
+	}
+}
+
+// createProxy creates a Proxy whose spec is given as YAML and returns the API server's error.
+func createProxy(t *testing.T, ns, name, specYAML string) error {
+	t.Helper()
+	var spec map[string]any
+	require.NoError(t, yaml.Unmarshal([]byte(specYAML), &spec))
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(),
+		"kind":       "Proxy",
+		"metadata":   map[string]any{"name": name, "namespace": ns},
+		"spec":       spec,
+	}}
+	return testenv.Kube(t).Client.Create(context.Background(), u)
+}
+
+func TestDefaults(t *testing.T) {
+	k := testenv.Kube(t)
+	ns := newNamespace(t)
+	require.NoError(t, createProxy(t, ns, "minimal", `
+provider: kubernetes
+kubernetes: {}
+healthCheck: {url: "http://127.0.0.1:1/"}
+`))
+	var p v1alpha1.Proxy
+	require.NoError(t, k.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "minimal"}, &p))
+	assert.Equal(t, v1alpha1.ModeManaged, p.Spec.Mode)
+	assert.Equal(t, v1alpha1.Duration("10s"), p.Spec.HealthCheck.Interval)
+	assert.Equal(t, v1alpha1.Duration("5s"), p.Spec.HealthCheck.Timeout)
+	assert.Equal(t, int32(2), p.Spec.HealthCheck.SuccessThreshold)
+	assert.Equal(t, int32(3), p.Spec.HealthCheck.FailureThreshold)
+	assert.Equal(t, int32(200), p.Spec.HealthCheck.ExpectedStatus)
+	assert.Equal(t, int32(4), p.Spec.MaxLeases)
+	assert.Equal(t, v1alpha1.DefaultSquidImage, p.Spec.Kubernetes.Image)
+	assert.Equal(t, v1alpha1.DefaultManagedPort, p.Spec.EffectivePort())
+}
+
+func TestInvalidProxiesAreRejected(t *testing.T) {
+	ns := newNamespace(t)
+	const hc = `healthCheck: {url: "http://127.0.0.1:1/"}`
+	cases := []struct {
+		name, spec, want string
+	}{
+		{"external without endpoint", "mode: External\n" + hc,
+			"External proxies need spec.endpoint (host and port)"},
+		{"external with provider", "mode: External\nendpoint: {host: a.example, port: 8080}\nprovider: local\n" + hc,
+			"External proxies take no spec.provider"},
+		{"external with cloudInit", "mode: External\nendpoint: {host: a.example, port: 8080}\ncloudInit: {secretRef: {name: s, key: k}}\n" + hc,
+			"spec.cloudInit is for Managed proxies only"},
+		{"external with provider block", "mode: External\nendpoint: {host: a.example, port: 8080}\ngcp: {zone: us-central1-a, machineType: e2-micro, image: img}\n" + hc,
+			"External proxies take no provider block"},
+		{"external with port", "mode: External\nendpoint: {host: a.example, port: 8080}\nport: 3128\n" + hc,
+			"spec.port is for Managed proxies; External proxies set spec.endpoint.port"},
+		{"external with lifecycle", "mode: External\nendpoint: {host: a.example, port: 8080}\nlifecycle: {maxAge: 1h}\n" + hc,
+			"spec.lifecycle is for Managed proxies only"},
+		{"external endpoint is a URL", "mode: External\nendpoint: {host: 'http://a.example', port: 8080}\n" + hc,
+			"endpoint.host must be a bare host name or IP address"},
+		{"managed without provider", "local: {}\n" + hc,
+			"Managed proxies need spec.provider"},
+		{"managed with endpoint", "provider: local\nlocal: {}\nendpoint: {host: a.example, port: 8080}\n" + hc,
+			"spec.endpoint is for External proxies"},
+		{"gcp without block", "provider: gcp\n" + hc,
+			"provider gcp needs the spec.gcp block"},
+		{"kubernetes without block", "provider: kubernetes\n" + hc,
+			"provider kubernetes needs the spec.kubernetes block"},
+		{"local without block", "provider: local\n" + hc,
+			"provider local needs the spec.local block"},
+		{"two provider blocks", "provider: local\nlocal: {}\nkubernetes: {}\n" + hc,
+			"set only the block of spec.provider"},
+		{"unknown provider", "provider: aws\n" + hc,
+			`Unsupported value: "aws"`},
+		{"gcp without zone", "provider: gcp\ngcp: {machineType: e2-micro, image: img}\n" + hc,
+			"spec.gcp.zone: Required value"},
+		{"gcp reserved label", "provider: gcp\ngcp: {zone: us-central1-a, machineType: e2-micro, image: img, labels: {proxyfleet-uid: x}}\n" + hc,
+			"not start with the reserved prefix proxyfleet-"},
+		{"port too large", "provider: local\nlocal: {}\nport: 70000\n" + hc,
+			"spec.port: Invalid value: 70000: spec.port in body should be less than or equal to 65535"},
+		{"endpoint port zero", "mode: External\nendpoint: {host: a.example, port: 0}\n" + hc,
+			"spec.endpoint.port in body should be greater than or equal to 1"},
+		{"timeout not below interval", "provider: local\nlocal: {}\nhealthCheck: {url: 'http://127.0.0.1:1/', interval: 5s, timeout: 5s}",
+			"healthCheck.timeout must be shorter than healthCheck.interval"},
+		{"interval below 1s", "provider: local\nlocal: {}\nhealthCheck: {url: 'http://127.0.0.1:1/', interval: 500ms, timeout: 100ms}",
+			"healthCheck.interval must be at least 1s"},
+		{"duration not parseable", "provider: local\nlocal: {}\nhealthCheck: {url: 'http://127.0.0.1:1/', interval: 10 seconds}",
+			"spec.healthCheck.interval in body should match"},
+		{"url not http", "provider: local\nlocal: {}\nhealthCheck: {url: 'ftp://127.0.0.1/x'}",
+			"healthCheck.url must be an absolute http or https URL"},
+		{"url relative", "provider: local\nlocal: {}\nhealthCheck: {url: '/healthz'}",
+			"healthCheck.url must be an absolute http or https URL"},
+		{"health check missing", "provider: local\nlocal: {}",
+			"spec.healthCheck: Required value"},
+		{"failure threshold zero", "provider: local\nlocal: {}\nhealthCheck: {url: 'http://127.0.0.1:1/', failureThreshold: 0}",
+			"spec.healthCheck.failureThreshold in body should be greater than or equal to 1"},
+		{"success threshold zero", "provider: local\nlocal: {}\nhealthCheck: {url: 'http://127.0.0.1:1/', successThreshold: 0}",
+			"spec.healthCheck.successThreshold in body should be greater than or equal to 1"},
+		{"expected status out of range", "provider: local\nlocal: {}\nhealthCheck: {url: 'http://127.0.0.1:1/', expectedStatus: 700}",
+			"spec.healthCheck.expectedStatus in body should be less than or equal to 599"},
+		{"maxAge below 10m", "provider: local\nlocal: {}\nlifecycle: {maxAge: 5m}\n" + hc,
+			"lifecycle.maxAge must be at least 10m"},
+		{"banWindow without targets", "provider: local\nlocal: {}\nlifecycle: {banWindow: 1h}\n" + hc,
+			"lifecycle.banWindow needs lifecycle.banReplaceTargets"},
+		{"banReplaceTargets zero", "provider: local\nlocal: {}\nlifecycle: {banReplaceTargets: 0}\n" + hc,
+			"spec.lifecycle.banReplaceTargets in body should be greater than or equal to 1"},
+		{"attribute key invalid", "provider: local\nlocal: {}\nattributes: {'Region!': x}\n" + hc,
+			"attribute keys must be 1-63 lowercase alphanumerics"},
+		{"attribute value invalid", "provider: local\nlocal: {}\nattributes: {region: 'us central'}\n" + hc,
+			"attribute values must be at most 63 alphanumerics"},
+		{"maxLeases zero", "provider: local\nlocal: {}\nmaxLeases: 0\n" + hc,
+			"spec.maxLeases in body should be greater than or equal to 1"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := createProxy(t, ns, "invalid-"+strconv.Itoa(i), tc.spec)
+			require.Error(t, err, "the API server accepted an invalid Proxy")
+			assert.True(t, apierrors.IsInvalid(err), "want 422 Invalid, got %v", err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestModeIsImmutable(t *testing.T) {
+	k := testenv.Kube(t)
+	ns := newNamespace(t)
+	require.NoError(t, createProxy(t, ns, "flip", "provider: local\nlocal: {}\nhealthCheck: {url: 'http://127.0.0.1:1/'}"))
+	var p v1alpha1.Proxy
+	require.NoError(t, k.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "flip"}, &p))
+	p.Spec = v1alpha1.ProxySpec{
+		Mode:        v1alpha1.ModeExternal,
+		Endpoint:    &v1alpha1.Endpoint{Host: "a.example", Port: 8080},
+		HealthCheck: p.Spec.HealthCheck,
+		MaxLeases:   p.Spec.MaxLeases,
+	}
+	err := k.Client.Update(context.Background(), &p)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "spec.mode is immutable; create a new Proxy instead")
+
+	// Other edits remain allowed.
+	require.NoError(t, k.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "flip"}, &p))
+	p.Spec.Attributes = map[string]v1alpha1.AttributeValue{"region": "local"}
+	require.NoError(t, k.Client.Update(context.Background(), &p))
+}
+
+// TestCRDPrinterColumns checks that `kubectl get proxies` shows what the docs promise.
+func TestCRDPrinterColumns(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	require.NoError(t, err)
+	raw, err := os.ReadFile(filepath.Join(root, "deploy", "crd", "crawl.example.com_proxies.yaml"))
+	require.NoError(t, err)
+	for _, col := range []string{"name: Phase", "name: IP", "name: Healthy", "name: Latency", "name: Age", "- px"} {
+		assert.True(t, bytes.Contains(raw, []byte(col)), "CRD lacks %q", col)
+	}
+}

@@ -1,0 +1,15 @@
+// Package controller is the thin Kubernetes side of the system: it turns Proxy events into
+// Temporal signals (SignalWithStart "spec", "delete") and holds a finalizer until the
+// Proxy's workflow has deleted its instance. It never writes Proxy status; the workflow is
+// the single writer, through an activity.
+package controller
+
+// The operator's permissions, kept beside the code that needs them and rendered into
+// deploy/rbac/operator by `make generate`.
+//
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxies/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
