@@ -22,7 +22,7 @@ K8S_VERSION=1.36.3
 build_spec() {
 	local kv="k8s.io/component-base/version k8s.io/client-go/pkg/version" ld="-s -w"
 	case $1 in
-	temporal) echo "temporal temporal github.com/temporalio/cli/cmd/temporal" ;;
+	temporal) echo "temporal temporal github.com/temporalio/cli/cmd/temporal -X github.com/temporalio/cli/temporalcli.Version=1.5.1" ;;
 	etcd) echo "etcd etcd go.etcd.io/etcd/server/v3" ;;
 	kube-apiserver | kubectl)
 		for p in $kv; do

@@ -1,0 +1,150 @@
+// Package provider is the contract every instance provider (gcp, kubernetes, local)
+// implements, with the error taxonomy the workflow acts on and the ownership labels that let
+// the orphan sweeper prove an instance is ours.
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+// State is where an instance is in its provider's lifecycle.
+type State string
+
+const (
+	// StateProvisioning: exists but cannot carry traffic yet (includes GCP RUNNING without an
+	// external IP, and a Pod without an IP).
+	StateProvisioning State = "Provisioning"
+	// StateRunning: has an address and should accept connections.
+	StateRunning State = "Running"
+	// StateStopped: exists but will not come back by itself; the workflow replaces it.
+	StateStopped State = "Stopped"
+	// StateDeleting: being torn down.
+	StateDeleting State = "Deleting"
+)
+
+// Ownership labels every instance carries. The sweeper deletes only instances that carry
+// both and whose UID belongs to no live Proxy. Values are valid GCP label values and
+// Kubernetes label values.
+const (
+	LabelProxyUID     = "proxyfleet-uid"
+	LabelInstallation = "proxyfleet-installation"
+	LabelManagedBy    = "proxyfleet-managed-by"
+	ManagedByValue    = "proxyfleet"
+)
+
+// Instance is what a provider reports about one instance.
+type Instance struct {
+	// Name is the provider-side name, chosen by the workflow (see InstanceName).
+	Name string `json:"name"`
+	// ProviderID locates the instance for Get and Delete (e.g. zones/<zone>/instances/<name>).
+	ProviderID string `json:"providerID"`
+	State      State  `json:"state"`
+	// IP is the address crawlers connect to; empty until Running.
+	IP   string `json:"ip,omitempty"`
+	Port int32  `json:"port,omitempty"`
+	// CreatedAt is the provider's creation time (the sweeper's minimum-age rule uses it).
+	CreatedAt time.Time `json:"createdAt"`
+	// Labels are the instance's ownership labels as the provider stores them.
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// ProxyUID returns the owning Proxy's UID label, or "".
+func (i Instance) ProxyUID() string { return i.Labels[LabelProxyUID] }
+
+// CreateRequest describes an instance to create. CloudInit carries Secret data in memory
+// only: it is read by the activity and must never be returned, logged or recorded.
+type CreateRequest struct {
+	Name         string
+	ProxyUID     string
+	Installation string
+	Namespace    string // the Proxy's namespace
+	Port         int32
+	Spec         v1alpha1.ProxySpec
+	CloudInit    []byte
+}
+
+// Labels are the ownership labels for the instance.
+func (r CreateRequest) Labels() map[string]string {
+	return map[string]string{
+		LabelProxyUID:     r.ProxyUID,
+		LabelInstallation: r.Installation,
+		LabelManagedBy:    ManagedByValue,
+	}
+}
+
+// Provider runs instances. Every method is idempotent: Create of an existing name returns
+// that instance, Delete of a missing one succeeds.
+type Provider interface {
+	Create(ctx context.Context, req CreateRequest) (Instance, error)
+	// Get returns ErrNotFound (wrapped) when the instance does not exist.
+	Get(ctx context.Context, providerID string) (Instance, error)
+	Delete(ctx context.Context, providerID string) error
+	// ListByTag lists the instances carrying this installation's ownership label.
+	ListByTag(ctx context.Context, installation string) ([]Instance, error)
+}
+
+// Registry maps provider names (spec.provider) to implementations.
+type Registry map[v1alpha1.Provider]Provider
+
+// Get returns the named provider or a permanent error naming the known ones.
+func (r Registry) Get(name v1alpha1.Provider) (Provider, error) {
+	p, ok := r[name]
+	if !ok {
+		return nil, Permanent(fmt.Errorf("provider %q is not configured on this worker", name))
+	}
+	return p, nil
+}
+
+// ErrNotFound reports an instance that does not exist.
+var ErrNotFound = errors.New("instance not found")
+
+// Kind classifies provider errors by what the workflow should do about them.
+type Kind int
+
+const (
+	// KindTransient errors are retried with backoff.
+	KindTransient Kind = iota
+	// KindQuota errors are a wait: condition QuotaExceeded and a slow retry, never Failed.
+	KindQuota
+	// KindPermanent errors will not succeed on retry: phase Failed until the spec changes.
+	KindPermanent
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindQuota:
+		return "quota"
+	case KindPermanent:
+		return "permanent"
+	default:
+		return "transient"
+	}
+}
+
+type classified struct {
+	kind Kind
+	err  error
+}
+
+func (c *classified) Error() string { return c.err.Error() }
+func (c *classified) Unwrap() error { return c.err }
+
+// QuotaError marks err as a quota refusal.
+func QuotaError(err error) error { return &classified{kind: KindQuota, err: err} }
+
+// Permanent marks err as one that retrying cannot fix.
+func Permanent(err error) error { return &classified{kind: KindPermanent, err: err} }
+
+// Class returns the kind of err; unmarked errors are transient.
+func Class(err error) Kind {
+	var c *classified
+	if errors.As(err, &c) {
+		return c.kind
+	}
+	return KindTransient
+}
