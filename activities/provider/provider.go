@@ -86,6 +86,9 @@ type Provider interface {
 	Delete(ctx context.Context, providerID string) error
 	// ListByTag lists the instances carrying this installation's ownership label.
 	ListByTag(ctx context.Context, installation string) ([]Instance, error)
+	// ProviderID is the ID Create returns for req, known without calling the provider, so
+	// an instance whose creation was cut short can still be deleted.
+	ProviderID(req CreateRequest) string
 }
 
 // Registry maps provider names (spec.provider) to implementations.

@@ -1,0 +1,341 @@
+package activities
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/temporal"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	"github.com/proxyfleet/proxyfleet/activities/probe"
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+// Application error types the workflow branches on. Errors of these types are never retried
+// by Temporal: the workflow decides what happens next.
+const (
+	ErrTypeQuota     = "Quota"
+	ErrTypePermanent = "Permanent"
+	ErrTypeCloudInit = "CloudInit"
+)
+
+// Activities holds the dependencies of every activity. Workflows call its methods through a
+// nil *Activities, so activity names are checked by the compiler.
+type Activities struct {
+	Providers provider.Registry
+	// Kube reads Proxies and Secrets and writes Proxy status. It should not be a cached
+	// client: Secrets are read once per use and never kept.
+	Kube client.Client
+	// Installation is this deployment's id; every instance is labelled with it.
+	Installation string
+	// Prober sends probes through proxies; nil uses probe.Probe with default settings.
+	Prober Prober
+	Log    *slog.Logger
+}
+
+// Prober sends one probe through a proxy.
+type Prober interface {
+	Probe(ctx context.Context, req probe.Request) probe.Result
+}
+
+func (a *Activities) log() *slog.Logger {
+	if a.Log != nil {
+		return a.Log
+	}
+	return slog.Default()
+}
+
+// classify turns a provider error into what the workflow acts on: quota and permanent errors
+// become non-retryable application errors of a known type; anything else stays retryable.
+func classify(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := op + ": " + err.Error()
+	switch provider.Class(err) {
+	case provider.KindQuota:
+		return temporal.NewNonRetryableApplicationError(msg, ErrTypeQuota, nil)
+	case provider.KindPermanent:
+		return temporal.NewNonRetryableApplicationError(msg, ErrTypePermanent, nil)
+	default:
+		return fmt.Errorf("%s: %w", op, err)
+	}
+}
+
+// InstanceInput locates one instance of a Proxy.
+type InstanceInput struct {
+	Provider  v1alpha1.Provider  `json:"provider"`
+	Name      string             `json:"name"`
+	ProxyUID  string             `json:"proxyUID"`
+	Namespace string             `json:"namespace"`
+	Spec      v1alpha1.ProxySpec `json:"spec"`
+	// ProviderID is empty when Create never returned; it is then derived from the name.
+	ProviderID string `json:"providerID,omitempty"`
+	// PollInterval is how often to ask the provider; MaxWait bounds WaitRunning.
+	PollInterval time.Duration `json:"pollInterval,omitempty"`
+	MaxWait      time.Duration `json:"maxWait,omitempty"`
+}
+
+func (in InstanceInput) request(installation string) provider.CreateRequest {
+	return provider.CreateRequest{
+		Name: in.Name, ProxyUID: in.ProxyUID, Installation: installation,
+		Namespace: in.Namespace, Port: in.Spec.EffectivePort(), Spec: in.Spec,
+	}
+}
+
+func (a *Activities) locate(in InstanceInput) (provider.Provider, string, error) {
+	p, err := a.Providers.Get(in.Provider)
+	if err != nil {
+		return nil, "", err
+	}
+	id := in.ProviderID
+	if id == "" {
+		id = p.ProviderID(in.request(a.Installation))
+	}
+	return p, id, nil
+}
+
+// CreateResult is what CreateInstance reports.
+type CreateResult struct {
+	Instance provider.Instance `json:"instance"`
+	// SecretHash is the hash of the cloud-init data the instance was actually built from.
+	SecretHash string `json:"secretHash,omitempty"`
+}
+
+// CreateInstance asks the provider for an instance. It is idempotent: the name is
+// deterministic, and "already exists" is success, so a retry after a crash adopts the
+// instance an earlier attempt created.
+func (a *Activities) CreateInstance(ctx context.Context, in InstanceInput) (CreateResult, error) {
+	p, err := a.Providers.Get(in.Provider)
+	if err != nil {
+		return CreateResult{}, classify("create", err)
+	}
+	req := in.request(a.Installation)
+	var res CreateResult
+	if ref := in.Spec.CloudInit; ref != nil {
+		data, err := a.readCloudInit(ctx, in.Namespace, ref.SecretRef)
+		if err != nil {
+			return CreateResult{}, err
+		}
+		req.CloudInit = data
+		res.SecretHash = hashData(data)
+	}
+	inst, err := p.Create(ctx, req)
+	if err != nil {
+		return CreateResult{}, classify("create "+in.Name, err)
+	}
+	res.Instance = inst
+	a.log().InfoContext(ctx, "instance created", "provider", in.Provider, "instance", inst.Name, "providerID", inst.ProviderID)
+	return res, nil
+}
+
+// WaitResult is what WaitRunning reports.
+type WaitResult struct {
+	Instance provider.Instance `json:"instance"`
+	// Gone is true when the instance does not exist (deleted behind our back).
+	Gone bool `json:"gone,omitempty"`
+}
+
+// WaitRunning polls the provider until the instance runs with an address, is gone or
+// stopped, or MaxWait passes (then it reports the instance still provisioning, so the
+// workflow can say how long it has waited). It heartbeats, so a worker crash resumes the
+// wait elsewhere and a cancelled wait stops promptly.
+func (a *Activities) WaitRunning(ctx context.Context, in InstanceInput) (WaitResult, error) {
+	p, id, err := a.locate(in)
+	if err != nil {
+		return WaitResult{}, classify("wait", err)
+	}
+	poll := orDefault(in.PollInterval, 5*time.Second)
+	deadline := time.Now().Add(orDefault(in.MaxWait, 10*time.Minute))
+	var last provider.Instance
+	for {
+		inst, err := p.Get(ctx, id)
+		switch {
+		case errors.Is(err, provider.ErrNotFound):
+			return WaitResult{Gone: true}, nil
+		case err != nil && provider.Class(err) == provider.KindPermanent:
+			return WaitResult{}, classify("get "+id, err)
+		case err != nil:
+			// A flaky Get is no reason to give up the wait; the heartbeat says we are alive.
+			a.log().WarnContext(ctx, "get instance failed; will poll again", "providerID", id, "error", err)
+		default:
+			last = inst
+			if inst.State == provider.StateRunning && inst.IP != "" || inst.State == provider.StateStopped {
+				return WaitResult{Instance: inst}, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return WaitResult{Instance: last}, nil
+		}
+		activity.RecordHeartbeat(ctx, last.State)
+		select {
+		case <-ctx.Done():
+			return WaitResult{}, ctx.Err()
+		case <-time.After(poll):
+		}
+	}
+}
+
+// DeleteInstance deletes the instance and waits until the provider no longer has it,
+// issuing the delete again while it lingers: a Create that raced an earlier delete must not
+// leave an instance behind. Missing instances are success.
+func (a *Activities) DeleteInstance(ctx context.Context, in InstanceInput) error {
+	p, id, err := a.locate(in)
+	if err != nil {
+		return classify("delete", err)
+	}
+	poll := orDefault(in.PollInterval, 5*time.Second)
+	for i := 0; ; i++ {
+		if i%6 == 0 {
+			if err := p.Delete(ctx, id); err != nil && !errors.Is(err, provider.ErrNotFound) {
+				// Permanent errors are retried too: giving up would leak the instance and wedge
+				// the Proxy's finalizer. The workflow keeps retrying with backoff, visibly.
+				return fmt.Errorf("delete %s: %w", id, err)
+			}
+		}
+		_, err := p.Get(ctx, id)
+		if errors.Is(err, provider.ErrNotFound) {
+			a.log().InfoContext(ctx, "instance deleted", "provider", in.Provider, "providerID", id)
+			return nil
+		}
+		activity.RecordHeartbeat(ctx, i)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(poll):
+		}
+	}
+}
+
+// HashInput names a cloud-init Secret key.
+type HashInput struct {
+	Namespace string                `json:"namespace"`
+	Ref       v1alpha1.SecretKeyRef `json:"ref"`
+}
+
+// HashCloudInit returns a hash of the cloud-init data. The data itself never leaves this
+// function: only the hash goes into workflow history, to detect rotation.
+func (a *Activities) HashCloudInit(ctx context.Context, in HashInput) (string, error) {
+	data, err := a.readCloudInit(ctx, in.Namespace, in.Ref)
+	if err != nil {
+		return "", err
+	}
+	return hashData(data), nil
+}
+
+func (a *Activities) readCloudInit(ctx context.Context, namespace string, ref v1alpha1.SecretKeyRef) ([]byte, error) {
+	var s corev1.Secret
+	err := a.Kube.Get(ctx, types.NamespacedName{Namespace: namespace, Name: ref.Name}, &s)
+	if apierrors.IsNotFound(err) {
+		return nil, temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("cloud-init Secret %s/%s not found", namespace, ref.Name), ErrTypeCloudInit, nil)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read cloud-init Secret %s/%s: %w", namespace, ref.Name, err)
+	}
+	if s.Labels[v1alpha1.LabelCloudInit] != "true" {
+		return nil, temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("Secret %s/%s lacks the label %s=true that marks it as cloud-init", namespace, ref.Name, v1alpha1.LabelCloudInit),
+			ErrTypeCloudInit, nil)
+	}
+	data, ok := s.Data[ref.Key]
+	if !ok {
+		return nil, temporal.NewNonRetryableApplicationError(
+			fmt.Sprintf("cloud-init Secret %s/%s has no key %q", namespace, ref.Name, ref.Key), ErrTypeCloudInit, nil)
+	}
+	return data, nil
+}
+
+func hashData(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// PublishInput is a status to write on one Proxy object.
+type PublishInput struct {
+	Namespace string               `json:"namespace"`
+	Name      string               `json:"name"`
+	UID       string               `json:"uid"`
+	Status    v1alpha1.ProxyStatus `json:"status"`
+}
+
+// PublishStatus writes the status subresource. The workflow is its only writer. It skips
+// objects with another UID (a Proxy recreated under the same name is not ours) and keeps a
+// condition's transition time when its status has not changed.
+func (a *Activities) PublishStatus(ctx context.Context, in PublishInput) error {
+	var p v1alpha1.Proxy
+	err := a.Kube.Get(ctx, types.NamespacedName{Namespace: in.Namespace, Name: in.Name}, &p)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get proxy: %w", err)
+	}
+	if string(p.UID) != in.UID {
+		return nil
+	}
+	before := p.DeepCopy()
+	conds := p.Status.Conditions
+	p.Status = in.Status
+	p.Status.Conditions = conds
+	for _, c := range in.Status.Conditions {
+		c.ObservedGeneration = in.Status.ObservedGeneration
+		meta.SetStatusCondition(&p.Status.Conditions, c)
+	}
+	if equality.Semantic.DeepEqual(before.Status, p.Status) {
+		return nil
+	}
+	if err := a.Kube.Status().Patch(ctx, &p, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("patch proxy status: %w", err)
+	}
+	return nil
+}
+
+// ObjectRef names one Proxy object.
+type ObjectRef struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid"`
+}
+
+// ReleaseFinalizer lets a deleted Proxy go once its instances are gone. It only touches the
+// object with the workflow's UID, and only while that object is being deleted.
+func (a *Activities) ReleaseFinalizer(ctx context.Context, in ObjectRef) error {
+	var p v1alpha1.Proxy
+	err := a.Kube.Get(ctx, types.NamespacedName{Namespace: in.Namespace, Name: in.Name}, &p)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get proxy: %w", err)
+	}
+	if string(p.UID) != in.UID || p.DeletionTimestamp == nil || !controllerutil.ContainsFinalizer(&p, v1alpha1.Finalizer) {
+		return nil
+	}
+	before := p.DeepCopy()
+	controllerutil.RemoveFinalizer(&p, v1alpha1.Finalizer)
+	if err := a.Kube.Patch(ctx, &p, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("remove finalizer: %w", err)
+	}
+	return nil
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}

@@ -1,0 +1,209 @@
+package activities
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"go.temporal.io/sdk/activity"
+
+	"github.com/proxyfleet/proxyfleet/activities/probe"
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+// Health is a recorded verdict about a proxy. The workflow keeps the last one and hands it
+// to the next Monitor, so a restart continues from it instead of starting from "unknown".
+type Health struct {
+	// Known is false until the first verdict.
+	Known         bool      `json:"known"`
+	Healthy       bool      `json:"healthy"`
+	LatencyMillis int64     `json:"latencyMillis,omitempty"`
+	CheckedAt     time.Time `json:"checkedAt,omitempty"`
+	// Since is when the current verdict began.
+	Since       time.Time  `json:"since,omitempty"`
+	LastFailure string     `json:"lastFailure,omitempty"`
+	FailureKind probe.Kind `json:"failureKind,omitempty"`
+}
+
+// Why a Monitor returned.
+const (
+	MonitorVerdict = "verdict" // the verdict flipped (or became known)
+	MonitorLatency = "latency" // latency moved enough to be worth recording
+	MonitorGone    = "gone"    // the instance no longer exists
+	MonitorStopped = "stopped" // the instance exists but will not serve again
+)
+
+// MonitorInput configures one Monitor run.
+type MonitorInput struct {
+	// Target is the proxy's host:port.
+	Target      string               `json:"target"`
+	HealthCheck v1alpha1.HealthCheck `json:"healthCheck"`
+	// Last is the recorded verdict the monitor starts from.
+	Last Health `json:"last"`
+	// Instance is checked for drift every DriftInterval; nil for External proxies.
+	Instance      *InstanceInput `json:"instance,omitempty"`
+	DriftInterval time.Duration  `json:"driftInterval,omitempty"`
+	// LatencyEvery rate-limits latency-only reports (default 1m).
+	LatencyEvery time.Duration `json:"latencyEvery,omitempty"`
+}
+
+// MonitorResult is a change worth recording.
+type MonitorResult struct {
+	Reason   string            `json:"reason"`
+	Health   Health            `json:"health"`
+	Instance provider.Instance `json:"instance,omitempty"`
+}
+
+// monitorProgress is heartbeated, so a Monitor resumed on another worker keeps its counts.
+type monitorProgress struct {
+	Health     Health    `json:"health"`
+	ConsecOK   int       `json:"consecOK"`
+	ConsecFail int       `json:"consecFail"`
+	LastReport time.Time `json:"lastReport"`
+	LastDrift  time.Time `json:"lastDrift"`
+}
+
+// Monitor probes the proxy every interval (with jitter) and checks the provider every drift
+// interval. It returns only when something is worth writing down, so a stable proxy adds
+// nothing to workflow history. It heartbeats after every probe.
+func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResult, error) {
+	interval, err := in.HealthCheck.Interval.ParseDuration(10 * time.Second)
+	if err != nil {
+		return MonitorResult{}, classify("monitor", err)
+	}
+	timeout, err := in.HealthCheck.Timeout.ParseDuration(5 * time.Second)
+	if err != nil {
+		return MonitorResult{}, classify("monitor", err)
+	}
+	st := monitorProgress{Health: in.Last, LastReport: time.Now()}
+	resumed := false
+	if activity.HasHeartbeatDetails(ctx) {
+		var prev monitorProgress
+		if err := activity.GetHeartbeatDetails(ctx, &prev); err == nil {
+			st, resumed = prev, true
+		}
+	}
+	th := thresholds{
+		success: max(int(in.HealthCheck.SuccessThreshold), 1),
+		failure: max(int(in.HealthCheck.FailureThreshold), 1),
+		latency: orDefault(in.LatencyEvery, time.Minute),
+	}
+	var prv provider.Provider
+	var providerID string
+	if in.Instance != nil {
+		if prv, providerID, err = a.locate(*in.Instance); err != nil {
+			return MonitorResult{}, classify("monitor", err)
+		}
+	}
+	drift := orDefault(in.DriftInterval, 2*time.Minute)
+	if st.LastDrift.IsZero() {
+		st.LastDrift = time.Now()
+	}
+
+	// A proxy with no verdict is probed at once; one with a verdict (a restart) waits a
+	// random part of the interval, so a restarted worker does not probe its whole fleet in
+	// the same second.
+	wait := time.Duration(0)
+	if st.Health.Known || resumed {
+		wait = time.Duration(rand.Int64N(int64(interval)))
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return MonitorResult{}, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = jitter(interval)
+
+		res := a.prober().Probe(ctx, probe.Request{
+			Proxy: in.Target, URL: in.HealthCheck.URL, Timeout: timeout,
+			ExpectedStatus: int(in.HealthCheck.ExpectedStatus),
+		})
+		if ctx.Err() != nil {
+			return MonitorResult{}, ctx.Err()
+		}
+		now := time.Now()
+		if reason, changed := th.record(&st, res, now); changed {
+			return MonitorResult{Reason: reason, Health: st.Health}, nil
+		}
+
+		if prv != nil && now.Sub(st.LastDrift) >= drift {
+			st.LastDrift = now
+			inst, err := prv.Get(ctx, providerID)
+			switch {
+			case errors.Is(err, provider.ErrNotFound):
+				return MonitorResult{Reason: MonitorGone, Health: st.Health}, nil
+			case err != nil:
+				a.log().WarnContext(ctx, "drift check failed", "providerID", providerID, "error", err)
+			case inst.State == provider.StateStopped:
+				return MonitorResult{Reason: MonitorStopped, Health: st.Health, Instance: inst}, nil
+			}
+		}
+		activity.RecordHeartbeat(ctx, st)
+	}
+}
+
+func (a *Activities) prober() Prober {
+	if a.Prober != nil {
+		return a.Prober
+	}
+	return probe.Prober{}
+}
+
+// thresholds decide when probe results become a recorded change.
+type thresholds struct {
+	success, failure int
+	latency          time.Duration
+}
+
+// record folds one probe result into st and reports whether it is worth returning for.
+// A verdict flips only after a full run of successes or failures; a latency change counts
+// only while healthy, only when it moves by more than max(20ms, 50%), and at most once per
+// latency interval, so jitter never writes status.
+func (th thresholds) record(st *monitorProgress, res probe.Result, now time.Time) (string, bool) {
+	h := &st.Health
+	h.CheckedAt = now
+	if res.OK {
+		st.ConsecOK++
+		st.ConsecFail = 0
+	} else {
+		st.ConsecFail++
+		st.ConsecOK = 0
+		h.LastFailure = res.Message
+		h.FailureKind = res.Kind
+	}
+	latency := res.Latency.Milliseconds()
+	switch {
+	case (!h.Known || !h.Healthy) && st.ConsecOK >= th.success:
+		h.Known, h.Healthy, h.Since, h.LatencyMillis = true, true, now, latency
+		h.LastFailure, h.FailureKind = "", ""
+		st.LastReport = now
+		return MonitorVerdict, true
+	case (!h.Known || h.Healthy) && st.ConsecFail >= th.failure:
+		h.Known, h.Healthy, h.Since = true, false, now
+		st.LastReport = now
+		return MonitorVerdict, true
+	case h.Known && h.Healthy && res.OK && now.Sub(st.LastReport) >= th.latency:
+		delta := latency - h.LatencyMillis
+		if delta < 0 {
+			delta = -delta
+		}
+		if delta > max(20, h.LatencyMillis/2) {
+			h.LatencyMillis = latency
+			st.LastReport = now
+			return MonitorLatency, true
+		}
+	}
+	return "", false
+}
+
+// jitter spreads probes of many proxies over time: ±10% of the interval.
+func jitter(d time.Duration) time.Duration {
+	span := int64(d) / 5
+	if span <= 0 {
+		return d
+	}
+	return d - time.Duration(span/2) + time.Duration(rand.Int64N(span))
+}

@@ -1,0 +1,222 @@
+package workflows
+
+import (
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+// step is the next thing ProxyWorkflow does. plan chooses it from the state alone, so every
+// decision is a table test away from being checked, without Temporal or a provider.
+type step int
+
+const (
+	// stepIdle waits for a signal: there is no spec yet, or a permanent failure is latched.
+	stepIdle step = iota
+	// stepFinish ends the workflow: deletion is done.
+	stepFinish
+	// stepDelete deletes Retiring[0] and waits until it is gone.
+	stepDelete
+	// stepHash (re)computes the cloud-init Secret's hash.
+	stepHash
+	// stepCreate creates the current instance (none yet, or its creation did not finish).
+	stepCreate
+	// stepRetireCurrent drops a current instance that is not serving and no longer matches
+	// the spec; nothing is lost by deleting it first.
+	stepRetireCurrent
+	// stepWaitRunning waits for the current instance to get an address.
+	stepWaitRunning
+	// stepCreateNext creates the replacement while the current instance keeps serving.
+	stepCreateNext
+	// stepRetireNext drops a replacement that no longer matches the spec or is not needed.
+	stepRetireNext
+	// stepWaitNext waits for the replacement to get an address.
+	stepWaitNext
+	// stepVerifyNext probes the running replacement before traffic moves to it.
+	stepVerifyNext
+	// stepPromote makes the verified replacement current and retires the old instance.
+	stepPromote
+	// stepSteady monitors the proxy and waits for signals, timers or a retry time.
+	stepSteady
+)
+
+var stepNames = map[step]string{
+	stepIdle: "idle", stepFinish: "finish", stepDelete: "delete", stepHash: "hash",
+	stepCreate: "create", stepRetireCurrent: "retire-current", stepWaitRunning: "wait-running",
+	stepCreateNext: "create-next", stepRetireNext: "retire-next", stepWaitNext: "wait-next",
+	stepVerifyNext: "verify-next", stepPromote: "promote", stepSteady: "steady",
+}
+
+func (s step) String() string { return stepNames[s] }
+
+// plan returns the next step for state s at time now.
+func plan(s *ProxyState, now time.Time) step {
+	// Deletes come first: an instance we no longer want costs money and may carry traffic
+	// the spec no longer allows.
+	if len(s.Retiring) > 0 {
+		if now.Before(s.DeleteRetryAt) {
+			return stepSteady
+		}
+		return stepDelete
+	}
+	if s.Deleting {
+		return stepFinish
+	}
+	if s.Spec == nil {
+		return stepIdle
+	}
+	if s.Spec.EffectiveMode() == v1alpha1.ModeExternal {
+		return stepSteady
+	}
+	if s.Failure != nil && s.Failure.Generation == s.Generation {
+		return stepIdle
+	}
+	if now.Before(s.RetryAt) {
+		return stepSteady
+	}
+	if s.NeedHash {
+		return stepHash
+	}
+	desired := DesiredHash(s.Spec, s.SecretHash)
+	cur := s.Instance
+	if cur != nil && cur.Hash != desired && !cur.Running() {
+		return stepRetireCurrent
+	}
+	if cur == nil || !cur.Created {
+		return stepCreate
+	}
+	if !cur.Running() {
+		return stepWaitRunning
+	}
+	if cur.Hash != desired || s.ReplaceReason != "" {
+		next := s.Next
+		switch {
+		case next != nil && next.Hash != desired:
+			return stepRetireNext
+		case next == nil || !next.Created:
+			return stepCreateNext
+		case !next.Running():
+			return stepWaitNext
+		case next.Health == nil:
+			return stepVerifyNext
+		default:
+			return stepPromote
+		}
+	}
+	if s.Next != nil {
+		// The replacement is no longer needed (e.g. the spec was edited back).
+		return stepRetireNext
+	}
+	return stepSteady
+}
+
+// phase derives the Proxy's phase from the state.
+func phase(s *ProxyState) v1alpha1.Phase {
+	switch {
+	case s.Deleting:
+		return v1alpha1.PhaseDeleting
+	case s.Spec == nil:
+		return v1alpha1.PhasePending
+	case s.Failure != nil && s.Failure.Generation == s.Generation:
+		return v1alpha1.PhaseFailed
+	}
+	external := s.Spec.EffectiveMode() == v1alpha1.ModeExternal
+	if !external {
+		if !s.Instance.Running() {
+			if s.Counter == 0 && s.Quota == "" && s.CloudInitError == "" && s.LastError == "" {
+				return v1alpha1.PhasePending
+			}
+			return v1alpha1.PhaseProvisioning
+		}
+		if s.Next != nil || s.ReplaceReason != "" || s.Instance.Hash != DesiredHash(s.Spec, s.SecretHash) && !s.NeedHash {
+			return v1alpha1.PhaseReplacing
+		}
+	}
+	switch {
+	case !s.Health.Known:
+		return v1alpha1.PhaseProvisioning
+	case s.Health.Healthy:
+		return v1alpha1.PhaseReady
+	default:
+		return v1alpha1.PhaseUnhealthy
+	}
+}
+
+// status derives the Proxy's status subresource from the state. Condition times are left
+// to the activity, which keeps a condition's transition time when its status is unchanged.
+func status(s *ProxyState, workflowID string) v1alpha1.ProxyStatus {
+	ph := phase(s)
+	st := v1alpha1.ProxyStatus{
+		Phase:              ph,
+		Replacements:       s.Replacements,
+		ObservedGeneration: s.Generation,
+		WorkflowID:         workflowID,
+	}
+	external := s.Spec != nil && s.Spec.EffectiveMode() == v1alpha1.ModeExternal
+	provisioned := metav1Condition(v1alpha1.ConditionProvisioned, "False", v1alpha1.ReasonPending, "waiting for the first spec")
+	switch {
+	case external:
+		st.IP = s.Spec.Endpoint.Host
+		st.Port = s.Spec.Endpoint.Port
+		provisioned = metav1Condition(v1alpha1.ConditionProvisioned, "True", v1alpha1.ReasonExternalEndpoint,
+			fmt.Sprintf("external endpoint %s:%d", s.Spec.Endpoint.Host, s.Spec.Endpoint.Port))
+	case s.Instance.Running():
+		st.IP, st.Port = s.Instance.IP, s.Instance.Port
+		st.InstanceName, st.ProviderID = s.Instance.Name, s.Instance.ProviderID
+		provisioned = metav1Condition(v1alpha1.ConditionProvisioned, "True", v1alpha1.ReasonInstanceRunning,
+			fmt.Sprintf("instance %s is running", s.Instance.Name))
+	case s.Failure != nil && s.Failure.Generation == s.Generation:
+		provisioned = metav1Condition(v1alpha1.ConditionProvisioned, "False", v1alpha1.ReasonPermanentError, s.Failure.Message)
+	case s.CloudInitError != "":
+		provisioned = metav1Condition(v1alpha1.ConditionProvisioned, "False", v1alpha1.ReasonCloudInitError, s.CloudInitError)
+	case s.Quota != "":
+		provisioned = metav1Condition(v1alpha1.ConditionProvisioned, "False", v1alpha1.ReasonQuotaExceeded, s.Quota)
+	case s.LastError != "":
+		provisioned = metav1Condition(v1alpha1.ConditionProvisioned, "False", v1alpha1.ReasonProviderError, s.LastError)
+	case s.Instance != nil:
+		provisioned = metav1Condition(v1alpha1.ConditionProvisioned, "False", v1alpha1.ReasonProvisioning,
+			fmt.Sprintf("waiting for instance %s to be running", s.Instance.Name))
+	}
+	if s.Deleting {
+		provisioned = metav1Condition(v1alpha1.ConditionProvisioned, "False", v1alpha1.ReasonDeleting, "deleting the instance")
+	} else if ph == v1alpha1.PhaseReplacing && s.Instance.Running() {
+		provisioned.Reason = v1alpha1.ReasonReplacing
+		provisioned.Message = "instance " + s.Instance.Name + " serves while its replacement is built"
+		if s.Next != nil {
+			provisioned.Message += " (" + s.Next.Name + ")"
+		}
+	}
+
+	healthy := metav1Condition(v1alpha1.ConditionHealthy, "Unknown", v1alpha1.ReasonNotProbed, "no verdict yet")
+	if s.Health.Known && (external || s.Instance.Running()) {
+		st.LatencyMillis = s.Health.LatencyMillis
+		if !s.Health.CheckedAt.IsZero() {
+			st.LastHealthCheckTime = &metav1.Time{Time: s.Health.CheckedAt}
+		}
+		if s.Health.Healthy {
+			healthy = metav1Condition(v1alpha1.ConditionHealthy, "True", v1alpha1.ReasonProbeSucceeded,
+				fmt.Sprintf("probes through the proxy succeed (%dms)", s.Health.LatencyMillis))
+		} else {
+			healthy = metav1Condition(v1alpha1.ConditionHealthy, "False", v1alpha1.ReasonProbeFailed, s.Health.LastFailure)
+		}
+	}
+
+	quota := metav1Condition(v1alpha1.ConditionQuotaExceeded, "False", v1alpha1.ReasonQuotaAvailable, "")
+	if s.Quota != "" {
+		quota = metav1Condition(v1alpha1.ConditionQuotaExceeded, "True", v1alpha1.ReasonQuotaExceeded, s.Quota)
+	}
+
+	ready := metav1Condition(v1alpha1.ConditionReady, "False", v1alpha1.ReasonNotReady, "phase "+string(ph))
+	if provisioned.Status == "True" && healthy.Status == "True" && !s.Deleting {
+		ready = metav1Condition(v1alpha1.ConditionReady, "True", v1alpha1.ReasonReady, "provisioned and healthy")
+	}
+	st.Conditions = append(st.Conditions, provisioned, healthy, quota, ready)
+	return st
+}
+
+func metav1Condition(typ, status, reason, message string) metav1.Condition {
+	return metav1.Condition{Type: typ, Status: metav1.ConditionStatus(status), Reason: reason, Message: message}
+}

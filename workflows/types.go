@@ -1,0 +1,204 @@
+package workflows
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/proxyfleet/proxyfleet/activities"
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+// ProxyWorkflowInput starts (or continues) the workflow of one Proxy. The spec arrives by
+// signal, so that starting and editing are one code path (SignalWithStart).
+type ProxyWorkflowInput struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// Installation is this deployment's id, put on every instance as an ownership label.
+	Installation string `json:"installation"`
+	// State is carried across continue-as-new; nil on a first start.
+	State *ProxyState `json:"state,omitempty"`
+	// Tuning overrides timings; zero fields take defaults. Tests shorten them.
+	Tuning Tuning `json:"tuning"`
+}
+
+// SpecSignal carries the Proxy's full current spec. The workflow applies a signal only if it
+// is newer than what it has: a higher generation, or the same generation with a different
+// cloud-init Secret version (a rotation, which does not bump the Proxy's generation).
+type SpecSignal struct {
+	UID        string `json:"uid"`
+	Generation int64  `json:"generation"`
+	// SecretVersion is the resourceVersion of the referenced cloud-init Secret, never its
+	// data: a change makes the workflow re-hash the Secret in an activity.
+	SecretVersion string             `json:"secretVersion,omitempty"`
+	Spec          v1alpha1.ProxySpec `json:"spec"`
+}
+
+// DeleteSignal asks the workflow to delete the instance of the Proxy with this UID and end.
+type DeleteSignal struct {
+	UID string `json:"uid"`
+}
+
+// ReplaceSignal asks for a make-before-break replacement, e.g. from the temporal CLI:
+// --name replace --input '{"reason":"manual"}'.
+type ReplaceSignal struct {
+	Reason string `json:"reason"`
+}
+
+// Tuning holds the workflow's timings. Defaults suit production; tests shorten them.
+type Tuning struct {
+	// QuotaRetry is how long to wait after a quota refusal before trying again.
+	QuotaRetry time.Duration `json:"quotaRetry,omitempty"`
+	// RetryBase and RetryMax bound the backoff after transient failures that outlived the
+	// activity's own retries.
+	RetryBase time.Duration `json:"retryBase,omitempty"`
+	RetryMax  time.Duration `json:"retryMax,omitempty"`
+	// PollInterval is how often activities ask the provider about an instance.
+	PollInterval time.Duration `json:"pollInterval,omitempty"`
+	// WaitRunningMax bounds one WaitRunning activity; the workflow then records that it is
+	// still waiting and starts another.
+	WaitRunningMax time.Duration `json:"waitRunningMax,omitempty"`
+	// DriftInterval is how often the monitor checks the provider that the instance exists.
+	DriftInterval time.Duration `json:"driftInterval,omitempty"`
+	// HistoryLimit forces continue-as-new after this many history events; 0 leaves it to
+	// the server's suggestion.
+	HistoryLimit int `json:"historyLimit,omitempty"`
+}
+
+// WithDefaults fills zero fields.
+func (t Tuning) WithDefaults() Tuning {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&t.QuotaRetry, 5*time.Minute)
+	def(&t.RetryBase, 5*time.Second)
+	def(&t.RetryMax, 5*time.Minute)
+	def(&t.PollInterval, 5*time.Second)
+	def(&t.WaitRunningMax, 10*time.Minute)
+	def(&t.DriftInterval, 2*time.Minute)
+	return t
+}
+
+// InstanceRef is the workflow's record of one instance. It is written before the Create
+// activity runs, so an instance whose creation was cut short is still known and deleted.
+type InstanceRef struct {
+	Provider   v1alpha1.Provider `json:"provider"`
+	Name       string            `json:"name"`
+	ProviderID string            `json:"providerID,omitempty"`
+	// Created is true once Create has returned: the provider has accepted the instance.
+	Created bool           `json:"created,omitempty"`
+	State   provider.State `json:"state,omitempty"`
+	IP      string         `json:"ip,omitempty"`
+	Port    int32          `json:"port,omitempty"`
+	// Hash is the spec hash the instance was built from; a different desired hash means
+	// it must be replaced.
+	Hash string `json:"hash"`
+	// Spec is the spec it was created with: deleting it after a provider or zone change
+	// must address it where it is, not where the new spec says.
+	Spec v1alpha1.ProxySpec `json:"spec"`
+	// CreatedAt is workflow time at creation, the start of lifecycle.maxAge.
+	CreatedAt time.Time `json:"createdAt"`
+	// Health is a replacement's own verdict, taken before traffic moves to it.
+	Health *activities.Health `json:"health,omitempty"`
+}
+
+// Running reports whether the instance can carry traffic.
+func (r *InstanceRef) Running() bool {
+	return r != nil && r.State == provider.StateRunning && r.IP != ""
+}
+
+// Failure latches a permanent error for one generation: the workflow stays Failed until a
+// newer generation arrives.
+type Failure struct {
+	Generation int64  `json:"generation"`
+	Message    string `json:"message"`
+}
+
+// ProxyState is everything the workflow knows. It is the query "state" result and what
+// continue-as-new carries.
+type ProxyState struct {
+	UID           string              `json:"uid"`
+	Generation    int64               `json:"generation"`
+	SecretVersion string              `json:"secretVersion,omitempty"`
+	Spec          *v1alpha1.ProxySpec `json:"spec,omitempty"`
+	// SecretHash is the hash of the cloud-init Secret's data; empty with NeedHash set means
+	// it must be (re)computed before the desired hash is known.
+	SecretHash string `json:"secretHash,omitempty"`
+	NeedHash   bool   `json:"needHash,omitempty"`
+
+	Phase v1alpha1.Phase `json:"phase"`
+	// Instance serves traffic; Next is its replacement being built; Retiring are
+	// instances to delete.
+	Instance *InstanceRef  `json:"instance,omitempty"`
+	Next     *InstanceRef  `json:"next,omitempty"`
+	Retiring []InstanceRef `json:"retiring,omitempty"`
+	// Counter numbers instances, so every instance of a Proxy has a distinct name.
+	Counter      int   `json:"counter"`
+	Replacements int32 `json:"replacements"`
+	// ReplaceReason is set while a replacement not caused by a spec change is pending.
+	ReplaceReason string `json:"replaceReason,omitempty"`
+
+	Deleting bool     `json:"deleting,omitempty"`
+	Failure  *Failure `json:"failure,omitempty"`
+	// Quota is the provider's quota message while creation waits on quota.
+	Quota string `json:"quota,omitempty"`
+	// CloudInitError is set while the cloud-init Secret cannot be read.
+	CloudInitError string `json:"cloudInitError,omitempty"`
+	// RetryAt holds off provider calls after a failure; Attempt counts consecutive ones.
+	RetryAt   time.Time `json:"retryAt,omitempty"`
+	// DeleteRetryAt holds off deletes after a failed one, separately from creates: a quota
+	// wait for a replacement must not delay deleting an instance nobody wants.
+	DeleteRetryAt time.Time `json:"deleteRetryAt,omitempty"`
+	Attempt   int       `json:"attempt,omitempty"`
+	LastError string    `json:"lastError,omitempty"`
+
+	Health activities.Health `json:"health"`
+
+	// Successor is a spec for a new object with the same name that arrived while this one
+	// was being deleted; the workflow continues as new for it once deletion is done.
+	Successor *SpecSignal `json:"successor,omitempty"`
+}
+
+// DesiredHash is the hash of everything that shapes an instance: provider, port, provider
+// block, cloud-init reference and the Secret data's hash. Attributes, health checks and
+// lease limits are left out: changing them never needs a new instance.
+//
+// encoding/json is deterministic here (struct fields in order, map keys sorted); workflowcheck
+// flags it only because reflection can allocate.
+//
+//workflowcheck:ignore
+func DesiredHash(spec *v1alpha1.ProxySpec, secretHash string) string {
+	shape := struct {
+		Provider   v1alpha1.Provider        `json:"provider"`
+		Port       int32                    `json:"port"`
+		GCP        *v1alpha1.GCPSpec        `json:"gcp,omitempty"`
+		Kubernetes *v1alpha1.KubernetesSpec `json:"kubernetes,omitempty"`
+		Local      *v1alpha1.LocalSpec      `json:"local,omitempty"`
+		CloudInit  *v1alpha1.CloudInit      `json:"cloudInit,omitempty"`
+		SecretHash string                   `json:"secretHash,omitempty"`
+	}{spec.Provider, spec.EffectivePort(), spec.GCP, spec.Kubernetes, spec.Local, spec.CloudInit, secretHash}
+	b, err := json.Marshal(shape)
+	if err != nil {
+		// The struct has only marshalable fields; this cannot happen.
+		panic(fmt.Sprintf("hash spec: %v", err))
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// InstanceName is the deterministic name of a Proxy's n-th instance: valid as a GCP
+// instance name and a Pod name ([a-z]([-a-z0-9]*[a-z0-9])?, at most 63 characters). 80 bits
+// of the UID's hash keep names of different Proxies apart; the counter keeps a Proxy's
+// replacement apart from the instance it replaces, so both can exist at once.
+func InstanceName(uid string, n int) string {
+	sum := sha256.Sum256([]byte(uid))
+	enc := strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:10]))
+	return fmt.Sprintf("px-%s-%d", enc, n)
+}
