@@ -46,6 +46,16 @@ func SearchAttributes() temporal.SearchAttributes {
 	)
 }
 
+// InitialSearchAttributes are set when a ProxyWorkflow starts, so a Proxy is findable in the
+// Web UI before its first step runs.
+func InitialSearchAttributes(provider string) temporal.SearchAttributes {
+	return temporal.NewSearchAttributes(
+		SearchAttrPhase.ValueSet("Pending"),
+		SearchAttrProvider.ValueSet(provider),
+		SearchAttrHealthy.ValueSet(false),
+	)
+}
+
 // ProxyWorkflowIDPrefix starts every ProxyWorkflow ID; visibility queries use it to tell
 // proxy workflows from the GC workflow.
 const ProxyWorkflowIDPrefix = "proxy/"

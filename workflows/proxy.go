@@ -379,7 +379,7 @@ func (w *proxyWorkflow) create(ctx workflow.Context, name string) error {
 	}
 	ref.Created = true
 	ref.ProviderID = res.Instance.ProviderID
-	ref.State, ref.IP, ref.Port = res.Instance.State, res.Instance.IP, res.Instance.Port
+	ref.State, ref.IP, ref.Port = res.Instance.State, res.Instance.IP, portOr(res.Instance.Port, &ref.Spec)
 	if ref.Spec.CloudInit != nil && res.SecretHash != "" && res.SecretHash != w.state.SecretHash && !w.state.Deleting {
 		// The Secret changed between hashing and creating: the instance was built from the
 		// newer data, which is now what we want.
@@ -434,7 +434,7 @@ func (w *proxyWorkflow) waitRunning(ctx workflow.Context, name string) error {
 		w.state.Retiring = append(w.state.Retiring, *ref)
 		w.dropLive(name)
 	default:
-		ref.State, ref.IP, ref.Port = res.Instance.State, res.Instance.IP, res.Instance.Port
+		ref.State, ref.IP, ref.Port = res.Instance.State, res.Instance.IP, portOr(res.Instance.Port, &ref.Spec)
 		if ref.ProviderID == "" {
 			ref.ProviderID = res.Instance.ProviderID
 		}
@@ -482,6 +482,15 @@ func (w *proxyWorkflow) verifyNext(ctx workflow.Context) error {
 		s.RetryAt = workflow.Now(ctx).Add(w.backoff(s.Attempt))
 	}
 	return nil
+}
+
+// portOr is the instance's port as its provider reports it, or the spec's when the
+// provider does not know it (a VM's listening port is whatever its image configures).
+func portOr(p int32, spec *v1alpha1.ProxySpec) int32 {
+	if p != 0 {
+		return p
+	}
+	return spec.EffectivePort()
 }
 
 func (w *proxyWorkflow) promote(ctx workflow.Context) {

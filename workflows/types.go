@@ -152,12 +152,12 @@ type ProxyState struct {
 	// CloudInitError is set while the cloud-init Secret cannot be read.
 	CloudInitError string `json:"cloudInitError,omitempty"`
 	// RetryAt holds off provider calls after a failure; Attempt counts consecutive ones.
-	RetryAt   time.Time `json:"retryAt,omitempty"`
+	RetryAt time.Time `json:"retryAt,omitempty"`
 	// DeleteRetryAt holds off deletes after a failed one, separately from creates: a quota
 	// wait for a replacement must not delay deleting an instance nobody wants.
 	DeleteRetryAt time.Time `json:"deleteRetryAt,omitempty"`
-	Attempt   int       `json:"attempt,omitempty"`
-	LastError string    `json:"lastError,omitempty"`
+	Attempt       int       `json:"attempt,omitempty"`
+	LastError     string    `json:"lastError,omitempty"`
 
 	Health activities.Health `json:"health"`
 

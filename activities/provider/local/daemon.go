@@ -1,0 +1,421 @@
+// Package local is the provider for running a fleet on one machine: a small host daemon
+// (cmd/localproxyd) runs real forward proxies on 127.0.0.1, and Provider drives it over a
+// JSON control API. Instances live in the daemon, not the worker, so they outlive worker
+// restarts exactly as cloud instances do; a thousand of them cost a thousand idle
+// listeners.
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Instance states reported by the daemon.
+const (
+	StateProvisioning = "Provisioning"
+	StateRunning      = "Running"
+	StateStopped      = "Stopped"
+)
+
+// InstanceInfo is the control API's view of an instance.
+type InstanceInfo struct {
+	Name      string            `json:"name"`
+	State     string            `json:"state"`
+	IP        string            `json:"ip"`
+	Port      int               `json:"port"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	CreatedAt time.Time         `json:"createdAt"`
+	Fault     Fault             `json:"fault,omitempty"`
+}
+
+// CreateRequest is the body of PUT /v1/instances/{name}.
+type CreateRequest struct {
+	Labels map[string]string `json:"labels,omitempty"`
+	// CreatedAt back-dates an instance (tests of the orphan sweeper's minimum age).
+	CreatedAt *time.Time `json:"createdAt,omitempty"`
+}
+
+// DaemonOptions configure a Daemon.
+type DaemonOptions struct {
+	// StateFile keeps instances across daemon restarts ("" keeps them in memory only).
+	StateFile string
+	// ProvisionDelay keeps new instances Provisioning this long before they listen, so
+	// waits and deletes during provisioning can be exercised.
+	ProvisionDelay time.Duration
+	// AllowRemote lets proxies reach non-loopback targets.
+	AllowRemote bool
+	Log         *slog.Logger
+}
+
+// Daemon runs local proxy instances.
+type Daemon struct {
+	opts DaemonOptions
+	log  *slog.Logger
+
+	mu        sync.Mutex
+	instances map[string]*instance
+	closed    bool
+}
+
+type instance struct {
+	info     InstanceInfo
+	proxy    *ForwardProxy
+	server   *http.Server
+	listener net.Listener
+	ready    *time.Timer
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// NewDaemon creates a daemon and restores the instances in its state file.
+func NewDaemon(opts DaemonOptions) (*Daemon, error) {
+	d := &Daemon{opts: opts, log: opts.Log, instances: map[string]*instance{}}
+	if d.log == nil {
+		d.log = slog.Default()
+	}
+	if opts.StateFile == "" {
+		return d, nil
+	}
+	raw, err := os.ReadFile(opts.StateFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return d, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read state: %w", err)
+	}
+	var saved []InstanceInfo
+	if err := json.Unmarshal(raw, &saved); err != nil {
+		return nil, fmt.Errorf("parse state %s: %w", opts.StateFile, err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, info := range saved {
+		inst := &instance{info: info, proxy: &ForwardProxy{AllowRemote: opts.AllowRemote}}
+		inst.proxy.SetFault(info.Fault)
+		d.instances[info.Name] = inst
+		if info.State != StateStopped {
+			// Come back on the same port, so addresses recorded elsewhere stay true.
+			if err := d.listen(inst, info.Port); err != nil {
+				d.log.Warn("instance could not listen on its old port; marked stopped", "instance", info.Name, "port", info.Port, "error", err)
+				inst.info.State = StateStopped
+			}
+		}
+	}
+	return d, d.saveLocked()
+}
+
+// listen starts the instance's proxy on 127.0.0.1:port (0 picks a free port).
+func (d *Daemon) listen(inst *instance, port int) error {
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return err
+	}
+	inst.listener = ln
+	inst.server = &http.Server{Handler: inst.proxy, ReadHeaderTimeout: 30 * time.Second}
+	inst.info.IP = "127.0.0.1"
+	inst.info.Port = ln.Addr().(*net.TCPAddr).Port
+	inst.info.State = StateRunning
+	srv := inst.server
+	go func() { _ = srv.Serve(ln) }()
+	return nil
+}
+
+func (d *Daemon) stopLocked(inst *instance) {
+	if inst.ready != nil {
+		inst.ready.Stop()
+		inst.ready = nil
+	}
+	if inst.server != nil {
+		// Close, not Shutdown: a killed proxy drops its connections, tunnels included.
+		_ = inst.server.Close()
+		inst.server, inst.listener = nil, nil
+	}
+	inst.proxy.SetFault(FaultNone) // releases hung requests
+}
+
+// Create starts an instance, or returns the existing one: creating is idempotent.
+func (d *Daemon) Create(name string, req CreateRequest) (InstanceInfo, bool, error) {
+	if !nameRE.MatchString(name) {
+		return InstanceInfo{}, false, fmt.Errorf("invalid instance name %q", name)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return InstanceInfo{}, false, errors.New("daemon is shutting down")
+	}
+	if inst, ok := d.instances[name]; ok {
+		return inst.info, false, nil
+	}
+	created := time.Now().UTC()
+	if req.CreatedAt != nil {
+		created = req.CreatedAt.UTC()
+	}
+	inst := &instance{
+		info:  InstanceInfo{Name: name, Labels: req.Labels, CreatedAt: created, State: StateProvisioning},
+		proxy: &ForwardProxy{AllowRemote: d.opts.AllowRemote},
+	}
+	if d.opts.ProvisionDelay > 0 {
+		inst.ready = time.AfterFunc(d.opts.ProvisionDelay, func() {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if cur, ok := d.instances[name]; !ok || cur != inst || inst.info.State != StateProvisioning {
+				return
+			}
+			if err := d.listen(inst, 0); err != nil {
+				d.log.Error("instance failed to listen", "instance", name, "error", err)
+				inst.info.State = StateStopped
+			}
+			_ = d.saveLocked()
+		})
+	} else if err := d.listen(inst, 0); err != nil {
+		return InstanceInfo{}, false, err
+	}
+	d.instances[name] = inst
+	d.log.Info("instance created", "instance", name, "port", inst.info.Port)
+	return inst.info, true, d.saveLocked()
+}
+
+// Get returns an instance.
+func (d *Daemon) Get(name string) (InstanceInfo, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	inst, ok := d.instances[name]
+	if !ok {
+		return InstanceInfo{}, false
+	}
+	return inst.info, true
+}
+
+// Delete stops and forgets an instance; it reports whether one existed.
+func (d *Daemon) Delete(name string) (bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	inst, ok := d.instances[name]
+	if !ok {
+		return false, nil
+	}
+	d.stopLocked(inst)
+	delete(d.instances, name)
+	d.log.Info("instance deleted", "instance", name)
+	return true, d.saveLocked()
+}
+
+// Kill stops an instance's listener but keeps its record, as a crashed VM would be: the
+// provider then reports it Stopped.
+func (d *Daemon) Kill(name string) (InstanceInfo, bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	inst, ok := d.instances[name]
+	if !ok {
+		return InstanceInfo{}, false, nil
+	}
+	d.stopLocked(inst)
+	inst.info.State = StateStopped
+	return inst.info, true, d.saveLocked()
+}
+
+// SetFault makes an instance misbehave (or behave again with FaultNone).
+func (d *Daemon) SetFault(name string, f Fault) (InstanceInfo, bool, error) {
+	switch f {
+	case FaultNone, FaultAuth, FaultBadGateway, FaultHang:
+	default:
+		return InstanceInfo{}, false, fmt.Errorf("unknown fault %q (want auth, badgateway, hang or none)", f)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	inst, ok := d.instances[name]
+	if !ok {
+		return InstanceInfo{}, false, nil
+	}
+	inst.proxy.SetFault(f)
+	inst.info.Fault = f
+	return inst.info, true, d.saveLocked()
+}
+
+// List returns the instances whose labels include every pair in match, by name.
+func (d *Daemon) List(match map[string]string) []InstanceInfo {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := []InstanceInfo{}
+	for _, inst := range d.instances {
+		ok := true
+		for k, v := range match {
+			if inst.info.Labels[k] != v {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			out = append(out, inst.info)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Close stops every listener. The state file keeps the instances for the next start.
+func (d *Daemon) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	for _, inst := range d.instances {
+		if inst.server != nil {
+			_ = inst.server.Close()
+		}
+		if inst.ready != nil {
+			inst.ready.Stop()
+		}
+	}
+	return nil
+}
+
+func (d *Daemon) saveLocked() error {
+	if d.opts.StateFile == "" {
+		return nil
+	}
+	infos := make([]InstanceInfo, 0, len(d.instances))
+	for _, inst := range d.instances {
+		infos = append(infos, inst.info)
+	}
+	sort.Slice(infos, func(i, j int) bool { return infos[i].Name < infos[j].Name })
+	raw, err := json.MarshalIndent(infos, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := d.opts.StateFile + ".tmp"
+	if err := os.MkdirAll(filepath.Dir(d.opts.StateFile), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(tmp, raw, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, d.opts.StateFile)
+}
+
+// Handler is the control API:
+//
+//	PUT    /v1/instances/{name}        create (idempotent): 201 new, 200 existing
+//	GET    /v1/instances/{name}        200 or 404
+//	DELETE /v1/instances/{name}        204 (also when missing)
+//	GET    /v1/instances?label.k=v     list by labels
+//	POST   /v1/instances/{name}/kill   stop the listener, keep the record (a crash)
+//	POST   /v1/instances/{name}/fault  {"fault":"auth|badgateway|hang|"} misbehave on purpose
+//	GET    /healthz                    200, also a handy local probe target
+func (d *Daemon) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("PUT /v1/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
+		var req CreateRequest
+		if r.ContentLength != 0 {
+			if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&req); err != nil {
+				writeError(w, http.StatusBadRequest, "invalid body: "+err.Error())
+				return
+			}
+		}
+		info, created, err := d.Create(r.PathValue("name"), req)
+		switch {
+		case err != nil && strings.HasPrefix(err.Error(), "invalid"):
+			writeError(w, http.StatusBadRequest, err.Error())
+		case err != nil:
+			writeError(w, http.StatusServiceUnavailable, err.Error())
+		case created:
+			writeJSON(w, http.StatusCreated, info)
+		default:
+			writeJSON(w, http.StatusOK, info)
+		}
+	})
+	mux.HandleFunc("GET /v1/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
+		info, ok := d.Get(r.PathValue("name"))
+		if !ok {
+			writeError(w, http.StatusNotFound, "no instance "+r.PathValue("name"))
+			return
+		}
+		writeJSON(w, http.StatusOK, info)
+	})
+	mux.HandleFunc("DELETE /v1/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := d.Delete(r.PathValue("name")); err != nil {
+			writeError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET /v1/instances", func(w http.ResponseWriter, r *http.Request) {
+		match := map[string]string{}
+		for k, vs := range r.URL.Query() {
+			if key, ok := strings.CutPrefix(k, "label."); ok && len(vs) > 0 {
+				match[key] = vs[0]
+			}
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"instances": d.List(match)})
+	})
+	mux.HandleFunc("POST /v1/instances/{name}/kill", func(w http.ResponseWriter, r *http.Request) {
+		info, ok, err := d.Kill(r.PathValue("name"))
+		respondChange(w, r, info, ok, err)
+	})
+	mux.HandleFunc("POST /v1/instances/{name}/fault", func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Fault Fault `json:"fault"`
+		}
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<12)).Decode(&body); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid body: "+err.Error())
+			return
+		}
+		info, ok, err := d.SetFault(r.PathValue("name"), body.Fault)
+		if err != nil && !ok {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		respondChange(w, r, info, ok, err)
+	})
+	return mux
+}
+
+func respondChange(w http.ResponseWriter, r *http.Request, info InstanceInfo, ok bool, err error) {
+	switch {
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	case !ok:
+		writeError(w, http.StatusNotFound, "no instance "+r.PathValue("name"))
+	default:
+		writeJSON(w, http.StatusOK, info)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+// Serve runs the control API on addr (which must be a loopback address) until ctx ends.
+func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	err := srv.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}

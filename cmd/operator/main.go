@@ -1,0 +1,103 @@
+// Command operator runs the thin controller: it watches Proxy objects (and cloud-init
+// Secrets) and hands each change to the Proxy's workflow in Temporal.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/go-logr/logr"
+	"go.temporal.io/sdk/client"
+	tlog "go.temporal.io/sdk/log"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/operator/controller"
+	"github.com/proxyfleet/proxyfleet/workflows"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "operator:", err)
+		os.Exit(1)
+	}
+}
+
+func env(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func run() error {
+	var (
+		temporalAddr = flag.String("temporal-address", env("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port (env TEMPORAL_ADDRESS)")
+		namespace    = flag.String("temporal-namespace", env("TEMPORAL_NAMESPACE", "default"), "Temporal namespace (env TEMPORAL_NAMESPACE)")
+		taskQueue    = flag.String("task-queue", env("TASK_QUEUE", workflows.TaskQueue), "task queue of the workflows it starts (env TASK_QUEUE)")
+		installation = flag.String("installation", env("PROXYFLEET_INSTALLATION", "default"), "installation id handed to new workflows (env PROXYFLEET_INSTALLATION)")
+		metricsAddr  = flag.String("metrics-bind-address", "127.0.0.1:8080", "address of /metrics")
+		probeAddr    = flag.String("health-probe-bind-address", "127.0.0.1:8081", "address of /healthz and /readyz")
+		leaderElect  = flag.Bool("leader-elect", false, "elect a leader, so only one replica reconciles")
+		leNamespace  = flag.String("leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's)")
+	)
+	flag.Parse()
+	handler := slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})
+	log := slog.New(handler)
+	ctrl.SetLogger(logr.FromSlogHandler(handler))
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("kubernetes config: %w", err)
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                  scheme,
+		Cache:                   controller.CacheOptions(),
+		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
+		HealthProbeBindAddress:  *probeAddr,
+		LeaderElection:          *leaderElect,
+		LeaderElectionID:        "proxyfleet-operator",
+		LeaderElectionNamespace: *leNamespace,
+	})
+	if err != nil {
+		return err
+	}
+	// Lazy: the operator starts while Temporal is down; reconciles retry until it is back.
+	tc, err := client.NewLazyClient(client.Options{
+		HostPort: *temporalAddr, Namespace: *namespace,
+		Logger: tlog.NewStructuredLogger(log),
+	})
+	if err != nil {
+		return err
+	}
+	defer tc.Close()
+	ctx := ctrl.SetupSignalHandler()
+	r := &controller.ProxyReconciler{
+		Client: mgr.GetClient(), Temporal: tc, Events: mgr.GetEventRecorder("proxyfleet-operator"),
+		Installation: *installation, TaskQueue: *taskQueue,
+	}
+	if err := r.SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	log.Info("operator starting", "temporal", *temporalAddr, "taskQueue", *taskQueue, "leaderElect", *leaderElect)
+	return mgr.Start(ctx)
+}

@@ -1,0 +1,148 @@
+// Command worker runs ProxyWorkflow and its activities on the "proxies" task queue: it is
+// the only process that talks to providers and the only writer of Proxy status.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.temporal.io/sdk/client"
+	tlog "go.temporal.io/sdk/log"
+	"go.temporal.io/sdk/worker"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/proxyfleet/proxyfleet/activities"
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		os.Exit(1)
+	}
+}
+
+func env(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func run() error {
+	var (
+		temporalAddr = flag.String("temporal-address", env("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port (env TEMPORAL_ADDRESS)")
+		namespace    = flag.String("temporal-namespace", env("TEMPORAL_NAMESPACE", "default"), "Temporal namespace (env TEMPORAL_NAMESPACE)")
+		taskQueue    = flag.String("task-queue", env("TASK_QUEUE", workflows.TaskQueue), "task queue (env TASK_QUEUE)")
+		installation = flag.String("installation", env("PROXYFLEET_INSTALLATION", "default"), "installation id put on every instance (env PROXYFLEET_INSTALLATION)")
+		providers    = flag.String("providers", env("PROXYFLEET_PROVIDERS", "local,kubernetes"), "comma-separated providers to enable: gcp, kubernetes, local (env PROXYFLEET_PROVIDERS)")
+		localURL     = flag.String("local-daemon", env("LOCAL_DAEMON_URL", "http://127.0.0.1:8089"), "control API of localproxyd, for the local provider (env LOCAL_DAEMON_URL)")
+		httpAddr     = flag.String("http-address", env("HTTP_ADDRESS", "127.0.0.1:9090"), "address of /metrics and /healthz (env HTTP_ADDRESS)")
+		maxActs      = flag.Int("max-concurrent-activities", 4000, "activity slots; each proxy's monitor holds one for its whole life")
+	)
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if !validInstallation(*installation) {
+		return fmt.Errorf("--installation %q: use 1-63 lowercase letters, digits, '-' or '_'", *installation)
+	}
+
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("kubernetes config: %w", err)
+	}
+	kube, err := ctrlclient.New(cfg, ctrlclient.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+
+	reg := provider.Registry{}
+	for _, name := range strings.Split(*providers, ",") {
+		switch v1alpha1.Provider(strings.TrimSpace(name)) {
+		case v1alpha1.ProviderLocal:
+			reg[v1alpha1.ProviderLocal] = local.NewProvider(*localURL)
+		case "":
+		default:
+			return fmt.Errorf("--providers: %q is not available in this build", name)
+		}
+	}
+
+	c, err := client.Dial(client.Options{
+		HostPort: *temporalAddr, Namespace: *namespace,
+		Logger: tlog.NewStructuredLogger(log),
+	})
+	if err != nil {
+		return fmt.Errorf("connect to Temporal at %s: %w", *temporalAddr, err)
+	}
+	defer c.Close()
+
+	w := worker.New(c, *taskQueue, worker.Options{
+		MaxConcurrentActivityExecutionSize: *maxActs,
+	})
+	w.RegisterWorkflow(workflows.ProxyWorkflow)
+	w.RegisterActivity(&activities.Activities{Providers: reg, Kube: kube, Installation: *installation, Log: log})
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	reg2 := prometheus.NewRegistry()
+	reg2.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg2, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	ln, err := net.Listen("tcp", *httpAddr)
+	if err != nil {
+		return fmt.Errorf("--http-address: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+
+	if err := w.Start(); err != nil {
+		return err
+	}
+	log.Info("worker started", "taskQueue", *taskQueue, "providers", *providers, "installation", *installation, "http", ln.Addr().String())
+	<-ctx.Done()
+	w.Stop()
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return nil
+	}
+	return ctx.Err()
+}
+
+func validInstallation(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}

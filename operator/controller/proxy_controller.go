@@ -1,0 +1,245 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/serviceerror"
+	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/client"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows"
+)
+
+// Temporal is the part of the Temporal client the controller uses.
+type Temporal interface {
+	SignalWithStartWorkflow(ctx context.Context, workflowID string, signalName string, signalArg any,
+		options client.StartWorkflowOptions, workflow any, workflowArgs ...any) (client.WorkflowRun, error)
+	SignalWorkflow(ctx context.Context, workflowID string, runID string, signalName string, arg any) error
+	DescribeWorkflowExecution(ctx context.Context, workflowID, runID string) (*workflowservice.DescribeWorkflowExecutionResponse, error)
+}
+
+var _ Temporal = client.Client(nil)
+
+// secretRefIndex indexes Proxies by the cloud-init Secret they reference, so a Secret event
+// finds its Proxies without listing the namespace.
+const secretRefIndex = ".spec.cloudInit.secretRef.name"
+
+// CacheOptions restricts the manager's Secret cache to Secrets labelled as cloud-init: the
+// operator may read Secrets cluster-wide, and an unrestricted cache would hold all of them.
+func CacheOptions() cache.Options {
+	sel := labels.SelectorFromSet(labels.Set{v1alpha1.LabelCloudInit: "true"})
+	return cache.Options{ByObject: map[ctrlclient.Object]cache.ByObject{&corev1.Secret{}: {Label: sel}}}
+}
+
+// Reasons of the events the controller records.
+const (
+	EventTemporalUnavailable = "TemporalUnavailable"
+)
+
+// ProxyReconciler forwards Proxy changes to their workflows.
+type ProxyReconciler struct {
+	Client   ctrlclient.Client
+	Temporal Temporal
+	Events   events.EventRecorder
+	// Installation is this deployment's id, handed to new workflows.
+	Installation string
+	// TaskQueue defaults to workflows.TaskQueue.
+	TaskQueue string
+	// Tuning is passed to new workflows (tests shorten timings).
+	Tuning workflows.Tuning
+	// RecheckDeleting is how often a deleting Proxy is looked at again in case the workflow
+	// could not release it (default 30s). The workflow normally releases it at once.
+	RecheckDeleting time.Duration
+}
+
+// SetupWithManager registers the controller. Only Secrets labelled as cloud-init are in the
+// manager's cache (see CacheOptions); a change to one re-enqueues the Proxies using it.
+func (r *ProxyReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Proxy{}, secretRefIndex, func(o ctrlclient.Object) []string {
+		p := o.(*v1alpha1.Proxy)
+		if p.Spec.CloudInit == nil {
+			return nil
+		}
+		return []string{p.Spec.CloudInit.SecretRef.Name}
+	}); err != nil {
+		return err
+	}
+	// Status patches (the workflow's) do not bump the generation; reacting to them would
+	// echo a duplicate signal for every status change.
+	onSpecOrDelete := predicate.Or(predicate.GenerationChangedPredicate{}, predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool { return e.ObjectNew.GetDeletionTimestamp() != nil },
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("proxy").
+		For(&v1alpha1.Proxy{}, builder.WithPredicates(onSpecOrDelete)).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.proxiesForSecret)).
+		WithOptions(controller.Options{
+			MaxConcurrentReconciles: 8,
+			// Temporal being down is retried quickly enough to notice its return, and never
+			// backs off past half a minute.
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](500*time.Millisecond, 30*time.Second),
+		}).
+		Complete(r)
+}
+
+func (r *ProxyReconciler) proxiesForSecret(ctx context.Context, o ctrlclient.Object) []reconcile.Request {
+	var list v1alpha1.ProxyList
+	if err := r.Client.List(ctx, &list, ctrlclient.InNamespace(o.GetNamespace()), ctrlclient.MatchingFields{secretRefIndex: o.GetName()}); err != nil {
+		log.FromContext(ctx).Error(err, "list proxies for secret", "secret", o.GetName())
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, p := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}})
+	}
+	return reqs
+}
+
+// Reconcile hands the Proxy's current spec, or its deletion, to its workflow.
+func (r *ProxyReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var p v1alpha1.Proxy
+	if err := r.Client.Get(ctx, req.NamespacedName, &p); err != nil {
+		return reconcile.Result{}, ctrlclient.IgnoreNotFound(err)
+	}
+	if p.DeletionTimestamp != nil {
+		res, err := r.reconcileDelete(ctx, &p)
+		return res, wrap("delete", err)
+	}
+	if err := r.ensureFinalizer(ctx, &p); err != nil {
+		return reconcile.Result{}, wrap("finalizer", err)
+	}
+	return reconcile.Result{}, wrap("signal", r.signalSpec(ctx, &p))
+}
+
+func wrap(phase string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", phase, err)
+}
+
+// ensureFinalizer adds the finalizer before the workflow can create anything, so no instance
+// exists whose Proxy could vanish without a delete reaching its workflow.
+func (r *ProxyReconciler) ensureFinalizer(ctx context.Context, p *v1alpha1.Proxy) error {
+	if controllerutil.ContainsFinalizer(p, v1alpha1.Finalizer) {
+		return nil
+	}
+	before := p.DeepCopy()
+	controllerutil.AddFinalizer(p, v1alpha1.Finalizer)
+	return r.Client.Patch(ctx, p, ctrlclient.MergeFromWithOptions(before, ctrlclient.MergeFromWithOptimisticLock{}))
+}
+
+func (r *ProxyReconciler) taskQueue() string {
+	if r.TaskQueue != "" {
+		return r.TaskQueue
+	}
+	return workflows.TaskQueue
+}
+
+func (r *ProxyReconciler) signalSpec(ctx context.Context, p *v1alpha1.Proxy) error {
+	sig := workflows.SpecSignal{
+		UID:           string(p.UID),
+		Generation:    p.Generation,
+		SecretVersion: r.secretVersion(ctx, p),
+		Spec:          p.Spec,
+	}
+	id := workflows.ProxyWorkflowID(p.Namespace, p.Name)
+	provider := string(p.Spec.Provider)
+	if p.Spec.EffectiveMode() == v1alpha1.ModeExternal {
+		provider = "external"
+	}
+	opts := client.StartWorkflowOptions{
+		ID:                    id,
+		TaskQueue:             r.taskQueue(),
+		WorkflowIDReusePolicy: enums.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
+		StaticSummary:         fmt.Sprintf("Proxy %s/%s (%s)", p.Namespace, p.Name, provider),
+		TypedSearchAttributes: workflows.InitialSearchAttributes(provider),
+	}
+	in := workflows.ProxyWorkflowInput{Namespace: p.Namespace, Name: p.Name, Installation: r.Installation, Tuning: r.Tuning}
+	if _, err := r.Temporal.SignalWithStartWorkflow(ctx, id, workflows.SignalSpec, sig, opts, workflows.ProxyWorkflow, in); err != nil {
+		r.warn(p, "Signal", "cannot reach Temporal to hand over generation %d: %v (retrying)", p.Generation, err)
+		return err
+	}
+	return nil
+}
+
+// secretVersion is the resourceVersion of the referenced cloud-init Secret (from the cache,
+// which holds only labelled Secrets), or "" when there is none. It is a change detector;
+// the Secret's data never leaves the worker's activity.
+func (r *ProxyReconciler) secretVersion(ctx context.Context, p *v1alpha1.Proxy) string {
+	if p.Spec.CloudInit == nil {
+		return ""
+	}
+	var s corev1.Secret
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: p.Spec.CloudInit.SecretRef.Name}, &s); err != nil {
+		return ""
+	}
+	return s.ResourceVersion
+}
+
+func (r *ProxyReconciler) reconcileDelete(ctx context.Context, p *v1alpha1.Proxy) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(p, v1alpha1.Finalizer) {
+		return reconcile.Result{}, nil
+	}
+	id := workflows.ProxyWorkflowID(p.Namespace, p.Name)
+	err := r.Temporal.SignalWorkflow(ctx, id, "", workflows.SignalDelete, workflows.DeleteSignal{UID: string(p.UID)})
+	var notFound *serviceerror.NotFound
+	switch {
+	case errors.As(err, &notFound):
+		// No running workflow: it never started (so nothing was created) or it has already
+		// deleted the instance and ended.
+		return reconcile.Result{}, r.releaseFinalizer(ctx, p)
+	case err != nil:
+		r.warn(p, "Delete", "cannot reach Temporal to delete the instance: %v (retrying)", err)
+		return reconcile.Result{}, err
+	}
+	// The workflow removes the finalizer itself once its instances are gone; looking again
+	// later covers a workflow that was terminated by hand.
+	desc, err := r.Temporal.DescribeWorkflowExecution(ctx, id, "")
+	if err == nil && desc.GetWorkflowExecutionInfo().GetStatus() != enums.WORKFLOW_EXECUTION_STATUS_RUNNING {
+		return reconcile.Result{}, r.releaseFinalizer(ctx, p)
+	}
+	after := r.RecheckDeleting
+	if after <= 0 {
+		after = 30 * time.Second
+	}
+	return reconcile.Result{RequeueAfter: after}, nil
+}
+
+func (r *ProxyReconciler) releaseFinalizer(ctx context.Context, p *v1alpha1.Proxy) error {
+	before := p.DeepCopy()
+	controllerutil.RemoveFinalizer(p, v1alpha1.Finalizer)
+	err := r.Client.Patch(ctx, p, ctrlclient.MergeFromWithOptions(before, ctrlclient.MergeFromWithOptimisticLock{}))
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+func (r *ProxyReconciler) warn(p *v1alpha1.Proxy, action, format string, args ...any) {
+	if r.Events != nil {
+		r.Events.Eventf(p, nil, corev1.EventTypeWarning, EventTemporalUnavailable, action, format, args...)
+	}
+}
