@@ -182,17 +182,17 @@ func (w *proxyWorkflow) instanceInput(ref *InstanceRef) activities.InstanceInput
 func (w *proxyWorkflow) addSignals(sel workflow.Selector) {
 	sel.AddReceive(w.specCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig SpecSignal
-		c.Receive(nil, &sig)
+		c.ReceiveAsync(&sig)
 		w.onSpec(sig)
 	})
 	sel.AddReceive(w.delCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig DeleteSignal
-		c.Receive(nil, &sig)
+		c.ReceiveAsync(&sig)
 		w.onDelete(sig)
 	})
 	sel.AddReceive(w.replCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig ReplaceSignal
-		c.Receive(nil, &sig)
+		c.ReceiveAsync(&sig)
 		w.onReplace(sig)
 	})
 }

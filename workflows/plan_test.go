@@ -1,0 +1,116 @@
+package workflows
+
+import (
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/proxyfleet/proxyfleet/activities"
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+func TestPlan(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	managed := &v1alpha1.ProxySpec{Mode: v1alpha1.ModeManaged, Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{}}
+	external := &v1alpha1.ProxySpec{Mode: v1alpha1.ModeExternal, Endpoint: &v1alpha1.Endpoint{Host: "h", Port: 1}}
+	desired := DesiredHash(managed, "")
+	running := func(name, hash string) *InstanceRef {
+		return &InstanceRef{Name: name, Hash: hash, Created: true, State: provider.StateRunning, IP: "127.0.0.1"}
+	}
+	healthy := &activities.Health{Known: true, Healthy: true}
+
+	cases := []struct {
+		name  string
+		state ProxyState
+		want  step
+	}{
+		{"no spec yet", ProxyState{}, stepIdle},
+		{"deleting with instances deletes first", ProxyState{Spec: managed, Deleting: true, Retiring: []InstanceRef{{Name: "a"}}}, stepDelete},
+		{"deleting and nothing left finishes", ProxyState{Spec: managed, Deleting: true}, stepFinish},
+		{"retiring waits out a failed delete", ProxyState{Spec: managed, Retiring: []InstanceRef{{Name: "a"}}, DeleteRetryAt: now.Add(time.Minute)}, stepSteady},
+		{"retiring is deleted before anything else", ProxyState{Spec: managed, Retiring: []InstanceRef{{Name: "a"}}}, stepDelete},
+		{"external only monitors", ProxyState{Spec: external}, stepSteady},
+		{"permanent failure latches for its generation", ProxyState{Spec: managed, Generation: 3, Failure: &Failure{Generation: 3}}, stepIdle},
+		{"a newer generation clears the latch", ProxyState{Spec: managed, Generation: 4, Failure: &Failure{Generation: 3}}, stepCreate},
+		{"backoff waits", ProxyState{Spec: managed, RetryAt: now.Add(time.Minute)}, stepSteady},
+		{"secret hash first", ProxyState{Spec: managed, NeedHash: true}, stepHash},
+		{"no instance creates", ProxyState{Spec: managed}, stepCreate},
+		{"unfinished create is retried under the same name", ProxyState{Spec: managed, Instance: &InstanceRef{Name: "a", Hash: desired}}, stepCreate},
+		{"created but not running waits", ProxyState{Spec: managed, Instance: &InstanceRef{Name: "a", Hash: desired, Created: true}}, stepWaitRunning},
+		{"stale instance not yet serving is dropped", ProxyState{Spec: managed, Instance: &InstanceRef{Name: "a", Hash: "old", Created: true}}, stepRetireCurrent},
+		{"running and current is steady", ProxyState{Spec: managed, Instance: running("a", desired)}, stepSteady},
+		{"spec changed builds the replacement", ProxyState{Spec: managed, Instance: running("a", "old")}, stepCreateNext},
+		{"replace signal builds the replacement", ProxyState{Spec: managed, Instance: running("a", desired), ReplaceReason: "manual"}, stepCreateNext},
+		{"replacement waits to run", ProxyState{Spec: managed, Instance: running("a", "old"), Next: &InstanceRef{Name: "b", Hash: desired, Created: true}}, stepWaitNext},
+		{"replacement is verified before traffic moves", ProxyState{Spec: managed, Instance: running("a", "old"), Next: running("b", desired)}, stepVerifyNext},
+		{"verified replacement is promoted", ProxyState{Spec: managed, Instance: running("a", "old"), Next: func() *InstanceRef { r := running("b", desired); r.Health = healthy; return r }()}, stepPromote},
+		{"replacement of an outdated spec is dropped", ProxyState{Spec: managed, Instance: running("a", "old"), Next: running("b", "older")}, stepRetireNext},
+		{"replacement no longer needed is dropped", ProxyState{Spec: managed, Instance: running("a", desired), Next: running("b", desired)}, stepRetireNext},
+		{"replacement under quota keeps monitoring the current one", ProxyState{Spec: managed, Instance: running("a", "old"), RetryAt: now.Add(time.Minute)}, stepSteady},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.state
+			assert.Equal(t, tc.want.String(), plan(&s, now).String())
+		})
+	}
+}
+
+func TestPhase(t *testing.T) {
+	managed := &v1alpha1.ProxySpec{Mode: v1alpha1.ModeManaged, Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{}}
+	desired := DesiredHash(managed, "")
+	run := &InstanceRef{Name: "a", Hash: desired, Created: true, State: provider.StateRunning, IP: "1.2.3.4"}
+	cases := []struct {
+		name  string
+		state ProxyState
+		want  v1alpha1.Phase
+	}{
+		{"nothing yet", ProxyState{}, v1alpha1.PhasePending},
+		{"spec, nothing tried", ProxyState{Spec: managed}, v1alpha1.PhasePending},
+		{"creating", ProxyState{Spec: managed, Counter: 1, Instance: &InstanceRef{Name: "a"}}, v1alpha1.PhaseProvisioning},
+		{"quota wait is provisioning, not failed", ProxyState{Spec: managed, Quota: "no CPUs"}, v1alpha1.PhaseProvisioning},
+		{"running without verdict", ProxyState{Spec: managed, Counter: 1, Instance: run}, v1alpha1.PhaseProvisioning},
+		{"healthy", ProxyState{Spec: managed, Counter: 1, Instance: run, Health: activities.Health{Known: true, Healthy: true}}, v1alpha1.PhaseReady},
+		{"unhealthy", ProxyState{Spec: managed, Counter: 1, Instance: run, Health: activities.Health{Known: true}}, v1alpha1.PhaseUnhealthy},
+		{"replacing", ProxyState{Spec: managed, Counter: 2, Instance: run, Next: &InstanceRef{Name: "b"}, Health: activities.Health{Known: true, Healthy: true}}, v1alpha1.PhaseReplacing},
+		{"failed", ProxyState{Spec: managed, Generation: 2, Failure: &Failure{Generation: 2}}, v1alpha1.PhaseFailed},
+		{"deleting", ProxyState{Spec: managed, Deleting: true}, v1alpha1.PhaseDeleting},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.state
+			assert.Equal(t, tc.want, phase(&s))
+		})
+	}
+}
+
+func TestInstanceNameIsValidForGCPAndPods(t *testing.T) {
+	gcpName := regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	seen := map[string]bool{}
+	for _, uid := range []string{"8f14e45f-ceea-467f-a0e6-1d5b7e1e4b2a", "0", "x"} {
+		for _, n := range []int{1, 2, 999999} {
+			name := InstanceName(uid, n)
+			assert.Regexp(t, gcpName, name)
+			assert.LessOrEqual(t, len(name), 63)
+			assert.False(t, seen[name], "duplicate name %s", name)
+			seen[name] = true
+		}
+	}
+	assert.Equal(t, InstanceName("u", 1), InstanceName("u", 1), "names are deterministic")
+}
+
+func TestDesiredHashIgnoresFieldsThatNeedNoNewInstance(t *testing.T) {
+	base := v1alpha1.ProxySpec{Mode: v1alpha1.ModeManaged, Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{}}
+	h := DesiredHash(&base, "s1")
+	edited := base
+	edited.Attributes = map[string]v1alpha1.AttributeValue{"region": "eu"}
+	edited.MaxLeases = 7
+	edited.HealthCheck.URL = "http://other/"
+	assert.Equal(t, h, DesiredHash(&edited, "s1"))
+	assert.NotEqual(t, h, DesiredHash(&base, "s2"), "secret rotation changes the hash")
+	edited.Port = 8080
+	assert.NotEqual(t, h, DesiredHash(&edited, "s1"), "port changes the hash")
+}
