@@ -353,7 +353,7 @@ func (w *proxyWorkflow) create(ctx workflow.Context, name string) error {
 	ref := w.find(name)
 	w.details(ctx, fmt.Sprintf("creating instance %s (%s)", name, ref.Provider))
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-		StartToCloseTimeout: 2 * time.Minute,
+		StartToCloseTimeout: w.tuning.ActivityTimeout,
 		RetryPolicy: &temporal.RetryPolicy{
 			InitialInterval: time.Second, BackoffCoefficient: 2, MaximumInterval: 30 * time.Second, MaximumAttempts: 5,
 			NonRetryableErrorTypes: []string{activities.ErrTypeQuota, activities.ErrTypePermanent, activities.ErrTypeCloudInit},
@@ -407,7 +407,7 @@ func (w *proxyWorkflow) waitRunning(ctx workflow.Context, name string) error {
 	actx, cancel := workflow.WithCancel(ctx)
 	actx = workflow.WithActivityOptions(actx, workflow.ActivityOptions{
 		StartToCloseTimeout: w.tuning.WaitRunningMax + time.Minute,
-		HeartbeatTimeout:    max(30*time.Second, 3*w.tuning.PollInterval),
+		HeartbeatTimeout:    max(w.tuning.HeartbeatTimeout, 3*w.tuning.PollInterval),
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 30 * time.Second, NonRetryableErrorTypes: []string{activities.ErrTypePermanent}},
 	})
 	var res activities.WaitResult
@@ -522,7 +522,7 @@ func (w *proxyWorkflow) deleteRetiring(ctx workflow.Context) error {
 	w.details(ctx, fmt.Sprintf("deleting instance %s (%s)", ref.Name, ref.Provider))
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		StartToCloseTimeout: 15 * time.Minute,
-		HeartbeatTimeout:    max(30*time.Second, 3*w.tuning.PollInterval),
+		HeartbeatTimeout:    max(w.tuning.HeartbeatTimeout, 3*w.tuning.PollInterval),
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 30 * time.Second, MaximumAttempts: 5},
 	})
 	// Deletes are not abandoned either: they are what keeps instances from leaking.

@@ -582,4 +582,3 @@ func TestUnhealthyVerdictPublished(t *testing.T) {
 	h.run(fastTuning())
 	h.requireCompleted()
 }
-

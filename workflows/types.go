@@ -63,6 +63,12 @@ type Tuning struct {
 	// WaitRunningMax bounds one WaitRunning activity; the workflow then records that it is
 	// still waiting and starts another.
 	WaitRunningMax time.Duration `json:"waitRunningMax,omitempty"`
+	// ActivityTimeout bounds one provider call (Create); a worker that dies mid-call is
+	// noticed after this long.
+	ActivityTimeout time.Duration `json:"activityTimeout,omitempty"`
+	// HeartbeatTimeout is how soon a dead worker's long-running activities (waits, deletes)
+	// are moved to another worker.
+	HeartbeatTimeout time.Duration `json:"heartbeatTimeout,omitempty"`
 	// DriftInterval is how often the monitor checks the provider that the instance exists.
 	DriftInterval time.Duration `json:"driftInterval,omitempty"`
 	// HistoryLimit forces continue-as-new after this many history events; 0 leaves it to
@@ -83,6 +89,8 @@ func (t Tuning) WithDefaults() Tuning {
 	def(&t.PollInterval, 5*time.Second)
 	def(&t.WaitRunningMax, 10*time.Minute)
 	def(&t.DriftInterval, 2*time.Minute)
+	def(&t.ActivityTimeout, 2*time.Minute)
+	def(&t.HeartbeatTimeout, 30*time.Second)
 	return t
 }
 

@@ -58,6 +58,9 @@ type DaemonOptions struct {
 	// AllowRemote lets proxies reach non-loopback targets.
 	AllowRemote bool
 	Log         *slog.Logger
+	// OnChange, if set, is called (under the daemon's lock) after every create and delete
+	// with the number of instances left: tests use it to prove make-before-break.
+	OnChange func(op string, name string, live int)
 }
 
 // Daemon runs local proxy instances.
@@ -133,6 +136,12 @@ func (d *Daemon) listen(inst *instance, port int) error {
 	return nil
 }
 
+func (d *Daemon) changed(op, name string) {
+	if d.opts.OnChange != nil {
+		d.opts.OnChange(op, name, len(d.instances))
+	}
+}
+
 func (d *Daemon) stopLocked(inst *instance) {
 	if inst.ready != nil {
 		inst.ready.Stop()
@@ -184,6 +193,7 @@ func (d *Daemon) Create(name string, req CreateRequest) (InstanceInfo, bool, err
 		return InstanceInfo{}, false, err
 	}
 	d.instances[name] = inst
+	d.changed("create", name)
 	d.log.Info("instance created", "instance", name, "port", inst.info.Port)
 	return inst.info, true, d.saveLocked()
 }
@@ -209,6 +219,7 @@ func (d *Daemon) Delete(name string) (bool, error) {
 	}
 	d.stopLocked(inst)
 	delete(d.instances, name)
+	d.changed("delete", name)
 	d.log.Info("instance deleted", "instance", name)
 	return true, d.saveLocked()
 }
