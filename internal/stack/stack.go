@@ -1,0 +1,300 @@
+// Package stack assembles the running system inside a test process, on top of the real
+// servers from testenv: a local proxy daemon, a target web server, the controller (in a
+// controller-runtime manager) and a Temporal worker, all on 127.0.0.1. End-to-end tests,
+// benchmarks and fault tests share it, so each tests the same wiring cmd/ uses.
+package stack
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/worker"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/proxyfleet/proxyfleet/activities"
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/operator/controller"
+	"github.com/proxyfleet/proxyfleet/workflows"
+)
+
+// Options shape a Stack.
+type Options struct {
+	// Tuning is handed to workflows; zero fields get short test timings.
+	Tuning workflows.Tuning
+	// ProvisionDelay keeps local instances Provisioning this long.
+	ProvisionDelay time.Duration
+	// NoWorker leaves the worker out (a test runs it as a process it can kill).
+	NoWorker bool
+	// Installation defaults to a name unique to the test.
+	Installation string
+}
+
+// Stack is a running system.
+type Stack struct {
+	Kube     *testenv.KubeEnv
+	Temporal *testenv.TemporalEnv
+
+	// Daemon runs the local instances; DaemonURL is its control API.
+	Daemon    *local.Daemon
+	DaemonURL string
+	Local     *local.Provider
+	// Target is a plain HTTP server on loopback to probe and fetch through proxies.
+	Target *httptest.Server
+
+	TaskQueue    string
+	Installation string
+	Tuning       workflows.Tuning
+
+	mu     sync.Mutex
+	events []DaemonEvent
+
+	worker worker.Worker
+}
+
+// DaemonEvent is one create or delete seen by the daemon, with the instances left after it.
+type DaemonEvent struct {
+	Op   string
+	Name string
+	Live int
+}
+
+// FastTuning is short enough for tests, long enough not to thrash 2 cores.
+func FastTuning() workflows.Tuning {
+	return workflows.Tuning{
+		PollInterval: 100 * time.Millisecond, RetryBase: 500 * time.Millisecond, RetryMax: 5 * time.Second,
+		QuotaRetry: 2 * time.Second, DriftInterval: 2 * time.Second, WaitRunningMax: time.Minute,
+		ActivityTimeout: 10 * time.Second, HeartbeatTimeout: 5 * time.Second,
+	}
+}
+
+// Start builds a stack for the test and stops it when the test ends.
+func Start(t testing.TB, opts Options) *Stack {
+	t.Helper()
+	s := &Stack{
+		Kube:     testenv.Kube(t),
+		Temporal: testenv.Temporal(t),
+		Tuning:   opts.Tuning,
+	}
+	if s.Tuning == (workflows.Tuning{}) {
+		s.Tuning = FastTuning()
+	}
+	id := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	if len(id) > 40 {
+		id = id[:40]
+	}
+	s.TaskQueue = "tq-" + id + fmt.Sprintf("-%d", time.Now().UnixNano()%100000)
+	s.Installation = opts.Installation
+	if s.Installation == "" {
+		s.Installation = strings.Trim(id, "-")
+	}
+	log := quietLog()
+
+	// Local instances.
+	d, err := local.NewDaemon(local.DaemonOptions{
+		ProvisionDelay: opts.ProvisionDelay, Log: log,
+		OnChange: func(op, name string, live int) {
+			s.mu.Lock()
+			s.events = append(s.events, DaemonEvent{Op: op, Name: name, Live: live})
+			s.mu.Unlock()
+		},
+	})
+	require.NoError(t, err)
+	s.Daemon = d
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-done; _ = d.Close() })
+	s.DaemonURL = "http://" + ln.Addr().String()
+	s.Local = local.NewProvider(s.DaemonURL)
+
+	s.Target = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "hello from the target: "+r.URL.Path)
+	}))
+	t.Cleanup(s.Target.Close)
+
+	s.startManager(t)
+	if !opts.NoWorker {
+		s.StartWorker(t)
+	}
+	return s
+}
+
+func quietLog() *slog.Logger {
+	level := slog.LevelWarn
+	if os.Getenv("STACK_VERBOSE") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+func (s *Stack) startManager(t testing.TB) {
+	t.Helper()
+	log := quietLog()
+	mgr, err := ctrl.NewManager(s.Kube.Config, ctrl.Options{
+		Scheme:                 s.Kube.Scheme,
+		Cache:                  controller.CacheOptions(),
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Logger:                 logr.FromSlogHandler(log.Handler()),
+		// Several stacks run in one test binary.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &controller.ProxyReconciler{
+		Client: mgr.GetClient(), Temporal: s.Temporal.Client, Events: mgr.GetEventRecorder("proxyfleet-operator"),
+		Installation: s.Installation, TaskQueue: s.TaskQueue, Tuning: s.Tuning, RecheckDeleting: 2 * time.Second,
+	}
+	require.NoError(t, r.SetupWithManager(ctx, mgr))
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+}
+
+// Activities returns the worker's activities as cmd/worker wires them.
+func (s *Stack) Activities() *activities.Activities {
+	return &activities.Activities{
+		Providers:    provider.Registry{v1alpha1.ProviderLocal: s.Local},
+		Kube:         s.Kube.Client,
+		Installation: s.Installation,
+		Log:          quietLog(),
+	}
+}
+
+// StartWorker runs an in-process worker on the stack's task queue.
+func (s *Stack) StartWorker(t testing.TB) {
+	t.Helper()
+	w := worker.New(s.Temporal.Client, s.TaskQueue, worker.Options{})
+	w.RegisterWorkflow(workflows.ProxyWorkflow)
+	w.RegisterActivity(s.Activities())
+	require.NoError(t, w.Start())
+	s.worker = w
+	t.Cleanup(w.Stop)
+}
+
+// Events returns what the daemon has seen so far.
+func (s *Stack) Events() []DaemonEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]DaemonEvent(nil), s.events...)
+}
+
+// Namespace creates a namespace for one test.
+func (s *Stack) Namespace(t testing.TB) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}
+	require.NoError(t, s.Kube.Client.Create(context.Background(), ns))
+	return ns.Name
+}
+
+// LocalProxy returns a Proxy of the local provider probing the stack's target.
+func (s *Stack) LocalProxy(ns, name string) *v1alpha1.Proxy {
+	return &v1alpha1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.ProxySpec{
+			Mode: v1alpha1.ModeManaged, Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{},
+			Attributes: map[string]v1alpha1.AttributeValue{"region": "local"},
+			HealthCheck: v1alpha1.HealthCheck{
+				URL: s.Target.URL + "/healthz", Interval: "1s", Timeout: "500ms",
+				SuccessThreshold: 2, FailureThreshold: 3, ExpectedStatus: 200,
+			},
+			MaxLeases: 4,
+		},
+	}
+}
+
+// Get fetches a Proxy.
+func (s *Stack) Get(t testing.TB, ns, name string) *v1alpha1.Proxy {
+	t.Helper()
+	var p v1alpha1.Proxy
+	require.NoError(t, s.Kube.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &p))
+	return &p
+}
+
+// WaitFor polls the Proxy until ok holds or the deadline passes, and returns it.
+func (s *Stack) WaitFor(t testing.TB, ns, name string, within time.Duration, what string, ok func(*v1alpha1.Proxy) bool) *v1alpha1.Proxy {
+	t.Helper()
+	var last v1alpha1.Proxy
+	deadline := time.Now().Add(within)
+	for {
+		err := s.Kube.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &last)
+		if err == nil && ok(&last) {
+			return &last
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("proxy %s/%s: %s not reached within %s; last status: %+v (get error: %v)", ns, name, what, within, last.Status, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// WaitGone waits until the Proxy no longer exists.
+func (s *Stack) WaitGone(t testing.TB, ns, name string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		var p v1alpha1.Proxy
+		err := s.Kube.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &p)
+		if client.IgnoreNotFound(err) == nil && err != nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("proxy %s/%s still exists after %s: finalizers %v, status %+v", ns, name, within, p.Finalizers, p.Status)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Ready reports whether a Proxy is Ready with an address.
+func Ready(p *v1alpha1.Proxy) bool {
+	return p.Status.Phase == v1alpha1.PhaseReady && p.Status.IP != "" && p.Status.ObservedGeneration == p.Generation
+}
+
+// Fetch gets the target's path through the proxy at ip:port.
+func (s *Stack) Fetch(ip string, port int32, path string) (string, error) {
+	proxyURL := &url.URL{Scheme: "http", Host: net.JoinHostPort(ip, fmt.Sprint(port))}
+	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxyURL), DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	resp, err := c.Get(s.Target.URL + path)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return string(b), fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return string(b), err
+}
+
+// InstancesOf lists the daemon's instances owned by the Proxy UID.
+func (s *Stack) InstancesOf(uid types.UID) []local.InstanceInfo {
+	return s.Daemon.List(map[string]string{provider.LabelProxyUID: string(uid)})
+}
