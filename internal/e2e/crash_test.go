@@ -1,0 +1,167 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/internal/stack"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// binary builds a command of this module once per test run.
+func binary(t *testing.T, name string) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "proxyfleet-e2e-bin-")
+		if buildErr != nil {
+			return
+		}
+		root, err := testenv.RepoRoot()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", binDir+string(filepath.Separator), "./cmd/...")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/...: %v\n%s", err, out)
+		}
+	})
+	require.NoError(t, buildErr)
+	return filepath.Join(binDir, name)
+}
+
+// workerProcess runs cmd/worker against the stack, as a process the test can kill -9.
+type workerProcess struct {
+	cmd *exec.Cmd
+	log string
+}
+
+func startWorkerProcess(t *testing.T, s *stack.Stack, kubeconfig string) *workerProcess {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), "worker.log")
+	logFile, err := os.Create(logPath)
+	require.NoError(t, err)
+	cmd := exec.Command(binary(t, "worker"),
+		"--temporal-address", s.Temporal.HostPort,
+		"--temporal-namespace", s.Temporal.Namespace,
+		"--task-queue", s.TaskQueue,
+		"--installation", s.Installation,
+		"--providers", "local",
+		"--local-daemon", s.DaemonURL,
+		"--http-address", "127.0.0.1:0",
+	)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	require.NoError(t, cmd.Start())
+	w := &workerProcess{cmd: cmd, log: logPath}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Wait()
+		}
+		logFile.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("worker log (%s):\n%s", logPath, tail(b, 4000))
+		}
+	})
+	return w
+}
+
+func (w *workerProcess) kill(t *testing.T) {
+	t.Helper()
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGKILL))
+	_ = w.cmd.Wait()
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// TestWorkerCrashDuringCreates kills the worker with SIGKILL while 20 Proxies are being
+// created, restarts it, and checks that exactly 20 instances exist: none duplicated, none
+// leaked.
+func TestWorkerCrashDuringCreates(t *testing.T) {
+	const n = 20
+	s := stack.Start(t, stack.Options{NoWorker: true, ProvisionDelay: 1500 * time.Millisecond})
+	kubeconfig := s.Kube.Kubeconfig(t)
+	w := startWorkerProcess(t, s, kubeconfig)
+
+	ctx := context.Background()
+	ns := s.Namespace(t)
+	uids := map[string]bool{}
+	var names []string
+	for i := range n {
+		p := s.LocalProxy(ns, fmt.Sprintf("crash-%02d", i))
+		require.NoError(t, s.Kube.Client.Create(ctx, p))
+		uids[string(p.UID)] = true
+		names = append(names, p.Name)
+	}
+
+	// Kill once some instances exist and others are still being created.
+	require.Eventually(t, func() bool {
+		c := 0
+		for _, e := range s.Events() {
+			if e.Op == "create" {
+				c++
+			}
+		}
+		return c >= 5
+	}, time.Minute, 10*time.Millisecond, "creates never started")
+	w.kill(t)
+	createdBeforeRestart := len(s.Daemon.List(map[string]string{provider.LabelInstallation: s.Installation}))
+	t.Logf("killed the worker with %d of %d instances created", createdBeforeRestart, n)
+	startWorkerProcess(t, s, kubeconfig)
+
+	for _, name := range names {
+		s.WaitFor(t, ns, name, 3*time.Minute, "Ready after the worker restart", stack.Ready)
+	}
+	instances := s.Daemon.List(map[string]string{provider.LabelInstallation: s.Installation})
+	assert.Len(t, instances, n, "exactly one instance per Proxy")
+	seen := map[string]bool{}
+	for _, inst := range instances {
+		uid := inst.Labels[provider.LabelProxyUID]
+		assert.True(t, uids[uid], "instance %s belongs to no Proxy", inst.Name)
+		assert.False(t, seen[uid], "two instances for Proxy UID %s", uid)
+		seen[uid] = true
+	}
+	creates := 0
+	for _, e := range s.Events() {
+		if e.Op == "create" {
+			creates++
+		}
+		assert.NotEqual(t, "delete", e.Op, "nothing should have been deleted: %+v", e)
+	}
+	assert.Equal(t, n, creates, "each instance created exactly once")
+
+	// Every Proxy still goes away cleanly after the crash.
+	for _, name := range names {
+		require.NoError(t, s.Kube.Client.Delete(ctx, &v1alpha1.Proxy{ObjectMeta: s.LocalProxy(ns, name).ObjectMeta}))
+	}
+	for _, name := range names {
+		s.WaitGone(t, ns, name, 2*time.Minute)
+	}
+	assert.Empty(t, s.Daemon.List(map[string]string{provider.LabelInstallation: s.Installation}), "instances leaked")
+}
