@@ -90,6 +90,7 @@ func TestProxyLifecycle(t *testing.T) {
 	desc, err := s.Temporal.Client.DescribeWorkflowExecution(ctx, workflows.ProxyWorkflowID(ns, "web-1"), "")
 	require.NoError(t, err)
 	assert.Equal(t, enums.WORKFLOW_EXECUTION_STATUS_COMPLETED, desc.WorkflowExecutionInfo.Status)
+	recordHistory(t, s, workflows.ProxyWorkflowID(ns, "web-1"), "lifecycle.json")
 }
 
 // assertMakeBeforeBreak checks the daemon's log: the new instance was created before the
@@ -125,6 +126,7 @@ func TestDeleteWhileProvisioning(t *testing.T) {
 	require.NoError(t, s.Kube.Client.Delete(ctx, p))
 	s.WaitGone(t, ns, "slow", time.Minute)
 	assert.Empty(t, s.InstancesOf(p.UID))
+	recordHistory(t, s, workflows.ProxyWorkflowID(ns, "slow"), "delete-while-provisioning.json")
 }
 
 // TestCloudInitSecretNeverInHistory puts a canary in a cloud-init Secret, provisions a Proxy
@@ -173,4 +175,8 @@ func TestCloudInitSecretNeverInHistory(t *testing.T) {
 		histories++
 	}
 	require.Positive(t, histories, "no history was searched")
+
+	require.NoError(t, s.Kube.Client.Delete(ctx, p))
+	s.WaitGone(t, ns, "booted", time.Minute)
+	recordHistory(t, s, workflows.ProxyWorkflowID(ns, "booted"), "cloud-init-rotation.json")
 }
