@@ -29,6 +29,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	kubeprovider "github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows"
@@ -86,6 +87,8 @@ func run() error {
 		switch v1alpha1.Provider(strings.TrimSpace(name)) {
 		case v1alpha1.ProviderLocal:
 			reg[v1alpha1.ProviderLocal] = local.NewProvider(*localURL)
+		case v1alpha1.ProviderKubernetes:
+			reg[v1alpha1.ProviderKubernetes] = &kubeprovider.Provider{Client: kube}
 		case "":
 		default:
 			return fmt.Errorf("--providers: %q is not available in this build", name)

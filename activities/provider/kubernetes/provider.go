@@ -1,0 +1,177 @@
+// Package kubernetes is the pod provider: each instance is one Squid pod in the cluster the
+// worker talks to, created, read, deleted and listed through the Kubernetes API and nothing
+// else. Like every provider it never waits: the workflow discovers readiness by polling Get,
+// so no Pod watch or informer is needed.
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+)
+
+// defaultPageSize bounds one List response, so a cluster with many pods of ours is listed in
+// pieces instead of one response the API server must build in memory.
+const defaultPageSize = 500
+
+// Provider runs one Squid pod per instance. Provider IDs are "<namespace>/<name>".
+//
+// Client should read from the API server, not a cache: Get must see a pod created a moment
+// ago, and a cache of Pods would watch every pod in the cluster. It needs get, list, create
+// and delete on pods (list cluster-wide, for ListByTag).
+type Provider struct {
+	Client client.Client
+
+	// pageSize overrides defaultPageSize (tests).
+	pageSize int64
+}
+
+var _ provider.Provider = (*Provider)(nil)
+
+// ProviderID implements provider.Provider.
+func (p *Provider) ProviderID(req provider.CreateRequest) string {
+	return podNamespace(req) + "/" + req.Name
+}
+
+// Create implements provider.Provider. An existing pod of the same name is returned when it
+// belongs to the same Proxy (a retry after a crash), and refused otherwise.
+func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (provider.Instance, error) {
+	if err := checkRequest(req); err != nil {
+		return provider.Instance{}, err
+	}
+	pod := buildPod(req)
+	key := client.ObjectKeyFromObject(pod)
+	err := p.Client.Create(ctx, pod)
+	switch {
+	case apierrors.IsAlreadyExists(err):
+		return p.adopt(ctx, key, req.ProxyUID)
+	case err != nil:
+		return provider.Instance{}, classify("create pod "+key.String(), err)
+	}
+	return toInstance(pod), nil
+}
+
+// adopt returns the pod an earlier attempt created, after proving it is that attempt's: the
+// name is derived from the Proxy's UID, so another UID on it means a collision with a pod
+// we must never take over (or later delete).
+func (p *Provider) adopt(ctx context.Context, key types.NamespacedName, uid string) (provider.Instance, error) {
+	var pod corev1.Pod
+	if err := p.Client.Get(ctx, key, &pod); err != nil {
+		// NotFound: deleted since Create said it exists; the retry will create it again.
+		return provider.Instance{}, classify("get existing pod "+key.String(), err)
+	}
+	if got := pod.Labels[provider.LabelProxyUID]; got != uid {
+		return provider.Instance{}, provider.Permanent(fmt.Errorf(
+			"pod %s already exists and is not this Proxy's (label %s=%q, want %q)",
+			key, provider.LabelProxyUID, got, uid))
+	}
+	return toInstance(&pod), nil
+}
+
+// checkRequest refuses requests no pod can satisfy, before anything reaches the cluster.
+func checkRequest(req provider.CreateRequest) error {
+	if errs := validation.IsDNS1123Subdomain(req.Name); len(errs) > 0 {
+		return provider.Permanent(fmt.Errorf("pod name %q: %s", req.Name, strings.Join(errs, "; ")))
+	}
+	ns := podNamespace(req)
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		return provider.Permanent(fmt.Errorf("pod namespace %q: %s", ns, strings.Join(errs, "; ")))
+	}
+	// The API server rejects only leading and trailing whitespace in an image; a space
+	// inside passes admission and leaves the pod Pending with InvalidImageName forever.
+	if image := podImage(req); strings.ContainsFunc(image, unicode.IsSpace) {
+		return provider.Permanent(fmt.Errorf("spec.kubernetes.image %q: an image reference has no whitespace", image))
+	}
+	// A secret volume can only name a Secret in the pod's own namespace. The cloud-init
+	// Secret the worker checked lives in the Proxy's namespace; mounting a same-named Secret
+	// from another namespace would run the pod with configuration nobody vetted.
+	if ci := req.Spec.CloudInit; ci != nil && ns != req.Namespace {
+		return provider.Permanent(fmt.Errorf(
+			"spec.cloudInit needs the pod in the Proxy's namespace %q, but spec.kubernetes.namespace is %q: a pod can only mount Secrets of its own namespace",
+			req.Namespace, ns))
+	}
+	return nil
+}
+
+// Get implements provider.Provider.
+func (p *Provider) Get(ctx context.Context, providerID string) (provider.Instance, error) {
+	key, err := parseID(providerID)
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	var pod corev1.Pod
+	if err := p.Client.Get(ctx, key, &pod); err != nil {
+		if apierrors.IsNotFound(err) {
+			return provider.Instance{}, fmt.Errorf("pod %s: %w (%v)", key, provider.ErrNotFound, err)
+		}
+		return provider.Instance{}, classify("get pod "+key.String(), err)
+	}
+	return toInstance(&pod), nil
+}
+
+// Delete implements provider.Provider. It only asks: the kubelet stops Squid within the grace
+// period, and the workflow polls Get until the pod is gone.
+func (p *Provider) Delete(ctx context.Context, providerID string) error {
+	key, err := parseID(providerID)
+	if err != nil {
+		return err
+	}
+	pod := &corev1.Pod{}
+	pod.Namespace, pod.Name = key.Namespace, key.Name
+	if err := p.Client.Delete(ctx, pod); err != nil && !apierrors.IsNotFound(err) {
+		return classify("delete pod "+key.String(), err)
+	}
+	return nil
+}
+
+// ListByTag implements provider.Provider, across all namespaces: spec.kubernetes.namespace
+// lets a Proxy put its pod anywhere.
+func (p *Provider) ListByTag(ctx context.Context, installation string) ([]provider.Instance, error) {
+	if installation == "" {
+		// An empty selector value matches pods labelled with an empty installation, which
+		// are nobody's: the sweeper must never be handed those.
+		return nil, provider.Permanent(errors.New("list pods: empty installation"))
+	}
+	size := p.pageSize
+	if size <= 0 {
+		size = defaultPageSize
+	}
+	var out []provider.Instance
+	opts := []client.ListOption{
+		client.MatchingLabels{provider.LabelInstallation: installation},
+		client.Limit(size),
+	}
+	for cont := ""; ; {
+		var list corev1.PodList
+		if err := p.Client.List(ctx, &list, append(opts, client.Continue(cont))...); err != nil {
+			return nil, classify("list pods of installation "+installation, err)
+		}
+		for i := range list.Items {
+			out = append(out, toInstance(&list.Items[i]))
+		}
+		if cont = list.Continue; cont == "" {
+			return out, nil
+		}
+	}
+}
+
+// parseID splits "<namespace>/<name>". A malformed ID cannot name any pod, so retrying with
+// it is pointless.
+func parseID(id string) (types.NamespacedName, error) {
+	ns, name, ok := strings.Cut(id, "/")
+	if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
+		return types.NamespacedName{}, provider.Permanent(
+			fmt.Errorf("malformed kubernetes provider ID %q: want <namespace>/<pod name>", id))
+	}
+	return types.NamespacedName{Namespace: ns, Name: name}, nil
+}

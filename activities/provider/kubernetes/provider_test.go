@@ -1,0 +1,424 @@
+package kubernetes
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+// The API server runs without kubelet, scheduler or controller manager: the tests play the
+// kubelet by writing pod status, and whatever else a controller would have done.
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Run(m, testenv.Options{Kube: true}))
+}
+
+type fixture struct {
+	t   *testing.T
+	c   client.Client
+	p   *Provider
+	ns  string
+	ctx context.Context
+	// installation is unique per test, so ListByTag sees only this test's pods.
+	installation string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	c := testenv.Kube(t).Client
+	f := &fixture{t: t, c: c, p: &Provider{Client: c}, ctx: ctx, installation: "inst-" + strings.ToLower(rand.Text()[:10])}
+	f.ns = f.namespace()
+	return f
+}
+
+// namespace creates a namespace for this test. It is deleted at the end; without a namespace
+// controller it only ever reaches Terminating, which is enough to keep tests apart.
+func (f *fixture) namespace() string {
+	f.t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "kube-provider-"}}
+	require.NoError(f.t, f.c.Create(f.ctx, ns))
+	f.t.Cleanup(func() { _ = f.c.Delete(context.Background(), ns) })
+	return ns.Name
+}
+
+func (f *fixture) request(name string) provider.CreateRequest {
+	return provider.CreateRequest{
+		Name:         name,
+		ProxyUID:     strings.ToLower(rand.Text()),
+		Installation: f.installation,
+		Namespace:    f.ns,
+		Port:         v1alpha1.DefaultManagedPort,
+		Spec: v1alpha1.ProxySpec{
+			Provider:   v1alpha1.ProviderKubernetes,
+			Kubernetes: &v1alpha1.KubernetesSpec{},
+		},
+	}
+}
+
+func (f *fixture) create(req provider.CreateRequest) provider.Instance {
+	f.t.Helper()
+	inst, err := f.p.Create(f.ctx, req)
+	require.NoError(f.t, err)
+	return inst
+}
+
+func (f *fixture) get(id string) provider.Instance {
+	f.t.Helper()
+	inst, err := f.p.Get(f.ctx, id)
+	require.NoError(f.t, err)
+	return inst
+}
+
+func (f *fixture) pod(id string) *corev1.Pod {
+	f.t.Helper()
+	key, err := parseID(id)
+	require.NoError(f.t, err)
+	var pod corev1.Pod
+	require.NoError(f.t, f.c.Get(f.ctx, key, &pod))
+	return &pod
+}
+
+// setStatus plays the kubelet.
+func (f *fixture) setStatus(id string, phase corev1.PodPhase, ip string, ready corev1.ConditionStatus) {
+	f.t.Helper()
+	pod := f.pod(id)
+	pod.Status = corev1.PodStatus{Phase: phase, PodIP: ip}
+	if ip != "" {
+		pod.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+	}
+	if ready != "" {
+		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: ready, LastTransitionTime: metav1.Now()}}
+	}
+	require.NoError(f.t, f.c.Status().Update(f.ctx, pod))
+}
+
+func TestLifecycle(t *testing.T) {
+	f := newFixture(t)
+	req := f.request("px-life-0")
+	req.Spec.Port, req.Port = 8080, 8080
+
+	created := f.create(req)
+	id := f.p.ProviderID(req)
+	assert.Equal(t, f.ns+"/px-life-0", id)
+	assert.Equal(t, id, created.ProviderID)
+	assert.Equal(t, "px-life-0", created.Name)
+	assert.Equal(t, provider.StateProvisioning, created.State)
+	assert.Equal(t, req.ProxyUID, created.ProxyUID())
+	assert.Equal(t, f.installation, created.Labels[provider.LabelInstallation])
+	assert.False(t, created.CreatedAt.IsZero())
+
+	inst := f.get(id)
+	assert.Equal(t, provider.StateProvisioning, inst.State)
+	assert.Empty(t, inst.IP)
+	assert.True(t, created.CreatedAt.Equal(inst.CreatedAt))
+
+	f.setStatus(id, corev1.PodRunning, "10.20.30.40", corev1.ConditionFalse)
+	inst = f.get(id)
+	assert.Equal(t, provider.StateProvisioning, inst.State, "running but not ready")
+	assert.Empty(t, inst.IP)
+
+	f.setStatus(id, corev1.PodRunning, "10.20.30.40", corev1.ConditionTrue)
+	inst = f.get(id)
+	assert.Equal(t, provider.StateRunning, inst.State)
+	assert.Equal(t, "10.20.30.40", inst.IP)
+	assert.Equal(t, int32(8080), inst.Port)
+
+	f.setStatus(id, corev1.PodFailed, "", "")
+	inst = f.get(id)
+	assert.Equal(t, provider.StateStopped, inst.State)
+	assert.Empty(t, inst.IP)
+}
+
+func TestCreateIsIdempotent(t *testing.T) {
+	f := newFixture(t)
+	req := f.request("px-idem-0")
+	first := f.create(req)
+	again := f.create(req)
+	assert.Equal(t, first, again)
+
+	var pods corev1.PodList
+	require.NoError(t, f.c.List(f.ctx, &pods, client.InNamespace(f.ns)))
+	assert.Len(t, pods.Items, 1)
+}
+
+func TestCreateRefusesAnotherProxysPod(t *testing.T) {
+	f := newFixture(t)
+	mine := f.request("px-clash-0")
+	f.create(mine)
+
+	theirs := f.request("px-clash-0")
+	require.NotEqual(t, mine.ProxyUID, theirs.ProxyUID)
+	_, err := f.p.Create(f.ctx, theirs)
+	require.Error(t, err)
+	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+
+	assert.Equal(t, mine.ProxyUID, f.pod(f.p.ProviderID(mine)).Labels[provider.LabelProxyUID], "the pod is left alone")
+}
+
+func TestDelete(t *testing.T) {
+	f := newFixture(t)
+	req := f.request("px-del-0")
+	id := f.create(req).ProviderID
+
+	require.NoError(t, f.p.Delete(f.ctx, id))
+	// An unscheduled pod has no kubelet to wait for, so the API server removes it at once;
+	// Eventually only guards against that changing.
+	require.Eventually(t, func() bool {
+		_, err := f.p.Get(f.ctx, id)
+		return errors.Is(err, provider.ErrNotFound)
+	}, 10*time.Second, 50*time.Millisecond)
+
+	_, err := f.p.Get(f.ctx, id)
+	assert.Equal(t, provider.KindTransient, provider.Class(err), "not found is reported, not classified permanent")
+
+	assert.NoError(t, f.p.Delete(f.ctx, id), "deleting a missing pod succeeds")
+	assert.NoError(t, f.p.Delete(f.ctx, f.ns+"/never-created"))
+}
+
+func TestDeleteOfScheduledPodReportsDeleting(t *testing.T) {
+	f := newFixture(t)
+	// A pod bound to a node keeps existing, with a deletion timestamp, until its kubelet
+	// confirms Squid stopped; here no kubelet ever does.
+	pod := buildPod(f.request("px-term-0"))
+	pod.Spec.NodeName = "node-that-never-answers"
+	require.NoError(t, f.c.Create(f.ctx, pod))
+	id := f.ns + "/" + pod.Name
+
+	require.NoError(t, f.p.Delete(f.ctx, id))
+	assert.Equal(t, provider.StateDeleting, f.get(id).State)
+	assert.NoError(t, f.p.Delete(f.ctx, id), "deleting again while terminating succeeds")
+}
+
+func TestMalformedIDs(t *testing.T) {
+	f := newFixture(t)
+	for _, id := range []string{"px-a-0", "zones/us-central1-a/instances/px-a-0", ""} {
+		_, err := f.p.Get(f.ctx, id)
+		assert.Equal(t, provider.KindPermanent, provider.Class(err), "get %q", id)
+		assert.Equal(t, provider.KindPermanent, provider.Class(f.p.Delete(f.ctx, id)), "delete %q", id)
+	}
+}
+
+func TestListByTag(t *testing.T) {
+	f := newFixture(t)
+	other := f.namespace()
+
+	a := f.request("px-list-a")
+	b := f.request("px-list-b")
+	b.Spec.Kubernetes.Namespace = other // same installation, pod in another namespace
+	c := f.request("px-list-c")
+	c.Installation = f.installation + "-other"
+	for _, req := range []provider.CreateRequest{a, b, c} {
+		f.create(req)
+	}
+
+	// Pages of one pod exercise the continue loop.
+	for _, p := range []*Provider{f.p, {Client: f.c, pageSize: 1}} {
+		list, err := p.ListByTag(f.ctx, f.installation)
+		require.NoError(t, err)
+		var ids []string
+		for _, inst := range list {
+			ids = append(ids, inst.ProviderID)
+			assert.Equal(t, f.installation, inst.Labels[provider.LabelInstallation])
+			assert.Equal(t, provider.ManagedByValue, inst.Labels[provider.LabelManagedBy])
+		}
+		assert.ElementsMatch(t, []string{f.ns + "/px-list-a", other + "/px-list-b"}, ids)
+	}
+
+	list, err := f.p.ListByTag(f.ctx, c.Installation)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	assert.Equal(t, f.ns+"/px-list-c", list[0].ProviderID)
+
+	_, err = f.p.ListByTag(f.ctx, "")
+	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+}
+
+func TestCloudInitSecretIsMounted(t *testing.T) {
+	f := newFixture(t)
+	const conf = "http_port 3128\nauth_param basic program /secret/helper token=s3cr3t-value\n"
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "squid-conf", Namespace: f.ns,
+			Labels: map[string]string{v1alpha1.LabelCloudInit: "true"},
+		},
+		Data: map[string][]byte{"squid": []byte(conf)},
+	}
+	require.NoError(t, f.c.Create(f.ctx, secret))
+
+	req := f.request("px-conf-0")
+	req.Spec.CloudInit = &v1alpha1.CloudInit{SecretRef: v1alpha1.SecretKeyRef{Name: "squid-conf", Key: "squid"}}
+	req.CloudInit = []byte(conf) // what the activity read; the provider must not use it
+	id := f.create(req).ProviderID
+
+	pod := f.pod(id)
+	require.Len(t, pod.Spec.Volumes, 1)
+	vol := pod.Spec.Volumes[0]
+	require.NotNil(t, vol.Secret)
+	assert.Equal(t, "squid-conf", vol.Secret.SecretName)
+	assert.Equal(t, []corev1.KeyToPath{{Key: "squid", Path: "squid.conf"}}, vol.Secret.Items)
+	require.Len(t, pod.Spec.Containers[0].VolumeMounts, 1)
+	mount := pod.Spec.Containers[0].VolumeMounts[0]
+	assert.Equal(t, vol.Name, mount.Name)
+	assert.Equal(t, "/etc/squid/squid.conf", mount.MountPath)
+	assert.True(t, mount.ReadOnly)
+
+	raw, err := json.Marshal(pod)
+	require.NoError(t, err)
+	assert.NotContains(t, string(raw), "s3cr3t-value", "Secret data must not be in the pod")
+	assert.NotContains(t, string(raw), "auth_param")
+}
+
+func TestCreateUnderResourceQuota(t *testing.T) {
+	// The quota admission plugin enforces only what the quota controller has counted into
+	// the quota's status. No controller manager runs here, so each case writes the status the
+	// controller would (or would not yet) have written.
+	tests := []struct {
+		name string
+		// status is what the quota controller has written so far.
+		status corev1.ResourceQuotaStatus
+		// kind is the class of the Create error; nil error when admitted.
+		admitted bool
+		kind     provider.Kind
+	}{
+		{
+			// Not counted at all: admission ignores the quota until the controller has
+			// filled in status.hard. Recorded so the cases below are understood.
+			name:     "never counted",
+			admitted: true,
+		},
+		{
+			// 403 "status unknown for quota": the controller knows the limit but not the
+			// usage yet. It catches up within seconds, so this is a retry, not a failure.
+			name: "limit known, usage not yet",
+			status: corev1.ResourceQuotaStatus{
+				Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")},
+			},
+			kind: provider.KindTransient,
+		},
+		{
+			// 403 "exceeded quota": a wait for capacity, shown as QuotaExceeded.
+			name: "full",
+			status: corev1.ResourceQuotaStatus{
+				Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")},
+				Used: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")},
+			},
+			kind: provider.KindQuota,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			quota := &corev1.ResourceQuota{
+				ObjectMeta: metav1.ObjectMeta{Name: "no-pods", Namespace: f.ns},
+				Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")}},
+			}
+			require.NoError(t, f.c.Create(f.ctx, quota))
+			if len(tc.status.Hard) > 0 {
+				quota.Status = tc.status
+				require.NoError(t, f.c.Status().Update(f.ctx, quota))
+			}
+			req := f.request("px-quota-0")
+			if tc.admitted {
+				_, err := f.p.Create(f.ctx, req)
+				require.NoError(t, err)
+				return
+			}
+			// Admission reads quotas through an informer, which may not have seen the status
+			// yet and then admits the pod. Such a pod is removed and Create asked again,
+			// until admission judges by the status written above.
+			var err error
+			require.Eventually(t, func() bool {
+				var inst provider.Instance
+				inst, err = f.p.Create(f.ctx, req)
+				if err == nil {
+					assert.NoError(t, f.p.Delete(f.ctx, inst.ProviderID))
+					return false
+				}
+				return apierrors.IsForbidden(err)
+			}, 10*time.Second, 50*time.Millisecond)
+			t.Logf("API server said: %v", err)
+			assert.Contains(t, err.Error(), "quota")
+			assert.Equal(t, tc.kind, provider.Class(err))
+		})
+	}
+}
+
+func TestCreateInvalidPod(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*v1alpha1.KubernetesSpec)
+		// byServer is true when the API server refuses the pod, false when the provider
+		// refuses it first.
+		byServer bool
+	}{
+		{
+			// Spaces inside an image pass the API server (it checks only the ends), so the
+			// provider refuses them itself.
+			name: "image with spaces",
+			edit: func(k *v1alpha1.KubernetesSpec) { k.Image = "ubuntu/squid: latest and greatest" },
+		},
+		{name: "image with a leading space", edit: func(k *v1alpha1.KubernetesSpec) { k.Image = " ubuntu/squid" }},
+		{
+			name: "negative memory request",
+			edit: func(k *v1alpha1.KubernetesSpec) {
+				k.Resources = corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("-1Mi")},
+				}
+			},
+			byServer: true,
+		},
+		{
+			name: "requests above limits",
+			edit: func(k *v1alpha1.KubernetesSpec) {
+				k.Resources = corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
+					Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("128Mi")},
+				}
+			},
+			byServer: true,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			req := f.request("px-bad-0")
+			tc.edit(req.Spec.Kubernetes)
+			_, err := f.p.Create(f.ctx, req)
+			require.Error(t, err)
+			assert.Equal(t, tc.byServer, apierrors.IsInvalid(err), "refused by the API server: %v", err)
+			assert.Equal(t, provider.KindPermanent, provider.Class(err))
+
+			var pods corev1.PodList
+			require.NoError(t, f.c.List(f.ctx, &pods, client.InNamespace(f.ns)))
+			assert.Empty(t, pods.Items)
+		})
+	}
+}
+
+func TestCreateInMissingNamespaceIsTransient(t *testing.T) {
+	f := newFixture(t)
+	req := f.request("px-nons-0")
+	req.Spec.Kubernetes.Namespace = "no-such-namespace-" + strings.ToLower(rand.Text()[:8])
+	_, err := f.p.Create(f.ctx, req)
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, provider.ErrNotFound, "the instance is not gone; its namespace is missing")
+	assert.Equal(t, provider.KindTransient, provider.Class(err), "creating the namespace fixes it")
+}
