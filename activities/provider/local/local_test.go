@@ -1,0 +1,195 @@
+package local_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+// serve runs a daemon's control API on loopback and returns a Provider for it.
+func serve(t *testing.T, d *local.Daemon) *local.Provider {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return local.NewProvider("http://" + ln.Addr().String())
+}
+
+func target(t *testing.T) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "target "+r.URL.Path)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func fetchVia(proxyAddr, u string) (*http.Response, error) {
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: proxyAddr}), DisableKeepAlives: true,
+	}}
+	return c.Get(u)
+}
+
+func req(name, uid string) provider.CreateRequest {
+	return provider.CreateRequest{
+		Name: name, ProxyUID: uid, Installation: "inst-a", Namespace: "ns",
+		Spec: v1alpha1.ProxySpec{Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{}},
+	}
+}
+
+func TestProviderLifecycle(t *testing.T) {
+	d, err := local.NewDaemon(local.DaemonOptions{})
+	require.NoError(t, err)
+	defer d.Close()
+	p := serve(t, d)
+	ctx := context.Background()
+	tgt := target(t)
+
+	inst, err := p.Create(ctx, req("px-a-1", "uid-a"))
+	require.NoError(t, err)
+	assert.Equal(t, provider.StateRunning, inst.State)
+	assert.Equal(t, "127.0.0.1", inst.IP)
+	assert.Equal(t, "uid-a", inst.ProxyUID())
+	assert.Equal(t, "inst-a", inst.Labels[provider.LabelInstallation])
+
+	// A real proxy: a request through it reaches the target.
+	resp, err := fetchVia(net.JoinHostPort(inst.IP, strconv.Itoa(int(inst.Port))), tgt.URL+"/x")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, "target /x", string(body))
+
+	again, err := p.Create(ctx, req("px-a-1", "uid-a"))
+	require.NoError(t, err, "create is idempotent")
+	assert.Equal(t, inst.Port, again.Port)
+	assert.Len(t, d.List(nil), 1)
+
+	_, err = p.Create(ctx, req("px-b-1", "uid-b"))
+	require.NoError(t, err)
+	other := req("px-c-1", "uid-c")
+	other.Installation = "inst-b"
+	_, err = p.Create(ctx, other)
+	require.NoError(t, err)
+	mine, err := p.ListByTag(ctx, "inst-a")
+	require.NoError(t, err)
+	assert.Len(t, mine, 2, "only this installation's instances")
+
+	// A killed instance is Stopped and refuses connections.
+	require.NoError(t, p.Kill(ctx, "px-a-1"))
+	got, err := p.Get(ctx, "px-a-1")
+	require.NoError(t, err)
+	assert.Equal(t, provider.StateStopped, got.State)
+	_, err = fetchVia(net.JoinHostPort(inst.IP, strconv.Itoa(int(inst.Port))), tgt.URL+"/x")
+	require.Error(t, err)
+
+	require.NoError(t, p.Delete(ctx, "px-a-1"))
+	_, err = p.Get(ctx, "px-a-1")
+	assert.ErrorIs(t, err, provider.ErrNotFound)
+	require.NoError(t, p.Delete(ctx, "px-a-1"), "deleting a missing instance succeeds")
+}
+
+func TestProviderErrors(t *testing.T) {
+	d, err := local.NewDaemon(local.DaemonOptions{})
+	require.NoError(t, err)
+	defer d.Close()
+	p := serve(t, d)
+	_, err = p.Create(context.Background(), req("Not_A_Name", "u"))
+	require.Error(t, err)
+	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	down := local.NewProvider("http://" + ln.Addr().String())
+	require.NoError(t, ln.Close())
+	_, err = down.Get(context.Background(), "px-a-1")
+	require.Error(t, err)
+	assert.False(t, errors.Is(err, provider.ErrNotFound))
+	assert.Equal(t, provider.KindTransient, provider.Class(err), "a daemon that is down is a wait")
+}
+
+func TestDaemonKeepsInstancesAcrossRestarts(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state.json")
+	d1, err := local.NewDaemon(local.DaemonOptions{StateFile: state})
+	require.NoError(t, err)
+	info, _, err := d1.Create("px-keep-1", local.CreateRequest{Labels: map[string]string{"k": "v"}})
+	require.NoError(t, err)
+	_, _, err = d1.Create("px-dead-1", local.CreateRequest{})
+	require.NoError(t, err)
+	_, _, err = d1.Kill("px-dead-1")
+	require.NoError(t, err)
+	require.NoError(t, d1.Close())
+
+	d2, err := local.NewDaemon(local.DaemonOptions{StateFile: state})
+	require.NoError(t, err)
+	defer d2.Close()
+	got, ok := d2.Get("px-keep-1")
+	require.True(t, ok)
+	assert.Equal(t, local.StateRunning, got.State)
+	assert.Equal(t, info.Port, got.Port, "an instance comes back on its port")
+	assert.Equal(t, "v", got.Labels["k"])
+	dead, ok := d2.Get("px-dead-1")
+	require.True(t, ok)
+	assert.Equal(t, local.StateStopped, dead.State, "a killed instance stays killed")
+
+	tgt := target(t)
+	resp, err := fetchVia(net.JoinHostPort(got.IP, strconv.Itoa(got.Port)), tgt.URL+"/after-restart")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+func TestProvisionDelay(t *testing.T) {
+	d, err := local.NewDaemon(local.DaemonOptions{ProvisionDelay: 200 * time.Millisecond})
+	require.NoError(t, err)
+	defer d.Close()
+	info, _, err := d.Create("px-slow-1", local.CreateRequest{})
+	require.NoError(t, err)
+	assert.Equal(t, local.StateProvisioning, info.State)
+	require.Eventually(t, func() bool {
+		got, _ := d.Get("px-slow-1")
+		return got.State == local.StateRunning && got.Port > 0
+	}, 5*time.Second, 10*time.Millisecond)
+}
+
+func TestBackdatedCreate(t *testing.T) {
+	d, err := local.NewDaemon(local.DaemonOptions{})
+	require.NoError(t, err)
+	defer d.Close()
+	old := time.Now().Add(-2 * time.Hour).UTC().Truncate(time.Second)
+	info, _, err := d.Create("px-old-1", local.CreateRequest{CreatedAt: &old})
+	require.NoError(t, err)
+	assert.True(t, info.CreatedAt.Equal(old))
+}
+
+// TestForwardProxyStaysOnLoopback: the local proxy refuses targets beyond loopback, so a
+// local fleet cannot send traffic elsewhere by accident. The address is checked before any
+// connection is attempted.
+func TestForwardProxyStaysOnLoopback(t *testing.T) {
+	srv := httptest.NewServer(&local.ForwardProxy{})
+	defer srv.Close()
+	resp, err := fetchVia(srv.Listener.Addr().String(), "http://192.0.2.1/")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	assert.Contains(t, string(body), "loopback targets only")
+}
