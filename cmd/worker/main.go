@@ -29,6 +29,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/gcp"
 	kubeprovider "github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
@@ -56,6 +57,7 @@ func run() error {
 		taskQueue    = flag.String("task-queue", env("TASK_QUEUE", workflows.TaskQueue), "task queue (env TASK_QUEUE)")
 		installation = flag.String("installation", env("PROXYFLEET_INSTALLATION", "default"), "installation id put on every instance (env PROXYFLEET_INSTALLATION)")
 		providers    = flag.String("providers", env("PROXYFLEET_PROVIDERS", "local,kubernetes"), "comma-separated providers to enable: gcp, kubernetes, local (env PROXYFLEET_PROVIDERS)")
+		gcpProject   = flag.String("gcp-project", env("GOOGLE_CLOUD_PROJECT", ""), "default GCP project for the gcp provider; credentials come from Application Default Credentials (env GOOGLE_CLOUD_PROJECT)")
 		localURL     = flag.String("local-daemon", env("LOCAL_DAEMON_URL", "http://127.0.0.1:8089"), "control API of localproxyd, for the local provider (env LOCAL_DAEMON_URL)")
 		httpAddr     = flag.String("http-address", env("HTTP_ADDRESS", "127.0.0.1:9090"), "address of /metrics and /healthz (env HTTP_ADDRESS)")
 		maxActs      = flag.Int("max-concurrent-activities", 4000, "activity slots; each proxy's monitor holds one for its whole life")
@@ -87,6 +89,16 @@ func run() error {
 		switch v1alpha1.Provider(strings.TrimSpace(name)) {
 		case v1alpha1.ProviderLocal:
 			reg[v1alpha1.ProviderLocal] = local.NewProvider(*localURL)
+		case v1alpha1.ProviderGCP:
+			if *gcpProject == "" {
+				return fmt.Errorf("the gcp provider needs --gcp-project")
+			}
+			g, err := gcp.New(context.Background(), gcp.Config{DefaultProject: *gcpProject})
+			if err != nil {
+				return err
+			}
+			defer g.Close()
+			reg[v1alpha1.ProviderGCP] = g
 		case v1alpha1.ProviderKubernetes:
 			reg[v1alpha1.ProviderKubernetes] = &kubeprovider.Provider{Client: kube}
 		case "":

@@ -1,0 +1,279 @@
+package gcp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"regexp"
+	"strings"
+	"time"
+
+	compute "cloud.google.com/go/compute/apiv1"
+	"cloud.google.com/go/compute/apiv1/computepb"
+	"google.golang.org/api/iterator"
+	"google.golang.org/api/option"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+)
+
+// Config configures a Provider.
+type Config struct {
+	// DefaultProject is used when spec.gcp.project is empty, and is the project ListByTag
+	// searches, so the orphan sweeper only sees instances there.
+	DefaultProject string
+	// ClientOptions are passed to the Compute client (credentials, endpoint, HTTP client).
+	// Any logger among them is replaced: the client's debug log prints request bodies,
+	// which carry the cloud-init data.
+	ClientOptions []option.ClientOption
+}
+
+// Provider runs Proxy instances as Compute Engine VMs.
+type Provider struct {
+	client         *compute.InstancesClient
+	defaultProject string
+}
+
+var _ provider.Provider = (*Provider)(nil)
+
+// New returns a Provider with its own Compute client; Close releases it.
+func New(ctx context.Context, cfg Config) (*Provider, error) {
+	if cfg.DefaultProject == "" {
+		// Without it the sweeper would list nothing and leaks would go unnoticed.
+		return nil, errors.New("gcp: Config.DefaultProject is required")
+	}
+	opts := append(append([]option.ClientOption(nil), cfg.ClientOptions...),
+		option.WithLogger(slog.New(slog.DiscardHandler)))
+	client, err := compute.NewInstancesRESTClient(ctx, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("gcp: compute client: %w", err)
+	}
+	return &Provider{client: client, defaultProject: cfg.DefaultProject}, nil
+}
+
+// Close releases the client's connections.
+func (p *Provider) Close() error { return p.client.Close() }
+
+// ref locates one instance: what a provider ID encodes.
+type ref struct{ project, zone, name string }
+
+func (r ref) String() string {
+	return fmt.Sprintf("projects/%s/zones/%s/instances/%s", r.project, r.zone, r.name)
+}
+
+// parseProviderID is strict: an ID that does not parse can only come from a bug or a
+// hand-edited status, and guessing would risk deleting someone else's VM.
+func parseProviderID(id string) (ref, error) {
+	parts := strings.Split(id, "/")
+	if len(parts) != 6 || parts[0] != "projects" || parts[2] != "zones" || parts[4] != "instances" ||
+		parts[1] == "" || parts[3] == "" || parts[5] == "" {
+		return ref{}, provider.Permanent(fmt.Errorf("malformed gcp provider ID %q: want projects/<project>/zones/<zone>/instances/<name>", id))
+	}
+	return ref{project: parts[1], zone: parts[3], name: parts[5]}, nil
+}
+
+func (p *Provider) refFor(req provider.CreateRequest) ref {
+	r := ref{project: p.defaultProject, name: req.Name}
+	if g := req.Spec.GCP; g != nil {
+		r.zone = g.Zone
+		if g.Project != "" {
+			r.project = g.Project
+		}
+	}
+	return r
+}
+
+// ProviderID implements provider.Provider. The zone is part of the ID so that an instance
+// created before a zone edit is still found, and deleted, in its old zone.
+func (p *Provider) ProviderID(req provider.CreateRequest) string { return p.refFor(req).String() }
+
+// Create implements provider.Provider. It returns as soon as the API accepts the insert:
+// the operation is never waited on, and the instance's progress is observed through Get.
+func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (provider.Instance, error) {
+	r := p.refFor(req)
+	ins, err := buildInsert(req, r.project)
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	op, err := p.client.Insert(ctx, ins)
+	if isAlreadyExists(err) {
+		return p.adopt(ctx, r, req.ProxyUID)
+	}
+	if err != nil {
+		return provider.Instance{}, redact(fmt.Errorf("gcp insert %s: %w", r, classify(callInsert, err)), req.CloudInit)
+	}
+	inst := provider.Instance{
+		Name:       r.name,
+		ProviderID: r.String(),
+		State:      provider.StateProvisioning,
+		Labels:     ins.GetInstanceResource().GetLabels(),
+	}
+	// The operation's insert time stands in for the VM's creation time, which only Get
+	// can report; they differ by the time GCE takes to accept the request.
+	if t, err := time.Parse(time.RFC3339, op.Proto().GetInsertTime()); err == nil {
+		inst.CreatedAt = t
+	}
+	return inst, nil
+}
+
+// adopt answers an insert refused with 409. After a crash the name is taken by our own
+// earlier attempt, which is success; if another Proxy (or a person) owns the name, taking
+// the VM over would hand its traffic, and later its deletion, to the wrong owner.
+func (p *Provider) adopt(ctx context.Context, r ref, proxyUID string) (provider.Instance, error) {
+	inst, err := p.get(ctx, r)
+	if errors.Is(err, provider.ErrNotFound) {
+		// Deleted between the two calls; the next attempt will insert it again.
+		return provider.Instance{}, fmt.Errorf("gcp insert %s: already exists, then not found: retrying", r)
+	}
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	if owner := inst.ProxyUID(); owner != proxyUID {
+		return provider.Instance{}, provider.Permanent(fmt.Errorf(
+			"gcp insert %s: the name is taken by an instance labelled %s=%q, not this Proxy", r, provider.LabelProxyUID, owner))
+	}
+	return inst, nil
+}
+
+// redact withholds an error message that quotes the cloud-init data: it may hold secrets,
+// and errors end up in workflow history and logs. Lines are matched one by one because
+// messages get trimmed, truncated and re-escaped on their way here; short lines ("fi") are
+// skipped so that ordinary messages are not withheld by accident.
+func redact(err error, secret []byte) error {
+	if len(secret) == 0 {
+		return err
+	}
+	msg := err.Error()
+	for _, line := range strings.Split(string(secret), "\n") {
+		line = strings.TrimSpace(line)
+		if len(line) < 8 {
+			continue
+		}
+		escaped, _ := json.Marshal(line)
+		if strings.Contains(msg, line) || strings.Contains(msg, string(escaped[1:len(escaped)-1])) {
+			return withKind(provider.Class(err), errors.New("gcp insert failed; the API's message quoted the cloud-init data and was withheld"))
+		}
+	}
+	return err
+}
+
+// Get implements provider.Provider.
+func (p *Provider) Get(ctx context.Context, providerID string) (provider.Instance, error) {
+	r, err := parseProviderID(providerID)
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	return p.get(ctx, r)
+}
+
+func (p *Provider) get(ctx context.Context, r ref) (provider.Instance, error) {
+	inst, err := p.client.Get(ctx, &computepb.GetInstanceRequest{Project: r.project, Zone: r.zone, Instance: r.name})
+	if err != nil {
+		return provider.Instance{}, fmt.Errorf("gcp get %s: %w", r, classify(callGet, err))
+	}
+	return toInstance(inst, r.project, r.zone), nil
+}
+
+// Delete implements provider.Provider. Like Create it does not wait: the caller polls Get
+// until the instance is gone.
+func (p *Provider) Delete(ctx context.Context, providerID string) error {
+	r, err := parseProviderID(providerID)
+	if err != nil {
+		return err
+	}
+	_, err = p.client.Delete(ctx, &computepb.DeleteInstanceRequest{Project: r.project, Zone: r.zone, Instance: r.name})
+	if err = classify(callDelete, err); err != nil && !errors.Is(err, provider.ErrNotFound) {
+		return fmt.Errorf("gcp delete %s: %w", r, err)
+	}
+	return nil
+}
+
+// labelValue is GCP's label value syntax; checking it keeps the filter expression below
+// from being bent by a quote in the installation ID.
+var labelValue = regexp.MustCompile(`^[-_a-z0-9]{1,63}$`)
+
+// ListByTag implements provider.Provider. It searches the default project only.
+func (p *Provider) ListByTag(ctx context.Context, installation string) ([]provider.Instance, error) {
+	if !labelValue.MatchString(installation) {
+		return nil, provider.Permanent(fmt.Errorf("installation %q is not a valid GCP label value", installation))
+	}
+	it := p.client.AggregatedList(ctx, &computepb.AggregatedListInstancesRequest{
+		Project: p.defaultProject,
+		Filter:  proto.String(fmt.Sprintf("labels.%s = %q", provider.LabelInstallation, installation)),
+	})
+	var out []provider.Instance
+	for {
+		pair, err := it.Next()
+		if errors.Is(err, iterator.Done) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("gcp list instances in project %s: %w", p.defaultProject, classify(callList, err))
+		}
+		scopeZone := strings.TrimPrefix(pair.Key, "zones/")
+		for _, inst := range pair.Value.GetInstances() {
+			// The filter is the server's; the sweeper deletes what this returns, so the
+			// label is checked again here rather than trusted.
+			if inst.GetLabels()[provider.LabelInstallation] != installation {
+				continue
+			}
+			out = append(out, toInstance(inst, p.defaultProject, scopeZone))
+		}
+	}
+}
+
+// toInstance maps a VM to the provider's view. zone is the fallback for a response that
+// omits the instance's own zone URL.
+func toInstance(inst *computepb.Instance, project, zone string) provider.Instance {
+	if z := inst.GetZone(); z != "" {
+		zone = z[strings.LastIndex(z, "/")+1:]
+	}
+	r := ref{project: project, zone: zone, name: inst.GetName()}
+	out := provider.Instance{
+		Name:       r.name,
+		ProviderID: r.String(),
+		Labels:     maps.Clone(inst.GetLabels()),
+	}
+	if t, err := time.Parse(time.RFC3339, inst.GetCreationTimestamp()); err == nil {
+		out.CreatedAt = t
+	}
+	out.State = stateOf(inst.GetStatus(), natIP(inst))
+	if out.State == provider.StateRunning {
+		out.IP = natIP(inst)
+	}
+	return out
+}
+
+// stateOf maps a VM status. RUNNING without an external address cannot carry traffic yet.
+// Unknown statuses count as Stopped: the workflow replaces a stopped instance, which is
+// the safe move for cattle whatever the new status means.
+func stateOf(status, ip string) provider.State {
+	switch status {
+	case computepb.Instance_PROVISIONING.String(), computepb.Instance_STAGING.String(),
+		computepb.Instance_REPAIRING.String():
+		return provider.StateProvisioning
+	case computepb.Instance_RUNNING.String():
+		if ip == "" {
+			return provider.StateProvisioning
+		}
+		return provider.StateRunning
+	default:
+		// STOPPING, STOPPED, SUSPENDING, SUSPENDED, TERMINATED and anything newer.
+		return provider.StateStopped
+	}
+}
+
+// natIP is the first external address; Create gives the VM exactly one.
+func natIP(inst *computepb.Instance) string {
+	for _, nic := range inst.GetNetworkInterfaces() {
+		for _, ac := range nic.GetAccessConfigs() {
+			if ip := ac.GetNatIP(); ip != "" {
+				return ip
+			}
+		}
+	}
+	return ""
+}

@@ -1,0 +1,380 @@
+package gcp
+
+import (
+	"errors"
+	"net/http"
+	"testing"
+
+	"cloud.google.com/go/compute/apiv1/computepb"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/api/option"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/gcp/gcptest"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+const testProject = "proj-a"
+
+// newTestProvider runs the real client against a fresh fake.
+func newTestProvider(t *testing.T) (*Provider, *gcptest.Server) {
+	t.Helper()
+	srv := gcptest.NewServer(t)
+	p, err := New(t.Context(), Config{DefaultProject: testProject, ClientOptions: srv.ClientOptions()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return p, srv
+}
+
+func create(t *testing.T, p *Provider, req provider.CreateRequest) provider.Instance {
+	t.Helper()
+	inst, err := p.Create(t.Context(), req)
+	require.NoError(t, err)
+	return inst
+}
+
+func TestNewNeedsDefaultProject(t *testing.T) {
+	_, err := New(t.Context(), Config{})
+	assert.ErrorContains(t, err, "DefaultProject")
+}
+
+func TestCreateThenGetFollowsStatus(t *testing.T) {
+	p, srv := newTestProvider(t)
+	req := gcpRequest("px-a", minimalSpec())
+
+	created := create(t, p, req)
+	assert.Equal(t, "projects/proj-a/zones/europe-west1-b/instances/px-a", created.ProviderID)
+	assert.Equal(t, p.ProviderID(req), created.ProviderID, "the ID is known before Create returns")
+	assert.Equal(t, provider.StateProvisioning, created.State)
+	assert.False(t, created.CreatedAt.IsZero())
+
+	got, err := p.Get(t.Context(), created.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, "px-a", got.Name)
+	assert.Equal(t, created.ProviderID, got.ProviderID)
+	assert.Equal(t, provider.StateProvisioning, got.State)
+	assert.Empty(t, got.IP)
+	assert.False(t, got.CreatedAt.IsZero())
+	assert.Equal(t, req.ProxyUID, got.ProxyUID())
+
+	srv.SetStatus("px-a", "RUNNING")
+	got, err = p.Get(t.Context(), created.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, provider.StateProvisioning, got.State, "RUNNING without an external IP cannot carry traffic")
+	assert.Empty(t, got.IP)
+
+	srv.SetNatIP("px-a", "203.0.113.7")
+	got, err = p.Get(t.Context(), created.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, provider.StateRunning, got.State)
+	assert.Equal(t, "203.0.113.7", got.IP)
+
+	assert.Equal(t, 1, srv.Requests(gcptest.MethodInsert))
+}
+
+func TestGetMapsStatus(t *testing.T) {
+	tests := []struct {
+		status string
+		natIP  string
+		want   provider.State
+	}{
+		{status: "PROVISIONING", want: provider.StateProvisioning},
+		{status: "STAGING", want: provider.StateProvisioning},
+		{status: "REPAIRING", natIP: "203.0.113.8", want: provider.StateProvisioning},
+		{status: "RUNNING", want: provider.StateProvisioning},
+		{status: "RUNNING", natIP: "203.0.113.8", want: provider.StateRunning},
+		{status: "STOPPING", natIP: "203.0.113.8", want: provider.StateStopped},
+		{status: "STOPPED", want: provider.StateStopped},
+		{status: "SUSPENDING", want: provider.StateStopped},
+		{status: "SUSPENDED", want: provider.StateStopped},
+		{status: "TERMINATED", want: provider.StateStopped},
+		{status: "SOMETHING_NEW", natIP: "203.0.113.8", want: provider.StateStopped},
+	}
+	p, srv := newTestProvider(t)
+	inst := create(t, p, gcpRequest("px-s", minimalSpec()))
+	for _, tc := range tests {
+		t.Run(tc.status+"/"+tc.natIP, func(t *testing.T) {
+			srv.SetStatus("px-s", tc.status)
+			srv.SetNatIP("px-s", tc.natIP)
+			got, err := p.Get(t.Context(), inst.ProviderID)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got.State)
+			if tc.want == provider.StateRunning {
+				assert.Equal(t, tc.natIP, got.IP)
+			} else {
+				assert.Empty(t, got.IP, "only a running instance has an address to offer")
+			}
+		})
+	}
+}
+
+func TestCreateTwiceAdoptsTheFirst(t *testing.T) {
+	p, srv := newTestProvider(t)
+	req := gcpRequest("px-a", minimalSpec())
+
+	first := create(t, p, req)
+	srv.SetStatus("px-a", "RUNNING")
+	srv.SetNatIP("px-a", "203.0.113.9")
+	second := create(t, p, req)
+
+	assert.Equal(t, first.ProviderID, second.ProviderID)
+	assert.Equal(t, provider.StateRunning, second.State, "the retry reports the existing instance as it is")
+	assert.Equal(t, "203.0.113.9", second.IP)
+	assert.Len(t, srv.Instances(), 1)
+	assert.Equal(t, 2, srv.Requests(gcptest.MethodInsert))
+	assert.Equal(t, 1, srv.Requests(gcptest.MethodGet))
+}
+
+func TestCreateRefusesANameOwnedByAnotherProxy(t *testing.T) {
+	p, _ := newTestProvider(t)
+	create(t, p, gcpRequest("px-a", minimalSpec()))
+
+	other := gcpRequest("px-a", minimalSpec())
+	other.ProxyUID = "ffffffff-0000-0000-0000-000000000000"
+	_, err := p.Create(t.Context(), other)
+	require.Error(t, err)
+	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+}
+
+func TestCreateSendsStartupScriptAndOwnershipLabels(t *testing.T) {
+	p, srv := newTestProvider(t)
+	g := minimalSpec()
+	g.Tags = []v1alpha1.NetworkTag{"squid"}
+	g.Labels = map[string]v1alpha1.GCPLabelValue{
+		"team":                     "crawl",
+		provider.LabelProxyUID:     "hijack",
+		provider.LabelInstallation: "elsewhere",
+	}
+	withScript := gcpRequest("px-a", g)
+	withScript.CloudInit = []byte("#!/bin/sh\napt-get install -y squid\n")
+	create(t, p, withScript)
+	create(t, p, gcpRequest("px-b", minimalSpec()))
+
+	got := srv.Instances()
+	require.Len(t, got, 2)
+	a, b := got[0], got[1]
+	require.Equal(t, "px-a", a.Name)
+	assert.Equal(t, map[string]string{metadataStartupScript: string(withScript.CloudInit)}, a.Metadata)
+	assert.Equal(t, map[string]string{
+		"team":                     "crawl",
+		provider.LabelProxyUID:     withScript.ProxyUID,
+		provider.LabelInstallation: withScript.Installation,
+		provider.LabelManagedBy:    provider.ManagedByValue,
+	}, a.Labels)
+	assert.Equal(t, []string{"squid"}, a.Tags)
+	assert.Equal(t, "zones/europe-west1-b/machineTypes/e2-micro", a.MachineType)
+	assert.Empty(t, b.Metadata, "no cloud-init, no startup-script")
+}
+
+func TestCreateUsesTheSpecProject(t *testing.T) {
+	p, srv := newTestProvider(t)
+	g := minimalSpec()
+	g.Project = "proj-b"
+	inst := create(t, p, gcpRequest("px-a", g))
+
+	assert.Equal(t, "projects/proj-b/zones/europe-west1-b/instances/px-a", inst.ProviderID)
+	got := srv.Instances()
+	require.Len(t, got, 1)
+	assert.Equal(t, "proj-b", got[0].Project)
+	_, err := p.Get(t.Context(), inst.ProviderID)
+	assert.NoError(t, err)
+}
+
+func TestDelete(t *testing.T) {
+	p, srv := newTestProvider(t)
+	inst := create(t, p, gcpRequest("px-a", minimalSpec()))
+
+	require.NoError(t, p.Delete(t.Context(), inst.ProviderID))
+	_, err := p.Get(t.Context(), inst.ProviderID)
+	assert.ErrorIs(t, err, provider.ErrNotFound)
+	assert.Empty(t, srv.Instances())
+
+	assert.NoError(t, p.Delete(t.Context(), inst.ProviderID), "deleting a missing instance succeeds")
+	assert.Equal(t, 2, srv.Requests(gcptest.MethodDelete))
+}
+
+func TestDeleteErrorsAreClassified(t *testing.T) {
+	p, srv := newTestProvider(t)
+	srv.FailNext(gcptest.MethodDelete, http.StatusForbidden, "forbidden", "Required 'compute.instances.delete' permission")
+	err := p.Delete(t.Context(), "projects/proj-a/zones/europe-west1-b/instances/px-a")
+	require.Error(t, err)
+	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+}
+
+func TestListByTagAcrossZones(t *testing.T) {
+	p, srv := newTestProvider(t)
+	mine := []provider.CreateRequest{gcpRequest("px-a", minimalSpec()), gcpRequest("px-b", minimalSpec())}
+	mine[1].Spec.GCP.Zone = "us-central1-a"
+	theirs := gcpRequest("px-c", minimalSpec())
+	theirs.Installation = "staging"
+	for _, req := range append(mine, theirs) {
+		create(t, p, req)
+	}
+	srv.AddInstance(testProject, "europe-west1-b", &computepb.Instance{Name: proto.String("hand-made")})
+	srv.AddInstance(testProject, "asia-east1-a", &computepb.Instance{Name: proto.String("far-away")})
+	srv.SetStatus("px-b", "RUNNING")
+	srv.SetNatIP("px-b", "198.51.100.4")
+
+	got, err := p.ListByTag(t.Context(), "prod-eu")
+	require.NoError(t, err)
+	byName := map[string]provider.Instance{}
+	for _, inst := range got {
+		byName[inst.Name] = inst
+	}
+	require.Len(t, byName, 2)
+	a, b := byName["px-a"], byName["px-b"]
+	assert.Equal(t, "projects/proj-a/zones/europe-west1-b/instances/px-a", a.ProviderID)
+	assert.Equal(t, "projects/proj-a/zones/us-central1-a/instances/px-b", b.ProviderID)
+	assert.Equal(t, provider.StateProvisioning, a.State)
+	assert.Equal(t, provider.StateRunning, b.State)
+	assert.Equal(t, "198.51.100.4", b.IP)
+	for _, inst := range got {
+		assert.False(t, inst.CreatedAt.IsZero(), inst.Name)
+		assert.Equal(t, "prod-eu", inst.Labels[provider.LabelInstallation], inst.Name)
+		assert.NotEmpty(t, inst.ProxyUID(), inst.Name)
+	}
+
+	none, err := p.ListByTag(t.Context(), "nobody")
+	require.NoError(t, err)
+	assert.Empty(t, none)
+}
+
+func TestListByTagRefusesAnUnsafeInstallation(t *testing.T) {
+	p, srv := newTestProvider(t)
+	for _, installation := range []string{"", `x" OR labels.a = "b`, "UPPER"} {
+		_, err := p.ListByTag(t.Context(), installation)
+		require.Error(t, err, installation)
+		assert.Equal(t, provider.KindPermanent, provider.Class(err), installation)
+	}
+	assert.Zero(t, srv.TotalRequests())
+}
+
+func TestListByTagErrorsAreClassified(t *testing.T) {
+	p, srv := newTestProvider(t)
+	srv.FailNext(gcptest.MethodAggregatedList, http.StatusForbidden, "forbidden", "Required 'compute.instances.list' permission")
+	_, err := p.ListByTag(t.Context(), "prod-eu")
+	require.Error(t, err)
+	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+}
+
+func TestCreateErrorsAreClassified(t *testing.T) {
+	tests := []struct {
+		name    string
+		code    int
+		reason  string
+		message string
+		want    provider.Kind
+	}{
+		{"quota", 403, "quotaExceeded", "Quota 'CPUS' exceeded.  Limit: 8.0 in region europe-west1.", provider.KindQuota},
+		{"forbidden", 403, "forbidden", "Required 'compute.instances.create' permission for 'projects/proj-a'", provider.KindPermanent},
+		{"rate limit as 403", 403, "rateLimitExceeded", "Rate Limit Exceeded", provider.KindTransient},
+		{"bad request", 400, "invalid", "Invalid value for field 'resource.machineType'", provider.KindPermanent},
+		{"image not found", 404, "notFound", "The resource 'projects/debian-cloud/global/images/family/debian-99' was not found", provider.KindPermanent},
+		{"internal", 500, "backendError", "Internal Error", provider.KindTransient},
+		{"unavailable", 503, "backendError", "Service Unavailable", provider.KindTransient},
+		{"too many requests", 429, "rateLimitExceeded", "Too Many Requests", provider.KindTransient},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p, srv := newTestProvider(t)
+			srv.FailNext(gcptest.MethodInsert, tc.code, tc.reason, tc.message)
+			_, err := p.Create(t.Context(), gcpRequest("px-a", minimalSpec()))
+			require.Error(t, err)
+			assert.Equal(t, tc.want, provider.Class(err), err.Error())
+			assert.Equal(t, 1, srv.Requests(gcptest.MethodInsert), "insert is never retried by the client")
+			assert.Empty(t, srv.Instances())
+		})
+	}
+}
+
+func TestCreateNeverReturnsTheCloudInit(t *testing.T) {
+	p, srv := newTestProvider(t)
+	req := gcpRequest("px-a", minimalSpec())
+	req.CloudInit = []byte("#!/bin/sh\necho 'proxy_password=hunter2' > /etc/squid/passwd\n")
+	srv.FailNext(gcptest.MethodInsert, 400, "invalid", "Invalid value for field 'resource.metadata': "+string(req.CloudInit))
+
+	_, err := p.Create(t.Context(), req)
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "hunter2")
+	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+}
+
+func TestCreateRefusesIncompleteSpecsWithoutCallingTheAPI(t *testing.T) {
+	tests := []struct {
+		name  string
+		edit  func(*v1alpha1.GCPSpec)
+		field string
+	}{
+		{"zone", func(g *v1alpha1.GCPSpec) { g.Zone = "" }, "zone"},
+		{"machine type", func(g *v1alpha1.GCPSpec) { g.MachineType = "" }, "machineType"},
+		{"image", func(g *v1alpha1.GCPSpec) { g.Image = "" }, "image"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p, srv := newTestProvider(t)
+			g := minimalSpec()
+			tc.edit(g)
+			_, err := p.Create(t.Context(), gcpRequest("px-a", g))
+			require.Error(t, err)
+			assert.Equal(t, provider.KindPermanent, provider.Class(err))
+			assert.Contains(t, err.Error(), tc.field)
+			assert.Zero(t, srv.TotalRequests())
+		})
+	}
+}
+
+func TestMalformedProviderIDs(t *testing.T) {
+	p, srv := newTestProvider(t)
+	for _, id := range []string{
+		"",
+		"px-a",
+		"zones/europe-west1-b/instances/px-a",
+		"projects/proj-a/zones//instances/px-a",
+		"projects/proj-a/regions/europe-west1/instances/px-a",
+		"projects/proj-a/zones/europe-west1-b/instances/px-a/extra",
+	} {
+		t.Run(id, func(t *testing.T) {
+			_, err := p.Get(t.Context(), id)
+			require.Error(t, err)
+			assert.Equal(t, provider.KindPermanent, provider.Class(err))
+			assert.False(t, errors.Is(err, provider.ErrNotFound), "a bad ID is not proof the instance is gone")
+
+			err = p.Delete(t.Context(), id)
+			require.Error(t, err)
+			assert.Equal(t, provider.KindPermanent, provider.Class(err))
+		})
+	}
+	assert.Zero(t, srv.TotalRequests())
+}
+
+// Get is retried by the client library itself on 503, so a blip never reaches the workflow.
+func TestGetRidesOutAnUnavailableAnswer(t *testing.T) {
+	p, srv := newTestProvider(t)
+	inst := create(t, p, gcpRequest("px-a", minimalSpec()))
+	srv.FailNext(gcptest.MethodGet, http.StatusServiceUnavailable, "backendError", "Service Unavailable")
+
+	got, err := p.Get(t.Context(), inst.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, "px-a", got.Name)
+	assert.Equal(t, 2, srv.Requests(gcptest.MethodGet))
+}
+
+// The worker builds its client from options alone, not from the fake's HTTP client; this
+// runs that path (the library's own transport, no credentials) end to end.
+func TestClientFromEndpointOptionsOnly(t *testing.T) {
+	// Keeps the library from looking for a client certificate in the user's gcloud config.
+	t.Setenv("GOOGLE_API_USE_CLIENT_CERTIFICATE", "false")
+	srv := gcptest.NewServer(t)
+	p, err := New(t.Context(), Config{DefaultProject: testProject, ClientOptions: []option.ClientOption{
+		option.WithEndpoint(srv.URL), option.WithoutAuthentication(),
+	}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+
+	inst := create(t, p, gcpRequest("px-a", minimalSpec()))
+	got, err := p.Get(t.Context(), inst.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, provider.StateProvisioning, got.State)
+}

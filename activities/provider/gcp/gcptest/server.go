@@ -1,0 +1,424 @@
+// Package gcptest is an in-memory Compute Engine REST API on 127.0.0.1, speaking just enough
+// of the instances resource (insert, get, delete, aggregatedList) for the gcp provider's
+// tests to run the real client library against it, with no network and no credentials.
+package gcptest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/compute/apiv1/computepb"
+	"google.golang.org/api/option"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+)
+
+// API methods, as FailNext and Requests name them.
+const (
+	MethodInsert         = "insert"
+	MethodGet            = "get"
+	MethodDelete         = "delete"
+	MethodAggregatedList = "aggregatedList"
+)
+
+// Server is the fake API. Its zero value is not usable; call NewServer.
+type Server struct {
+	// URL is the endpoint to give the client (option.WithEndpoint).
+	URL string
+
+	t   testing.TB
+	srv *httptest.Server
+
+	mu        sync.Mutex
+	instances map[key]*computepb.Instance
+	zones     map[key]bool // every zone seen, so aggregatedList can report empty ones
+	failures  map[string][]failure
+	requests  map[string]int
+	seq       uint64
+}
+
+type key struct{ project, zone, name string }
+
+type failure struct {
+	code            int
+	reason, message string
+}
+
+// Instance is a snapshot of one stored instance.
+type Instance struct {
+	Project, Zone, Name string
+	Status              string
+	NatIP               string
+	MachineType         string
+	Labels              map[string]string
+	// Metadata holds the metadata items as received (startup-script among them).
+	Metadata map[string]string
+	Tags     []string
+	// Resource is a copy of the whole stored resource, for checks the fields above miss.
+	Resource *computepb.Instance
+}
+
+// NewServer starts a fake on 127.0.0.1 that is closed when the test ends.
+func NewServer(t testing.TB) *Server {
+	t.Helper()
+	s := &Server{
+		t:         t,
+		instances: map[key]*computepb.Instance{},
+		zones:     map[key]bool{},
+		failures:  map[string][]failure{},
+		requests:  map[string]int{},
+	}
+	// httptest listens on 127.0.0.1 unless told otherwise by a flag no test here sets.
+	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
+	s.URL = s.srv.URL
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+// ClientOptions point a Compute client at the fake, with no credentials, through the
+// fake's own HTTP client so nothing can leave the loopback interface.
+func (s *Server) ClientOptions() []option.ClientOption {
+	return []option.ClientOption{
+		option.WithEndpoint(s.URL),
+		option.WithoutAuthentication(),
+		option.WithHTTPClient(s.srv.Client()),
+	}
+}
+
+// FailNext makes the next request of method (MethodInsert, ...) fail with a Google error
+// body carrying code, reason and message. Calls queue up, one answer each.
+func (s *Server) FailNext(method string, code int, reason, message string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failures[method] = append(s.failures[method], failure{code: code, reason: reason, message: message})
+}
+
+// Requests is how many requests of method reached the fake, failed ones included.
+func (s *Server) Requests(method string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.requests[method]
+}
+
+// TotalRequests is how many requests of any kind reached the fake.
+func (s *Server) TotalRequests() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, c := range s.requests {
+		n += c
+	}
+	return n
+}
+
+// SetStatus sets the status of every instance called name (in any project or zone), as GCE
+// would move it along; the test fails if there is none.
+func (s *Server) SetStatus(name, status string) {
+	s.t.Helper()
+	s.update(name, func(inst *computepb.Instance) { inst.Status = proto.String(status) })
+}
+
+// SetNatIP gives the instance's external access config an address, as GCE does once the
+// VM is placed.
+func (s *Server) SetNatIP(name, ip string) {
+	s.t.Helper()
+	s.update(name, func(inst *computepb.Instance) {
+		if len(inst.NetworkInterfaces) == 0 {
+			inst.NetworkInterfaces = []*computepb.NetworkInterface{{}}
+		}
+		nic := inst.NetworkInterfaces[0]
+		if len(nic.AccessConfigs) == 0 {
+			nic.AccessConfigs = []*computepb.AccessConfig{{Name: proto.String("External NAT")}}
+		}
+		nic.AccessConfigs[0].NatIP = proto.String(ip)
+	})
+}
+
+func (s *Server) update(name string, f func(*computepb.Instance)) {
+	s.t.Helper()
+	s.mu.Lock()
+	found := false
+	for k, inst := range s.instances {
+		if k.name == name {
+			f(inst)
+			found = true
+		}
+	}
+	s.mu.Unlock()
+	if !found {
+		// Errorf, not Fatalf: helpers may be called from subtests, whose goroutine is not
+		// the one s.t runs on.
+		s.t.Errorf("gcptest: no instance named %q", name)
+	}
+}
+
+// AddInstance stores an instance directly, as if made outside the code under test (by a
+// person, or another installation). Missing status and timestamps are filled in.
+func (s *Server) AddInstance(project, zone string, inst *computepb.Instance) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	inst = proto.CloneOf(inst)
+	s.fill(project, zone, inst)
+	s.instances[key{project, zone, inst.GetName()}] = inst
+	s.zones[key{project: project, zone: zone}] = true
+}
+
+// Instances is a snapshot of every stored instance, ordered by project, zone and name.
+func (s *Server) Instances() []Instance {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := slices.SortedFunc(maps.Keys(s.instances), func(a, b key) int {
+		return strings.Compare(a.project+"/"+a.zone+"/"+a.name, b.project+"/"+b.zone+"/"+b.name)
+	})
+	out := make([]Instance, 0, len(keys))
+	for _, k := range keys {
+		inst := s.instances[k]
+		snap := Instance{
+			Project: k.project, Zone: k.zone, Name: k.name,
+			Status:      inst.GetStatus(),
+			MachineType: inst.GetMachineType(),
+			Labels:      maps.Clone(inst.GetLabels()),
+			Metadata:    map[string]string{},
+			Tags:        slices.Clone(inst.GetTags().GetItems()),
+			Resource:    proto.CloneOf(inst),
+		}
+		for _, item := range inst.GetMetadata().GetItems() {
+			snap.Metadata[item.GetKey()] = item.GetValue()
+		}
+		if nics := inst.GetNetworkInterfaces(); len(nics) > 0 && len(nics[0].GetAccessConfigs()) > 0 {
+			snap.NatIP = nics[0].GetAccessConfigs()[0].GetNatIP()
+		}
+		out = append(out, snap)
+	}
+	return out
+}
+
+// fill sets what GCE sets on insert. Callers hold s.mu.
+func (s *Server) fill(project, zone string, inst *computepb.Instance) {
+	s.seq++
+	if inst.Status == nil {
+		inst.Status = proto.String(computepb.Instance_PROVISIONING.String())
+	}
+	if inst.CreationTimestamp == nil {
+		inst.CreationTimestamp = proto.String(timestamp(time.Now()))
+	}
+	inst.Id = proto.Uint64(1000 + s.seq)
+	inst.Kind = proto.String("compute#instance")
+	inst.Zone = proto.String(s.zoneURL(project, zone))
+	inst.SelfLink = proto.String(s.zoneURL(project, zone) + "/instances/" + inst.GetName())
+}
+
+func (s *Server) zoneURL(project, zone string) string {
+	return fmt.Sprintf("%s/compute/v1/projects/%s/zones/%s", s.URL, project, zone)
+}
+
+// timestamp is GCE's RFC 3339 flavour, with milliseconds and a numeric offset.
+func timestamp(t time.Time) string { return t.Format("2006-01-02T15:04:05.000-07:00") }
+
+// instanceName is GCE's rule for resource names.
+var instanceName = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// labelFilter is the one filter form the provider sends: labels.<key> = "<value>".
+var labelFilter = regexp.MustCompile(`^labels\.([a-z][-_a-z0-9]*)\s*=\s*"([^"]*)"$`)
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/compute/v1/"), "/")
+	var method string
+	switch {
+	case len(parts) == 5 && parts[0] == "projects" && parts[2] == "zones" && parts[4] == "instances" && r.Method == http.MethodPost:
+		method = MethodInsert
+	case len(parts) == 6 && parts[0] == "projects" && parts[2] == "zones" && parts[4] == "instances" && r.Method == http.MethodGet:
+		method = MethodGet
+	case len(parts) == 6 && parts[0] == "projects" && parts[2] == "zones" && parts[4] == "instances" && r.Method == http.MethodDelete:
+		method = MethodDelete
+	case len(parts) == 4 && parts[0] == "projects" && parts[2] == "aggregated" && parts[3] == "instances" && r.Method == http.MethodGet:
+		method = MethodAggregatedList
+	default:
+		s.t.Errorf("gcptest: unexpected request %s %s", r.Method, r.URL)
+		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("gcptest does not serve %s %s", r.Method, r.URL.Path))
+		return
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requests[method]++
+	if q := s.failures[method]; len(q) > 0 {
+		s.failures[method] = q[1:]
+		writeError(w, q[0].code, q[0].reason, q[0].message)
+		return
+	}
+	switch method {
+	case MethodInsert:
+		s.insert(w, r, parts[1], parts[3])
+	case MethodGet:
+		s.get(w, key{parts[1], parts[3], parts[5]})
+	case MethodDelete:
+		s.delete(w, key{parts[1], parts[3], parts[5]})
+	case MethodAggregatedList:
+		s.aggregatedList(w, r, parts[1])
+	}
+}
+
+func (s *Server) insert(w http.ResponseWriter, r *http.Request, project, zone string) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid", err.Error())
+		return
+	}
+	inst := &computepb.Instance{}
+	// Strict decoding: a field the real API would not know is a bug in the code under test.
+	if err := protojson.Unmarshal(body, inst); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid", "Invalid JSON payload received. "+err.Error())
+		return
+	}
+	if !instanceName.MatchString(inst.GetName()) {
+		writeError(w, http.StatusBadRequest, "invalid",
+			fmt.Sprintf("Invalid value for field 'resource.name': '%s'. Must be a match of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'", inst.GetName()))
+		return
+	}
+	k := key{project, zone, inst.GetName()}
+	if _, ok := s.instances[k]; ok {
+		writeError(w, http.StatusConflict, "alreadyExists",
+			fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' already exists", project, zone, k.name))
+		return
+	}
+	s.fill(project, zone, inst)
+	s.instances[k] = inst
+	s.zones[key{project: project, zone: zone}] = true
+	s.writeOperation(w, project, zone, "insert", inst.GetSelfLink())
+}
+
+func (s *Server) get(w http.ResponseWriter, k key) {
+	inst, ok := s.instances[k]
+	if !ok {
+		writeNotFound(w, k)
+		return
+	}
+	writeProto(w, inst)
+}
+
+func (s *Server) delete(w http.ResponseWriter, k key) {
+	inst, ok := s.instances[k]
+	if !ok {
+		writeNotFound(w, k)
+		return
+	}
+	// Real GCE lingers in STOPPING for a while; gone at once is enough for the client.
+	delete(s.instances, k)
+	s.writeOperation(w, k.project, k.zone, "delete", inst.GetSelfLink())
+}
+
+func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request, project string) {
+	match := func(*computepb.Instance) bool { return true }
+	if f := r.URL.Query().Get("filter"); f != "" {
+		m := labelFilter.FindStringSubmatch(f)
+		if m == nil {
+			writeError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("gcptest understands only labels.<key> = \"<value>\" filters, not %q", f))
+			return
+		}
+		match = func(inst *computepb.Instance) bool {
+			v, ok := inst.GetLabels()[m[1]]
+			return ok && v == m[2]
+		}
+	}
+	items := map[string]*computepb.InstancesScopedList{}
+	// Like GCE, every zone appears, empty ones with a warning instead of instances.
+	for z := range s.zones {
+		if z.project == project {
+			items["zones/"+z.zone] = &computepb.InstancesScopedList{Warning: &computepb.Warning{
+				Code:    proto.String("NO_RESULTS_ON_PAGE"),
+				Message: proto.String("There are no results for scope 'zones/" + z.zone + "' on this page."),
+			}}
+		}
+	}
+	for k, inst := range s.instances {
+		if k.project != project || !match(inst) {
+			continue
+		}
+		scope := items["zones/"+k.zone]
+		scope.Warning = nil
+		scope.Instances = append(scope.Instances, inst)
+	}
+	for _, scope := range items {
+		slices.SortFunc(scope.Instances, func(a, b *computepb.Instance) int { return strings.Compare(a.GetName(), b.GetName()) })
+	}
+	writeProto(w, &computepb.InstanceAggregatedList{
+		Kind:     proto.String("compute#instanceAggregatedList"),
+		Id:       proto.String("projects/" + project + "/aggregated/instances"),
+		Items:    items,
+		SelfLink: proto.String(s.URL + "/compute/v1/projects/" + project + "/aggregated/instances"),
+	})
+}
+
+// writeOperation answers a mutation with a still-running zonal operation, as GCE does; the
+// provider never polls it, so the fake does not serve operations.
+func (s *Server) writeOperation(w http.ResponseWriter, project, zone, opType, target string) {
+	s.seq++
+	now := timestamp(time.Now())
+	writeProto(w, &computepb.Operation{
+		Kind:          proto.String("compute#operation"),
+		Id:            proto.Uint64(5000 + s.seq),
+		Name:          proto.String(fmt.Sprintf("operation-%d", s.seq)),
+		OperationType: proto.String(opType),
+		Status:        computepb.Operation_RUNNING.Enum(),
+		Progress:      proto.Int32(0),
+		TargetLink:    proto.String(target),
+		Zone:          proto.String(s.zoneURL(project, zone)),
+		InsertTime:    proto.String(now),
+		StartTime:     proto.String(now),
+		SelfLink:      proto.String(fmt.Sprintf("%s/operations/operation-%d", s.zoneURL(project, zone), s.seq)),
+	})
+}
+
+func writeProto(w http.ResponseWriter, m proto.Message) {
+	b, err := protojson.Marshal(m)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "backendError", err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json; charset=UTF-8")
+	_, _ = w.Write(b)
+}
+
+func writeNotFound(w http.ResponseWriter, k key) {
+	writeError(w, http.StatusNotFound, "notFound",
+		fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' was not found", k.project, k.zone, k.name))
+}
+
+// writeError answers in Google's JSON error shape, which the client turns into a
+// googleapi.Error with the reason in Errors.
+func writeError(w http.ResponseWriter, code int, reason, message string) {
+	domain := "global"
+	switch reason {
+	case "quotaExceeded", "rateLimitExceeded", "userRateLimitExceeded", "dailyLimitExceeded":
+		domain = "usageLimits"
+	}
+	type item struct {
+		Domain  string `json:"domain"`
+		Reason  string `json:"reason"`
+		Message string `json:"message"`
+	}
+	var body struct {
+		Error struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+			Errors  []item `json:"errors"`
+		} `json:"error"`
+	}
+	body.Error.Code = code
+	body.Error.Message = message
+	body.Error.Errors = []item{{Domain: domain, Reason: reason, Message: message}}
+	w.Header().Set("Content-Type", "application/json; charset=UTF-8")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(body)
+}
