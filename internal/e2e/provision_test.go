@@ -87,9 +87,9 @@ func TestProxyLifecycle(t *testing.T) {
 	assert.Empty(t, s.InstancesOf(uid), "instance left behind")
 
 	// The workflow ended by itself.
-	desc, err := s.Temporal.Client.DescribeWorkflowExecution(ctx, workflows.ProxyWorkflowID(ns, "web-1"), "")
+	desc, err := s.Temporal.Client.DescribeWorkflow(ctx, workflows.ProxyWorkflowID(ns, "web-1"), "")
 	require.NoError(t, err)
-	assert.Equal(t, enums.WORKFLOW_EXECUTION_STATUS_COMPLETED, desc.WorkflowExecutionInfo.Status)
+	assert.Equal(t, enums.WORKFLOW_EXECUTION_STATUS_COMPLETED, desc.Status)
 	recordHistory(t, s, workflows.ProxyWorkflowID(ns, "web-1"), "lifecycle.json")
 }
 

@@ -11,7 +11,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -84,11 +83,11 @@ func (f *flakyTemporal) SignalWorkflow(ctx context.Context, id, runID, name stri
 	return f.real.SignalWorkflow(ctx, id, runID, name, arg)
 }
 
-func (f *flakyTemporal) DescribeWorkflowExecution(ctx context.Context, id, runID string) (*workflowservice.DescribeWorkflowExecutionResponse, error) {
+func (f *flakyTemporal) DescribeWorkflow(ctx context.Context, id, runID string) (*client.WorkflowExecutionDescription, error) {
 	if f.isDown() {
 		return nil, errUnreachable
 	}
-	return f.real.DescribeWorkflowExecution(ctx, id, runID)
+	return f.real.DescribeWorkflow(ctx, id, runID)
 }
 
 // startController runs the reconciler in a manager. No worker serves its task queue: the
@@ -158,7 +157,7 @@ func TestTemporalOutageLosesNothing(t *testing.T) {
 	tc.setDown(false)
 	id := workflows.ProxyWorkflowID(ns, "outage")
 	require.Eventually(t, func() bool {
-		_, err := testenv.Temporal(t).Client.DescribeWorkflowExecution(ctx, id, "")
+		_, err := testenv.Temporal(t).Client.DescribeWorkflow(ctx, id, "")
 		return err == nil
 	}, time.Minute, 100*time.Millisecond, "the workflow was never started after Temporal came back")
 	sig := tc.signals()

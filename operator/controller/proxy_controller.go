@@ -8,7 +8,6 @@ import (
 
 	"go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/serviceerror"
-	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,7 +36,7 @@ type Temporal interface {
 	SignalWithStartWorkflow(ctx context.Context, workflowID string, signalName string, signalArg any,
 		options client.StartWorkflowOptions, workflow any, workflowArgs ...any) (client.WorkflowRun, error)
 	SignalWorkflow(ctx context.Context, workflowID string, runID string, signalName string, arg any) error
-	DescribeWorkflowExecution(ctx context.Context, workflowID, runID string) (*workflowservice.DescribeWorkflowExecutionResponse, error)
+	DescribeWorkflow(ctx context.Context, workflowID, runID string) (*client.WorkflowExecutionDescription, error)
 }
 
 var _ Temporal = client.Client(nil)
@@ -217,8 +216,8 @@ func (r *ProxyReconciler) reconcileDelete(ctx context.Context, p *v1alpha1.Proxy
 	}
 	// The workflow removes the finalizer itself once its instances are gone; looking again
 	// later covers a workflow that was terminated by hand.
-	desc, err := r.Temporal.DescribeWorkflowExecution(ctx, id, "")
-	if err == nil && desc.GetWorkflowExecutionInfo().GetStatus() != enums.WORKFLOW_EXECUTION_STATUS_RUNNING {
+	desc, err := r.Temporal.DescribeWorkflow(ctx, id, "")
+	if err == nil && desc.Status != enums.WORKFLOW_EXECUTION_STATUS_RUNNING {
 		return reconcile.Result{}, r.releaseFinalizer(ctx, p)
 	}
 	after := r.RecheckDeleting
