@@ -126,8 +126,12 @@ func phase(s *ProxyState) v1alpha1.Phase {
 	external := s.Spec.EffectiveMode() == v1alpha1.ModeExternal
 	if !external {
 		if !s.Instance.Running() {
-			if s.Counter == 0 && s.Quota == "" && s.CloudInitError == "" && s.LastError == "" {
+			switch {
+			case s.Counter == 0 && s.Quota == "" && s.CloudInitError == "" && s.LastError == "":
 				return v1alpha1.PhasePending
+			case s.Health.Known && !s.Health.Healthy:
+				// The instance died and is being recreated: to a crawler that is unhealthy.
+				return v1alpha1.PhaseUnhealthy
 			}
 			return v1alpha1.PhaseProvisioning
 		}
@@ -191,7 +195,7 @@ func status(s *ProxyState, workflowID string) v1alpha1.ProxyStatus {
 	}
 
 	healthy := metav1Condition(v1alpha1.ConditionHealthy, "Unknown", v1alpha1.ReasonNotProbed, "no verdict yet")
-	if s.Health.Known && (external || s.Instance.Running()) {
+	if s.Health.Known {
 		st.LatencyMillis = s.Health.LatencyMillis
 		if !s.Health.CheckedAt.IsZero() {
 			st.LastHealthCheckTime = &metav1.Time{Time: s.Health.CheckedAt}

@@ -500,6 +500,7 @@ func (w *proxyWorkflow) promote(ctx workflow.Context) {
 	// The replacement passed its own health check; that verdict is now the proxy's.
 	if s.Instance.Health != nil {
 		s.Health = *s.Instance.Health
+		s.Health.Since = workflow.Now(ctx)
 		s.Instance.Health = nil
 	}
 	s.Instance.CreatedAt = workflow.Now(ctx)
@@ -587,6 +588,10 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 		}
 	}
 
+	if grace := w.unhealthyGrace(); grace > 0 && s.Instance.Running() && s.Health.Known && !s.Health.Healthy {
+		setWake(s.Health.Since.Add(grace), "unhealthy")
+	}
+
 	mctx, cancelMonitor := workflow.WithCancel(ctx)
 	defer cancelMonitor()
 	var monitor workflow.Future
@@ -621,8 +626,13 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 		case w.interrupt:
 			return nil
 		case timerDone:
-			if wakeReason == "maxAge" && s.ReplaceReason == "" {
-				s.ReplaceReason = "maxAge"
+			if s.ReplaceReason == "" {
+				switch wakeReason {
+				case "maxAge":
+					s.ReplaceReason = "maxAge"
+				case "unhealthy":
+					s.ReplaceReason = fmt.Sprintf("unhealthy for %s", w.unhealthyGrace())
+				}
 			}
 			return nil
 		case monitorDone:
@@ -639,9 +649,30 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 	}
 }
 
+// unhealthyGrace is spec.lifecycle.unhealthyReplaceAfter, or 0 when health-driven
+// replacement is off.
+func (w *proxyWorkflow) unhealthyGrace() time.Duration {
+	l := w.state.Spec.Lifecycle
+	if l == nil || l.UnhealthyReplaceAfter == nil {
+		return 0
+	}
+	d, err := l.UnhealthyReplaceAfter.ParseDuration(0)
+	if err != nil {
+		return 0
+	}
+	return d
+}
+
 func (w *proxyWorkflow) onMonitor(ctx workflow.Context, res activities.MonitorResult) {
 	s := w.state
+	prev := s.Health
 	s.Health = res.Health
+	if res.Reason == activities.MonitorVerdict && (prev.Known != res.Health.Known || prev.Healthy != res.Health.Healthy) {
+		// Grace periods count in workflow time, which replays exactly.
+		s.Health.Since = workflow.Now(ctx)
+	} else {
+		s.Health.Since = prev.Since
+	}
 	switch res.Reason {
 	case activities.MonitorGone, activities.MonitorStopped:
 		if s.Instance != nil {
@@ -846,8 +877,11 @@ func (w *proxyWorkflow) steadyReason(wake time.Time, why string) string {
 	default:
 		text = "waiting for the first health verdict"
 	}
-	if why == "maxAge" {
+	switch why {
+	case "maxAge":
 		text += "; replaced at maxAge " + wake.UTC().Format(time.RFC3339)
+	case "unhealthy":
+		text += "; replaced if still unhealthy at " + wake.UTC().Format(time.RFC3339)
 	}
 	return text
 }

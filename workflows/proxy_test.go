@@ -167,12 +167,17 @@ func (h *harness) checkAt(d time.Duration, fn func()) {
 	h.env.RegisterDelayedCallback(func() { h.ran++; fn() }, d)
 }
 
-func newHarness(t *testing.T) *harness {
+// newHarness builds the environment; mocks registered by first take precedence over the
+// defaults (testify matches expectations in the order they were added).
+func newHarness(t *testing.T, first ...func(*harness)) *harness {
 	h := &harness{t: t, prov: newFakeProvider(), uid: "uid-1", healthy: true}
 	h.env = h.NewTestWorkflowEnvironment()
 	h.env.SetTestTimeout(30 * time.Second)
 	acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderLocal: h.prov}, Installation: "test"}
 	h.env.RegisterActivity(acts)
+	for _, f := range first {
+		f(h)
+	}
 	h.env.OnActivity(acts.PublishStatus, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.PublishInput) error {
 		h.mu.Lock()
 		defer h.mu.Unlock()
@@ -581,4 +586,66 @@ func TestUnhealthyVerdictPublished(t *testing.T) {
 	})
 	h.run(fastTuning())
 	h.requireCompleted()
+}
+
+func TestUnhealthyReplacedAfterGrace(t *testing.T) {
+	h := newHarness(t)
+	h.healthy = false
+	grace := v1alpha1.Duration("5m")
+	h.specAt(0, 1, h.spec(func(s *v1alpha1.ProxySpec) {
+		s.Lifecycle = &v1alpha1.Lifecycle{UnhealthyReplaceAfter: &grace}
+	}))
+	h.checkAt(4*time.Minute, func() {
+		assert.Equal(t, []string{InstanceName(h.uid, 1)}, h.prov.names(), "not before the grace")
+		assert.Equal(t, v1alpha1.PhaseUnhealthy, h.lastStatus().Phase)
+	})
+	h.checkAt(7*time.Minute, func() {
+		assert.Equal(t, []string{InstanceName(h.uid, 2)}, h.prov.names(), "replaced once unhealthy for the grace")
+	})
+	h.signalAt(8*time.Minute, SignalDelete, DeleteSignal{UID: h.uid})
+	h.run(fastTuning())
+	h.requireCompleted()
+	h.makeBeforeBreak(1, 2)
+}
+
+func TestUnhealthyWithoutGraceIsNotReplaced(t *testing.T) {
+	h := newHarness(t)
+	h.healthy = false
+	h.specAt(0, 1, h.spec())
+	h.signalAt(3*time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.run(fastTuning())
+	h.requireCompleted()
+	assert.Equal(t, []string{"create " + InstanceName(h.uid, 1), "delete " + InstanceName(h.uid, 1)}, h.prov.ops)
+}
+
+// TestLostInstanceIsRecreated: the monitor reports the instance gone; the workflow deletes
+// what is left of it and creates a new one, showing Unhealthy meanwhile.
+func TestLostInstanceIsRecreated(t *testing.T) {
+	first := true
+	h := newHarness(t, func(h *harness) {
+		acts := &activities.Activities{}
+		// The first instance's steady monitor reports it gone after a while.
+		h.env.OnActivity(acts.Monitor, mock.Anything, mock.MatchedBy(func(in activities.MonitorInput) bool {
+			return in.Instance != nil && in.Instance.Name == InstanceName(h.uid, 1) && in.Last.Known
+		})).After(15*time.Minute).Return(func(context.Context, activities.MonitorInput) (activities.MonitorResult, error) {
+			if first {
+				first = false
+				return activities.MonitorResult{Reason: activities.MonitorGone, Health: activities.Health{Known: true, Healthy: true}}, nil
+			}
+			return activities.MonitorResult{}, nil
+		})
+	})
+	h.specAt(0, 1, h.spec())
+	h.checkAt(10*time.Minute, func() {
+		// The VM vanished behind our back.
+		require.NoError(t, h.prov.Delete(context.Background(), "fake/"+InstanceName(h.uid, 1)))
+	})
+	h.checkAt(40*time.Minute, func() {
+		assert.Equal(t, []string{InstanceName(h.uid, 2)}, h.prov.names())
+		assert.Equal(t, v1alpha1.PhaseReady, h.lastStatus().Phase)
+	})
+	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.run(fastTuning())
+	h.requireCompleted()
+	assert.Contains(t, h.phases(), v1alpha1.PhaseUnhealthy, "a lost instance shows as Unhealthy while it is recreated")
 }

@@ -1,0 +1,143 @@
+package activities_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/testsuite"
+
+	"github.com/proxyfleet/proxyfleet/activities"
+	"github.com/proxyfleet/proxyfleet/activities/probe"
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+// monitorEnv runs Monitor for real: a local daemon with real forward proxies and a target.
+type monitorEnv struct {
+	testsuite.WorkflowTestSuite
+	daemon *local.Daemon
+	prov   *local.Provider
+	target string
+	acts   *activities.Activities
+}
+
+func newMonitorEnv(t *testing.T) *monitorEnv {
+	t.Helper()
+	m := &monitorEnv{}
+	d, err := local.NewDaemon(local.DaemonOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Close() })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { _ = d.Serve(ctx, ln) }()
+	t.Cleanup(cancel)
+	m.daemon, m.prov = d, local.NewProvider("http://"+ln.Addr().String())
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	t.Cleanup(srv.Close)
+	m.target = srv.URL + "/healthz"
+	m.acts = &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderLocal: m.prov}, Installation: "test"}
+	return m
+}
+
+func (m *monitorEnv) instance(t *testing.T, name string) (provider.Instance, activities.InstanceInput) {
+	t.Helper()
+	req := provider.CreateRequest{Name: name, ProxyUID: "uid", Installation: "test", Namespace: "ns",
+		Spec: v1alpha1.ProxySpec{Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{}}}
+	inst, err := m.prov.Create(context.Background(), req)
+	require.NoError(t, err)
+	return inst, activities.InstanceInput{Provider: v1alpha1.ProviderLocal, Name: name, ProviderID: inst.ProviderID, Spec: req.Spec}
+}
+
+func (m *monitorEnv) input(inst provider.Instance, last activities.Health) activities.MonitorInput {
+	return activities.MonitorInput{
+		Target: net.JoinHostPort(inst.IP, strconv.Itoa(int(inst.Port))),
+		HealthCheck: v1alpha1.HealthCheck{URL: m.target, Interval: "1s", Timeout: "500ms",
+			SuccessThreshold: 2, FailureThreshold: 3, ExpectedStatus: 200},
+		Last: last, DriftInterval: time.Hour,
+	}
+}
+
+func (m *monitorEnv) run(t *testing.T, in activities.MonitorInput, heartbeat any) activities.MonitorResult {
+	t.Helper()
+	env := m.NewTestActivityEnvironment()
+	env.RegisterActivity(m.acts)
+	if heartbeat != nil {
+		env.SetHeartbeatDetails(heartbeat)
+	}
+	v, err := env.ExecuteActivity(m.acts.Monitor, in)
+	require.NoError(t, err)
+	var res activities.MonitorResult
+	require.NoError(t, v.Get(&res))
+	return res
+}
+
+func TestMonitorFirstVerdict(t *testing.T) {
+	m := newMonitorEnv(t)
+	inst, _ := m.instance(t, "px-mon-1")
+	start := time.Now()
+	res := m.run(t, m.input(inst, activities.Health{}), nil)
+	assert.Equal(t, activities.MonitorVerdict, res.Reason)
+	assert.True(t, res.Health.Known && res.Health.Healthy, "%+v", res.Health)
+	assert.Less(t, time.Since(start), 5*time.Second, "two probes, about one interval apart")
+}
+
+func TestMonitorDetectsAFailedProxy(t *testing.T) {
+	m := newMonitorEnv(t)
+	inst, _ := m.instance(t, "px-mon-2")
+	_, _, err := m.daemon.SetFault("px-mon-2", local.FaultAuth)
+	require.NoError(t, err)
+	res := m.run(t, m.input(inst, activities.Health{Known: true, Healthy: true}), nil)
+	assert.Equal(t, activities.MonitorVerdict, res.Reason)
+	assert.False(t, res.Health.Healthy)
+	assert.Equal(t, probe.KindProxyAuth, res.Health.FailureKind)
+	assert.Contains(t, res.Health.LastFailure, "407")
+}
+
+func TestMonitorResumesCountsFromHeartbeat(t *testing.T) {
+	m := newMonitorEnv(t)
+	inst, _ := m.instance(t, "px-mon-3")
+	_, _, err := m.daemon.Kill("px-mon-3")
+	require.NoError(t, err)
+	// A previous attempt had seen two failures; the third makes the verdict.
+	hb := map[string]any{"health": map[string]any{"known": true, "healthy": true}, "consecFail": 2}
+	start := time.Now()
+	res := m.run(t, m.input(inst, activities.Health{Known: true, Healthy: true}), hb)
+	assert.Equal(t, activities.MonitorVerdict, res.Reason)
+	assert.False(t, res.Health.Healthy)
+	assert.Equal(t, probe.KindRefused, res.Health.FailureKind)
+	assert.Less(t, time.Since(start), 2*time.Second, "one probe (after a jittered first wait) should do")
+}
+
+func TestMonitorReportsDrift(t *testing.T) {
+	m := newMonitorEnv(t)
+	inst, ii := m.instance(t, "px-mon-4")
+	in := m.input(inst, activities.Health{Known: true, Healthy: true})
+	in.Instance = &ii
+	in.DriftInterval = time.Second
+	_, err := m.daemon.Delete("px-mon-4")
+	require.NoError(t, err)
+	res := m.run(t, in, nil)
+	// Probes fail too once the listener is gone; whichever is seen first is reported, and the
+	// workflow recreates the instance either way. Drift wins when it is checked before the
+	// third failed probe.
+	assert.Contains(t, []string{activities.MonitorGone, activities.MonitorVerdict}, res.Reason)
+
+	inst2, ii2 := m.instance(t, "px-mon-5")
+	in2 := m.input(inst2, activities.Health{Known: true, Healthy: true})
+	in2.Instance = &ii2
+	in2.DriftInterval = time.Second
+	_, _, err = m.daemon.Kill("px-mon-5")
+	require.NoError(t, err)
+	in2.HealthCheck.FailureThreshold = 100 // let drift, not probes, end it
+	res = m.run(t, in2, nil)
+	assert.Equal(t, activities.MonitorStopped, res.Reason)
+}
