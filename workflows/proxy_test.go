@@ -627,7 +627,7 @@ func TestLostInstanceIsRecreated(t *testing.T) {
 		// The first instance's steady monitor reports it gone after a while.
 		h.env.OnActivity(acts.Monitor, mock.Anything, mock.MatchedBy(func(in activities.MonitorInput) bool {
 			return in.Instance != nil && in.Instance.Name == InstanceName(h.uid, 1) && in.Last.Known
-		})).After(15*time.Minute).Return(func(context.Context, activities.MonitorInput) (activities.MonitorResult, error) {
+		})).After(15 * time.Minute).Return(func(context.Context, activities.MonitorInput) (activities.MonitorResult, error) {
 			if first {
 				first = false
 				return activities.MonitorResult{Reason: activities.MonitorGone, Health: activities.Health{Known: true, Healthy: true}}, nil

@@ -1,0 +1,85 @@
+package e2e
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/internal/stack"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+// TestKilledInstanceIsDetectedAndRecreated kills a running local proxy: the Proxy turns
+// Unhealthy within failureThreshold × interval plus a few seconds, the instance is created
+// again, and the Proxy returns to Ready.
+func TestKilledInstanceIsDetectedAndRecreated(t *testing.T) {
+	s := stack.Start(t, stack.Options{})
+	ctx := context.Background()
+	ns := s.Namespace(t)
+	require.NoError(t, s.Kube.Client.Create(ctx, s.LocalProxy(ns, "victim")))
+	p := s.WaitFor(t, ns, "victim", time.Minute, "Ready", stack.Ready)
+	first := p.Status.InstanceName
+
+	_, _, err := s.Daemon.Kill(first)
+	require.NoError(t, err)
+	killed := time.Now()
+	// 3 failures × 1s interval, plus probe timeout, jitter and the status write.
+	detection := 3*time.Second + 3*time.Second
+	p = s.WaitFor(t, ns, "victim", detection, "Unhealthy after the kill", func(p *v1alpha1.Proxy) bool {
+		return p.Status.Phase == v1alpha1.PhaseUnhealthy
+	})
+	t.Logf("Unhealthy %s after the kill", time.Since(killed).Round(100*time.Millisecond))
+	healthy := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionHealthy)
+	require.NotNil(t, healthy)
+	assert.Equal(t, "False", string(healthy.Status))
+
+	p = s.WaitFor(t, ns, "victim", time.Minute, "Ready on a new instance", func(p *v1alpha1.Proxy) bool {
+		return stack.Ready(p) && p.Status.InstanceName != first
+	})
+	_, err = s.Fetch(p.Status.IP, p.Status.Port, "/recovered")
+	require.NoError(t, err)
+	_, stillThere := s.Daemon.Get(first)
+	assert.False(t, stillThere, "the dead instance was deleted")
+}
+
+// TestExternalProxyFollowsItsEndpoint points an External Proxy at a forward proxy on
+// loopback that this system does not manage: Ready while it serves, Unhealthy once it stops.
+func TestExternalProxyFollowsItsEndpoint(t *testing.T) {
+	s := stack.Start(t, stack.Options{})
+	ctx := context.Background()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: &local.ForwardProxy{}, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	host, portStr, _ := net.SplitHostPort(ln.Addr().String())
+	port, _ := strconv.Atoi(portStr)
+
+	ns := s.Namespace(t)
+	p := s.LocalProxy(ns, "partner")
+	p.Spec = v1alpha1.ProxySpec{
+		Mode:        v1alpha1.ModeExternal,
+		Endpoint:    &v1alpha1.Endpoint{Host: host, Port: int32(port)},
+		HealthCheck: p.Spec.HealthCheck,
+		MaxLeases:   4,
+	}
+	require.NoError(t, s.Kube.Client.Create(ctx, p))
+	p = s.WaitFor(t, ns, "partner", time.Minute, "Ready", stack.Ready)
+	assert.Equal(t, host, p.Status.IP)
+	assert.Equal(t, int32(port), p.Status.Port)
+	before := len(s.Events())
+
+	require.NoError(t, srv.Close())
+	s.WaitFor(t, ns, "partner", 6*time.Second, "Unhealthy after the endpoint stopped", func(p *v1alpha1.Proxy) bool {
+		return p.Status.Phase == v1alpha1.PhaseUnhealthy
+	})
+	assert.Len(t, s.Events(), before, "External proxies never create or delete instances")
+}
