@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"go.temporal.io/sdk/activity"
@@ -58,7 +59,10 @@ type MonitorResult struct {
 
 // monitorProgress is heartbeated, so a Monitor resumed on another worker keeps its counts.
 type monitorProgress struct {
-	Health     Health    `json:"health"`
+	Health Health `json:"health"`
+	// Recent holds the latencies of the last successful probes; their median is what is
+	// reported, so one or two slow probes on a busy machine are not a latency change.
+	Recent     []int64   `json:"recent,omitempty"`
 	ConsecOK   int       `json:"consecOK"`
 	ConsecFail int       `json:"consecFail"`
 	LastReport time.Time `json:"lastReport"`
@@ -160,8 +164,8 @@ type thresholds struct {
 
 // record folds one probe result into st and reports whether it is worth returning for.
 // A verdict flips only after a full run of successes or failures; a latency change counts
-// only while healthy, only when it moves by more than max(20ms, 50%), and at most once per
-// latency interval, so jitter never writes status.
+// only while healthy, only when the median of the recent probes moves by more than
+// max(20ms, 50%), and at most once per latency interval, so jitter never writes status.
 func (th thresholds) record(st *monitorProgress, res probe.Result, now time.Time) (string, bool) {
 	h := &st.Health
 	h.CheckedAt = now
@@ -175,6 +179,13 @@ func (th thresholds) record(st *monitorProgress, res probe.Result, now time.Time
 		h.FailureKind = res.Kind
 	}
 	latency := res.Latency.Milliseconds()
+	if res.OK {
+		st.Recent = append(st.Recent, latency)
+		if len(st.Recent) > latencyWindow {
+			st.Recent = st.Recent[len(st.Recent)-latencyWindow:]
+		}
+		latency = median(st.Recent)
+	}
 	switch {
 	case (!h.Known || !h.Healthy) && st.ConsecOK >= th.success:
 		h.Known, h.Healthy, h.Since, h.LatencyMillis = true, true, now, latency
@@ -197,6 +208,16 @@ func (th thresholds) record(st *monitorProgress, res probe.Result, now time.Time
 		}
 	}
 	return "", false
+}
+
+// latencyWindow is how many recent probes the reported latency is the median of: a
+// sustained change shows after 3 probes, up to 2 outliers change nothing.
+const latencyWindow = 5
+
+func median(v []int64) int64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // jitter spreads probes of many proxies over time: ±10% of the interval.

@@ -73,6 +73,23 @@ func TestThresholds(t *testing.T) {
 	}
 }
 
+// TestLatencyOutliersAreNotNews: the reported latency is the median of recent probes.
+func TestLatencyOutliersAreNotNews(t *testing.T) {
+	th := thresholds{success: 2, failure: 3, latency: time.Minute}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	st := monitorProgress{Health: Health{Known: true, Healthy: true, LatencyMillis: 100}, LastReport: t0,
+		Recent: []int64{100, 100, 100, 100, 100}}
+	at := t0.Add(2 * time.Minute)
+	for i, ms := range []int64{900, 850} {
+		_, changed := th.record(&st, probe.Result{OK: true, Latency: time.Duration(ms) * time.Millisecond}, at.Add(time.Duration(i)*time.Second))
+		assert.False(t, changed, "outlier %d reported", i)
+	}
+	reason, changed := th.record(&st, probe.Result{OK: true, Latency: 300 * time.Millisecond}, at.Add(3*time.Second))
+	assert.True(t, changed, "three slow probes of five are a change")
+	assert.Equal(t, MonitorLatency, reason)
+	assert.Equal(t, int64(300), st.Health.LatencyMillis)
+}
+
 func TestThresholdsRecordTheFailure(t *testing.T) {
 	th := thresholds{success: 2, failure: 1, latency: time.Minute}
 	st := monitorProgress{Health: Health{Known: true, Healthy: true}}

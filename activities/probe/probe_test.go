@@ -20,7 +20,7 @@ import (
 
 // servers returns loopback targets: an http one, an https one with a CA the probe is told
 // to trust, and one answering 503.
-func servers(t *testing.T) (httpURL, httpsURL, badURL string, trust *tls.Config, hits *atomic.Int64) {
+func servers(t testing.TB) (httpURL, httpsURL, badURL string, trust *tls.Config, hits *atomic.Int64) {
 	t.Helper()
 	hits = &atomic.Int64{}
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -43,6 +43,8 @@ func servers(t *testing.T) (httpURL, httpsURL, badURL string, trust *tls.Config,
 	pool.AddCert(secure.Certificate())
 	return plain.URL + "/healthz", secure.URL + "/healthz", bad.URL + "/", &tls.Config{RootCAs: pool}, hits
 }
+
+func newServer(h http.Handler) *httptest.Server { return httptest.NewServer(h) }
 
 // forwardProxy runs the project's real forward proxy on loopback with a fault.
 func forwardProxy(t *testing.T, fault local.Fault) string {
