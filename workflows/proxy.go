@@ -31,6 +31,8 @@ type ProxyMemo struct {
 	LatencyMillis int64                              `json:"latencyMillis,omitempty"`
 	MaxLeases     int32                              `json:"maxLeases,omitempty"`
 	Provider      string                             `json:"provider,omitempty"`
+	// Cooldowns maps a target ("" for every target) to when the proxy may serve it again.
+	Cooldowns map[string]time.Time `json:"cooldowns,omitempty"`
 }
 
 // MemoKey is the memo field holding ProxyMemo.
@@ -49,6 +51,8 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 		specCh:  workflow.GetSignalChannel(ctx, SignalSpec),
 		delCh:   workflow.GetSignalChannel(ctx, SignalDelete),
 		replCh:  workflow.GetSignalChannel(ctx, SignalReplace),
+		repCh:   workflow.GetSignalChannel(ctx, SignalReport),
+		now:     func() time.Time { return workflow.Now(ctx) },
 		state:   in.State,
 		wfID:    workflow.GetInfo(ctx).WorkflowExecution.ID,
 		publish: true,
@@ -69,7 +73,10 @@ type proxyWorkflow struct {
 	state  *ProxyState
 	wfID   string
 
-	specCh, delCh, replCh workflow.ReceiveChannel
+	specCh, delCh, replCh, repCh workflow.ReceiveChannel
+	now                          func() time.Time
+	// memoDirty is set by a report: cooldowns changed and discovery must see them.
+	memoDirty bool
 
 	// interrupt is set by a signal that changes what plan() would choose.
 	interrupt bool
@@ -190,6 +197,11 @@ func (w *proxyWorkflow) addSignals(sel workflow.Selector) {
 		c.ReceiveAsync(&sig)
 		w.onDelete(sig)
 	})
+	sel.AddReceive(w.repCh, func(c workflow.ReceiveChannel, _ bool) {
+		var sig ReportSignal
+		c.ReceiveAsync(&sig)
+		w.onReport(sig)
+	})
 	sel.AddReceive(w.replCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig ReplaceSignal
 		c.ReceiveAsync(&sig)
@@ -203,6 +215,7 @@ func (w *proxyWorkflow) drainSignals() {
 		var spec SpecSignal
 		var del DeleteSignal
 		var repl ReplaceSignal
+		var rep ReportSignal
 		switch {
 		case w.specCh.ReceiveAsync(&spec):
 			w.onSpec(spec)
@@ -210,6 +223,8 @@ func (w *proxyWorkflow) drainSignals() {
 			w.onDelete(del)
 		case w.replCh.ReceiveAsync(&repl):
 			w.onReplace(repl)
+		case w.repCh.ReceiveAsync(&rep):
+			w.onReport(rep)
 		default:
 			return
 		}
@@ -274,6 +289,56 @@ func (w *proxyWorkflow) onReplace(sig ReplaceSignal) {
 	// An explicit request deserves an attempt now.
 	s.RetryAt, s.Attempt = time.Time{}, 0
 	w.interrupt = true
+}
+
+// onReport records a crawler's report: a cooldown for the target (durable here, so it
+// survives discovery restarts and reaches every replica through the memo), and for bans the
+// distinct targets banned within lifecycle.banWindow, which may call for a replacement.
+func (w *proxyWorkflow) onReport(sig ReportSignal) {
+	s := w.state
+	if s.Spec == nil || s.Deleting || (sig.Result != ReportBanned && sig.Result != ReportRateLimited) {
+		return
+	}
+	now := w.now()
+	until := sig.Until
+	if !until.After(now) {
+		until = now.Add(DefaultCooldown)
+	}
+	if s.Cooldowns == nil {
+		s.Cooldowns = map[string]time.Time{}
+	}
+	if until.After(s.Cooldowns[sig.Target]) {
+		s.Cooldowns[sig.Target] = until
+	}
+	if sig.Result == ReportBanned {
+		if s.Bans == nil {
+			s.Bans = map[string]time.Time{}
+		}
+		s.Bans[sig.Target] = now
+	}
+	s.pruneReports(now, w.banWindow())
+	w.memoDirty = true
+	if n, limit := len(s.Bans), w.banLimit(); limit > 0 && n >= limit && s.ReplaceReason == "" &&
+		s.Spec.EffectiveMode() == v1alpha1.ModeManaged {
+		s.ReplaceReason = fmt.Sprintf("banned on %d targets within %s", n, w.banWindow())
+		w.interrupt = true
+	}
+}
+
+func (w *proxyWorkflow) banWindow() time.Duration {
+	if l := w.state.Spec.Lifecycle; l != nil && l.BanWindow != nil {
+		if d, err := l.BanWindow.ParseDuration(v1alpha1.DefaultBanWindow); err == nil {
+			return d
+		}
+	}
+	return v1alpha1.DefaultBanWindow
+}
+
+func (w *proxyWorkflow) banLimit() int {
+	if l := w.state.Spec.Lifecycle; l != nil && l.BanReplaceTargets != nil {
+		return int(*l.BanReplaceTargets)
+	}
+	return 0
 }
 
 func (w *proxyWorkflow) retireAll() {
@@ -506,6 +571,9 @@ func (w *proxyWorkflow) promote(ctx workflow.Context) {
 	s.Instance.CreatedAt = workflow.Now(ctx)
 	s.Retiring = append(s.Retiring, old)
 	s.Replacements++
+	// Bans and cooldowns were earned by the old address.
+	s.Cooldowns, s.Bans = nil, nil
+	w.memoDirty = true
 	w.log.Info("replacement promoted", "new", s.Instance.Name, "old", old.Name, "reason", w.replaceReason())
 	s.ReplaceReason = ""
 }
@@ -625,6 +693,12 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 		switch {
 		case w.interrupt:
 			return nil
+		case w.memoDirty && !monitorDone && !timerDone:
+			// A report: publish the cooldowns and keep watching.
+			if err := w.publishState(ctx); err != nil {
+				return err
+			}
+			continue
 		case timerDone:
 			if s.ReplaceReason == "" {
 				switch wakeReason {
@@ -795,7 +869,7 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 	}
 	healthy := st.Phase == v1alpha1.PhaseReady
 	memo := w.memoOf(st)
-	unchanged := w.memo != nil && equalData(*w.memo, memo)
+	unchanged := w.memo != nil && equalData(*w.memo, memo) && !w.memoDirty
 	if unchanged && w.saPhase == st.Phase && w.saHealthy != nil && *w.saHealthy == healthy {
 		return nil
 	}
@@ -811,7 +885,7 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 	if err := workflow.UpsertMemo(ctx, map[string]any{MemoKey: memo}); err != nil {
 		return err
 	}
-	w.memo, w.saPhase, w.saHealthy = &memo, st.Phase, &healthy
+	w.memo, w.saPhase, w.saHealthy, w.memoDirty = &memo, st.Phase, &healthy, false
 	return nil
 }
 
@@ -836,6 +910,15 @@ func (w *proxyWorkflow) memoOf(st v1alpha1.ProxyStatus) ProxyMemo {
 	if s.Spec != nil {
 		m.MaxLeases = s.Spec.MaxLeases
 		m.Attributes = s.Spec.Attributes
+	}
+	now := w.now()
+	for _, target := range sortedKeys(s.Cooldowns) {
+		if until := s.Cooldowns[target]; until.After(now) {
+			if m.Cooldowns == nil {
+				m.Cooldowns = map[string]time.Time{}
+			}
+			m.Cooldowns[target] = until
+		}
 	}
 	return m
 }

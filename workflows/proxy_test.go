@@ -649,3 +649,65 @@ func TestLostInstanceIsRecreated(t *testing.T) {
 	h.requireCompleted()
 	assert.Contains(t, h.phases(), v1alpha1.PhaseUnhealthy, "a lost instance shows as Unhealthy while it is recreated")
 }
+
+func (h *harness) queryState() ProxyState {
+	h.t.Helper()
+	v, err := h.env.QueryWorkflow(QueryState)
+	require.NoError(h.t, err)
+	var st ProxyState
+	require.NoError(h.t, v.Get(&st))
+	return st
+}
+
+func TestReportsKeepCooldownsAndReplaceWhenBannedWidely(t *testing.T) {
+	h := newHarness(t)
+	two := int32(2)
+	h.specAt(0, 1, h.spec(func(s *v1alpha1.ProxySpec) {
+		s.Lifecycle = &v1alpha1.Lifecycle{BanReplaceTargets: &two}
+	}))
+	h.signalAt(10*time.Minute, SignalReport, ReportSignal{Target: "shop.example", Result: ReportRateLimited})
+	h.signalAt(11*time.Minute, SignalReport, ReportSignal{Target: "news.example", Result: ReportBanned})
+	h.checkAt(12*time.Minute, func() {
+		st := h.queryState()
+		assert.Len(t, st.Cooldowns, 2, "both targets cool down")
+		assert.Len(t, st.Bans, 1, "rate limits are not bans")
+		assert.Equal(t, []string{InstanceName(h.uid, 1)}, h.prov.names(), "one ban is below the limit")
+		assert.Equal(t, int32(0), h.lastStatus().Replacements)
+	})
+	h.signalAt(13*time.Minute, SignalReport, ReportSignal{Target: "shop.example", Result: ReportBanned})
+	h.checkAt(20*time.Minute, func() {
+		assert.Equal(t, []string{InstanceName(h.uid, 2)}, h.prov.names(), "banned on 2 targets: replaced")
+		st := h.queryState()
+		assert.Empty(t, st.Cooldowns, "a new address starts clean")
+		assert.Empty(t, st.Bans)
+	})
+	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.run(fastTuning())
+	h.requireCompleted()
+	h.makeBeforeBreak(1, 2)
+}
+
+func TestCooldownsExpireAndBansAgeOut(t *testing.T) {
+	h := newHarness(t)
+	two := int32(2)
+	window := v1alpha1.Duration("5m")
+	h.specAt(0, 1, h.spec(func(s *v1alpha1.ProxySpec) {
+		s.Lifecycle = &v1alpha1.Lifecycle{BanReplaceTargets: &two, BanWindow: &window}
+	}))
+	h.checkAt(10*time.Minute, func() {})
+	h.env.RegisterDelayedCallback(func() {
+		h.env.SignalWorkflow(SignalReport, ReportSignal{Target: "a.example", Result: ReportBanned, Until: h.env.Now().Add(2 * time.Minute)})
+	}, 10*time.Minute)
+	// The second ban comes after the first left the window: no replacement.
+	h.signalAt(20*time.Minute, SignalReport, ReportSignal{Target: "b.example", Result: ReportBanned})
+	h.checkAt(21*time.Minute, func() {
+		st := h.queryState()
+		assert.Len(t, st.Bans, 1)
+		_, stillCooling := st.Cooldowns["a.example"]
+		assert.False(t, stillCooling, "a.example's cooldown ended at its until")
+		assert.Equal(t, []string{InstanceName(h.uid, 1)}, h.prov.names())
+	})
+	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.run(fastTuning())
+	h.requireCompleted()
+}

@@ -6,6 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -49,6 +52,27 @@ type DeleteSignal struct {
 type ReplaceSignal struct {
 	Reason string `json:"reason"`
 }
+
+// ReportSignal is a crawler's verdict on a proxy for one target site, forwarded by
+// discovery. banned and rate_limited put the proxy in cooldown for the target until Until.
+type ReportSignal struct {
+	Target string    `json:"target"`
+	Result string    `json:"result"`
+	Until  time.Time `json:"until"`
+}
+
+// Report results.
+const (
+	ReportOK          = "ok"
+	ReportRateLimited = "rate_limited"
+	ReportBanned      = "banned"
+)
+
+// DefaultCooldown applies when a report carries no end time.
+const DefaultCooldown = 10 * time.Minute
+
+// maxCooldowns bounds the cooldowns a workflow keeps (and puts in its memo).
+const maxCooldowns = 256
 
 // Tuning holds the workflow's timings. Defaults suit production; tests shorten them.
 type Tuning struct {
@@ -169,9 +193,43 @@ type ProxyState struct {
 
 	Health activities.Health `json:"health"`
 
+	// Cooldowns maps a target ("" for all) to the end of its cooldown; Bans maps a target to
+	// when it last banned the proxy. Both are cleared when the instance is replaced.
+	Cooldowns map[string]time.Time `json:"cooldowns,omitempty"`
+	Bans      map[string]time.Time `json:"bans,omitempty"`
+
 	// Successor is a spec for a new object with the same name that arrived while this one
 	// was being deleted; the workflow continues as new for it once deletion is done.
 	Successor *SpecSignal `json:"successor,omitempty"`
+}
+
+// pruneReports forgets ended cooldowns and bans older than the window, and keeps at most
+// maxCooldowns cooldowns (those ending last). The result does not depend on map order.
+func (s *ProxyState) pruneReports(now time.Time, window time.Duration) {
+	for _, t := range sortedKeys(s.Cooldowns) {
+		if !s.Cooldowns[t].After(now) {
+			delete(s.Cooldowns, t)
+		}
+	}
+	for _, t := range sortedKeys(s.Bans) {
+		if now.Sub(s.Bans[t]) > window {
+			delete(s.Bans, t)
+		}
+	}
+	if len(s.Cooldowns) > maxCooldowns {
+		targets := sortedKeys(s.Cooldowns)
+		sort.SliceStable(targets, func(i, j int) bool { return s.Cooldowns[targets[i]].After(s.Cooldowns[targets[j]]) })
+		for _, t := range targets[maxCooldowns:] {
+			delete(s.Cooldowns, t)
+		}
+	}
+}
+
+// sortedKeys returns the keys in order, so workflow code never depends on map order.
+//
+//workflowcheck:ignore
+func sortedKeys[V any](m map[string]V) []string {
+	return slices.Sorted(maps.Keys(m))
 }
 
 // DesiredHash is the hash of everything that shapes an instance: provider, port, provider
