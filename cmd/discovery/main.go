@@ -1,0 +1,106 @@
+// Command discovery serves the crawler-facing API: list, lease, renew, release and report.
+// It reads proxy state from Temporal only, never from Kubernetes.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.temporal.io/sdk/client"
+	tlog "go.temporal.io/sdk/log"
+
+	"github.com/proxyfleet/proxyfleet/discovery"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "discovery:", err)
+		os.Exit(1)
+	}
+}
+
+func env(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func run() error {
+	var (
+		temporalAddr = flag.String("temporal-address", env("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port (env TEMPORAL_ADDRESS)")
+		namespace    = flag.String("temporal-namespace", env("TEMPORAL_NAMESPACE", "default"), "Temporal namespace (env TEMPORAL_NAMESPACE)")
+		listen       = flag.String("listen", env("DISCOVERY_LISTEN", "127.0.0.1:8090"), "address of the API, /healthz and /metrics (env DISCOVERY_LISTEN)")
+		defaultTTL   = flag.Duration("default-ttl", 5*time.Minute, "lease TTL when a request gives none")
+		maxTTL       = flag.Duration("max-ttl", time.Hour, "longest TTL a lease or renewal may ask for")
+		rateLimited  = flag.Duration("cooldown-rate-limited", 5*time.Minute, "cooldown of a proxy for a target after a rate_limited report")
+		banned       = flag.Duration("cooldown-banned", 30*time.Minute, "cooldown of a proxy for a target after a banned report")
+		refresh      = flag.Duration("refresh-interval", time.Second, "how often the index reads what changed in Temporal")
+		fullEvery    = flag.Duration("full-resync-interval", 5*time.Minute, "how often the index re-reads every proxy")
+	)
+	flag.Parse()
+	// The token comes from the environment only, so it never shows in a process listing.
+	token := os.Getenv("DISCOVERY_TOKEN")
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+
+	tc, err := client.NewLazyClient(client.Options{HostPort: *temporalAddr, Namespace: *namespace, Logger: tlog.NewStructuredLogger(log)})
+	if err != nil {
+		return err
+	}
+	defer tc.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	store := discovery.NewStore(max(*rateLimited, *banned))
+	srv := discovery.NewServer(discovery.Config{
+		Token: token, DefaultTTL: *defaultTTL, MaxTTL: *maxTTL,
+		CooldownRateLimited: *rateLimited, CooldownBanned: *banned,
+	}, store, discovery.TemporalSignaler{Client: tc}, log, reg)
+	refresher := &discovery.Refresher{Client: tc, Namespace: *namespace, Store: store,
+		Interval: *refresh, FullEvery: *fullEvery, Log: log, Observe: srv.ObserveRefresh}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() { _ = refresher.Run(ctx) }()
+	go srv.RunReports(ctx)
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				store.Sweep()
+			}
+		}
+	}()
+
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+	}()
+	log.Info("discovery listening", "addr", ln.Addr().String(), "temporal", *temporalAddr)
+	if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,95 @@
+package discovery
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// serverMetrics are registered explicitly on the Registerer the caller passes; with a nil
+// one they are created but not exported, so handlers never check for nil.
+type serverMetrics struct {
+	leaseRequests        *prometheus.CounterVec
+	acquireSeconds       prometheus.Histogram
+	reports              *prometheus.CounterVec
+	reportSignalFailures prometheus.Counter
+	requests             *prometheus.CounterVec
+	requestSeconds       *prometheus.HistogramVec
+	refreshSeconds       *prometheus.HistogramVec
+	refreshErrors        *prometheus.CounterVec
+	handler              http.Handler
+}
+
+func newServerMetrics(reg prometheus.Registerer, store *Store) *serverMetrics {
+	m := &serverMetrics{
+		leaseRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_discovery_lease_requests_total",
+			Help: "Lease requests by outcome: granted, no_match, invalid.",
+		}, []string{"outcome"}),
+		acquireSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "proxyfleet_discovery_acquire_duration_seconds",
+			Help:    "Time to grant a lease, from request to response.",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16),
+		}),
+		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_discovery_reports_total",
+			Help: "Crawler reports by result.",
+		}, []string{"result"}),
+		reportSignalFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "proxyfleet_discovery_report_signal_failures_total",
+			Help: "Reports whose signal to the proxy's workflow failed (the local cooldown still applied).",
+		}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_discovery_http_requests_total",
+			Help: "HTTP requests by method, route and status code.",
+		}, []string{"method", "route", "code"}),
+		requestSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "proxyfleet_discovery_http_request_duration_seconds",
+			Help:    "HTTP request latency by route.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}, []string{"route"}),
+		refreshSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "proxyfleet_discovery_index_refresh_duration_seconds",
+			Help:    "Duration of index refreshes from Temporal, by kind (full, incremental).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}, []string{"kind"}),
+		refreshErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_discovery_index_refresh_errors_total",
+			Help: "Failed index refreshes by kind.",
+		}, []string{"kind"}),
+	}
+	if reg == nil {
+		return m
+	}
+	gauge := func(name, help string, f func(Stats) int) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
+			func() float64 { return float64(f(store.Stats())) })
+	}
+	reg.MustRegister(m.leaseRequests, m.acquireSeconds, m.reports, m.reportSignalFailures,
+		m.requests, m.requestSeconds, m.refreshSeconds, m.refreshErrors,
+		gauge("proxyfleet_discovery_leases_active", "Leases held right now.", func(s Stats) int { return s.Leases }),
+		gauge("proxyfleet_discovery_cooldowns_active", "Per-target cooldowns known locally.", func(s Stats) int { return s.Cooldowns }),
+		gauge("proxyfleet_discovery_index_proxies", "Proxies in the index.", func(s Stats) int { return s.Proxies }),
+		gauge("proxyfleet_discovery_index_healthy_proxies", "Healthy proxies in the index.", func(s Stats) int { return s.Healthy }),
+	)
+	if g, ok := reg.(prometheus.Gatherer); ok {
+		m.handler = promhttp.HandlerFor(g, promhttp.HandlerOpts{})
+	}
+	return m
+}
+
+func (m *serverMetrics) observeRequest(method, route string, code int, d time.Duration) {
+	m.requests.WithLabelValues(method, route, strconv.Itoa(code)).Inc()
+	m.requestSeconds.WithLabelValues(route).Observe(d.Seconds())
+}
+
+// ObserveRefresh records one index refresh; pass it as Refresher.Observe.
+func (s *Server) ObserveRefresh(kind string, took time.Duration, _ int, err error) {
+	s.metrics.refreshSeconds.WithLabelValues(kind).Observe(took.Seconds())
+	if err != nil {
+		s.metrics.refreshErrors.WithLabelValues(kind).Inc()
+	}
+}

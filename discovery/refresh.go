@@ -1,0 +1,200 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	commonpb "go.temporal.io/api/common/v1"
+	"go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/converter"
+
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows"
+)
+
+// Lister is the part of the Temporal client the refresher uses.
+type Lister interface {
+	ListWorkflow(ctx context.Context, req *workflowservice.ListWorkflowExecutionsRequest) (*workflowservice.ListWorkflowExecutionsResponse, error)
+}
+
+// Refresher keeps a Store's index in step with the running ProxyWorkflows. It lists only
+// what changed since the last pass (by ProxyUpdatedAt, with an overlap for visibility lag),
+// and lists everything at start and every FullEvery, so nothing is missed for long.
+type Refresher struct {
+	Client    Lister
+	Namespace string
+	Store     *Store
+	// Interval between incremental passes (default 1s), FullEvery between full ones
+	// (default 5m), Overlap re-reads a little of the past (default 5s).
+	Interval, FullEvery, Overlap time.Duration
+	PageSize                     int32
+	Log                          *slog.Logger
+	// Observe, if set, is told the duration and kind ("full", "incremental") of each pass
+	// and how many workflows it read.
+	Observe func(kind string, took time.Duration, read int, err error)
+
+	watermark time.Time
+	lastFull  time.Time
+}
+
+func (r *Refresher) defaults() {
+	if r.Interval <= 0 {
+		r.Interval = time.Second
+	}
+	if r.FullEvery <= 0 {
+		r.FullEvery = 5 * time.Minute
+	}
+	if r.Overlap <= 0 {
+		r.Overlap = 5 * time.Second
+	}
+	if r.PageSize <= 0 {
+		r.PageSize = 1000
+	}
+	if r.Log == nil {
+		r.Log = slog.Default()
+	}
+}
+
+// Run refreshes until ctx ends. The first full pass runs before Run returns control to the
+// loop, so callers that wait for Ready see a populated index.
+func (r *Refresher) Run(ctx context.Context) error {
+	r.defaults()
+	t := time.NewTicker(r.Interval)
+	defer t.Stop()
+	for {
+		var err error
+		if time.Since(r.lastFull) >= r.FullEvery {
+			err = r.Full(ctx)
+		} else {
+			err = r.Incremental(ctx)
+		}
+		if err != nil && ctx.Err() == nil {
+			r.Log.Warn("index refresh failed; serving the last known index", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Full replaces the index with every running ProxyWorkflow.
+func (r *Refresher) Full(ctx context.Context) error {
+	r.defaults()
+	start := time.Now()
+	query := fmt.Sprintf("WorkflowId STARTS_WITH %q AND ExecutionStatus = 'Running'", workflows.ProxyWorkflowIDPrefix)
+	var all []Proxy
+	var high time.Time
+	n, err := r.list(ctx, query, func(p Proxy, running bool, updated time.Time) {
+		if running {
+			all = append(all, p)
+		}
+		if updated.After(high) {
+			high = updated
+		}
+	})
+	r.observe("full", start, n, err)
+	if err != nil {
+		return err
+	}
+	r.Store.ReplaceAll(all)
+	r.lastFull = start
+	if high.After(r.watermark) {
+		r.watermark = high
+	}
+	return nil
+}
+
+// Incremental applies the workflows updated since the last pass.
+func (r *Refresher) Incremental(ctx context.Context) error {
+	r.defaults()
+	start := time.Now()
+	since := r.watermark.Add(-r.Overlap)
+	query := fmt.Sprintf("WorkflowId STARTS_WITH %q AND ProxyUpdatedAt > %q",
+		workflows.ProxyWorkflowIDPrefix, since.UTC().Format(time.RFC3339Nano))
+	high := r.watermark
+	n, err := r.list(ctx, query, func(p Proxy, running bool, updated time.Time) {
+		if running {
+			r.Store.Upsert(p)
+		} else {
+			r.Store.Remove(p.ID())
+		}
+		if updated.After(high) {
+			high = updated
+		}
+	})
+	r.observe("incremental", start, n, err)
+	if err != nil {
+		return err
+	}
+	r.watermark = high
+	return nil
+}
+
+func (r *Refresher) observe(kind string, start time.Time, n int, err error) {
+	if r.Observe != nil {
+		r.Observe(kind, time.Since(start), n, err)
+	}
+}
+
+func (r *Refresher) list(ctx context.Context, query string, fn func(p Proxy, running bool, updated time.Time)) (int, error) {
+	var token []byte
+	read := 0
+	for {
+		resp, err := r.Client.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{
+			Namespace: r.Namespace, PageSize: r.PageSize, NextPageToken: token, Query: query,
+		})
+		if err != nil {
+			return read, fmt.Errorf("list workflows: %w", err)
+		}
+		for _, ex := range resp.Executions {
+			read++
+			p, updated, ok := decode(ex.GetMemo(), ex.GetSearchAttributes())
+			if !ok {
+				continue
+			}
+			if p.Namespace == "" {
+				p.Namespace, p.Name, _ = workflows.ParseProxyWorkflowID(ex.GetExecution().GetWorkflowId())
+			}
+			fn(p, ex.GetStatus() == enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated)
+		}
+		token = resp.NextPageToken
+		if len(token) == 0 {
+			return read, nil
+		}
+	}
+}
+
+var dc = converter.GetDefaultDataConverter()
+
+// decode turns a workflow's memo into a Proxy. Workflows without a memo yet (just started)
+// are skipped: they have nothing to offer.
+func decode(memo *commonpb.Memo, sa *commonpb.SearchAttributes) (Proxy, time.Time, bool) {
+	var updated time.Time
+	if f := sa.GetIndexedFields()["ProxyUpdatedAt"]; f != nil {
+		_ = dc.FromPayload(f, &updated)
+	}
+	payload := memo.GetFields()[workflows.MemoKey]
+	if payload == nil {
+		return Proxy{}, updated, false
+	}
+	var m workflows.ProxyMemo
+	if err := dc.FromPayload(payload, &m); err != nil {
+		return Proxy{}, updated, false
+	}
+	attrs := make(map[string]string, len(m.Attributes))
+	for k, v := range m.Attributes {
+		attrs[k] = string(v)
+	}
+	return Proxy{
+		Name: m.Name, Namespace: m.Namespace, UID: m.UID, IP: m.IP, Port: m.Port,
+		Attributes: attrs, LatencyMillis: m.LatencyMillis,
+		Healthy:   m.Healthy && m.Phase == v1alpha1.PhaseReady && m.IP != "",
+		Phase:     string(m.Phase), MaxLeases: int(m.MaxLeases), Provider: m.Provider,
+		Cooldowns: m.Cooldowns,
+	}, updated, true
+}
