@@ -193,8 +193,8 @@ func decode(memo *commonpb.Memo, sa *commonpb.SearchAttributes) (Proxy, time.Tim
 	return Proxy{
 		Name: m.Name, Namespace: m.Namespace, UID: m.UID, IP: m.IP, Port: m.Port,
 		Attributes: attrs, LatencyMillis: m.LatencyMillis,
-		Healthy:   m.Healthy && m.Phase == v1alpha1.PhaseReady && m.IP != "",
-		Phase:     string(m.Phase), MaxLeases: int(m.MaxLeases), Provider: m.Provider,
+		Healthy: m.Healthy && m.Phase == v1alpha1.PhaseReady && m.IP != "",
+		Phase:   string(m.Phase), MaxLeases: int(m.MaxLeases), Provider: m.Provider,
 		Cooldowns: m.Cooldowns,
 	}, updated, true
 }

@@ -134,7 +134,9 @@ func (s *Server) Handler() http.Handler {
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
 	r.Use(s.recoverPanics, s.logRequests, s.limitBody)
-	r.NoRoute(func(c *gin.Context) { s.fail(c, apiErr(codeNotFound, "no such route: %s %s", c.Request.Method, c.Request.URL.Path)) })
+	r.NoRoute(func(c *gin.Context) {
+		s.fail(c, apiErr(codeNotFound, "no such route: %s %s", c.Request.Method, c.Request.URL.Path))
+	})
 	r.NoMethod(func(c *gin.Context) {
 		s.fail(c, apiErr(codeMethodNotAllowed, "%s is not allowed on %s", c.Request.Method, c.Request.URL.Path))
 	})
