@@ -11,7 +11,7 @@ PKGS      ?= ./...
 # Generated files: `make check-generated` fails when they differ from what the sources give.
 GENERATED := deploy/crd deploy/rbac operator/api/v1alpha1/zz_generated.deepcopy.go
 
-.PHONY: all tools generate check-generated lint fmt vet test test-unit help
+.PHONY: all tools generate check-generated lint fmt vet test help bench fuzz record-histories
 
 all: generate lint test
 
@@ -51,3 +51,15 @@ lint: check-generated vet ## gofmt, go vet, workflowcheck, staticcheck, generate
 
 test: check-generated vet ## vet, unit and integration tests (real Temporal dev server and kube-apiserver), with -race
 	$(GOTEST) $(TEST_FLAGS) $(PKGS)
+
+bench: ## benchmarks with the figures reported in docs/benchmarks.md (minutes; not part of make test)
+	$(GO) test ./discovery ./activities/probe -run '^$$' -bench . -benchtime 20000x
+	$(GO) test ./internal/e2e -run '^$$' -bench . -benchtime 1x -timeout 60m
+
+FUZZTIME ?= 30s
+fuzz: ## run every fuzz target for FUZZTIME each (their seed corpora also run in make test)
+	$(GO) test ./discovery -run '^$$' -fuzz '^FuzzDecodeLeaseRequest$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./discovery -run '^$$' -fuzz '^FuzzParseQuerySelector$$' -fuzztime $(FUZZTIME)
+
+record-histories: ## re-record workflows/testdata from real runs (after a deliberate workflow change)
+	RECORD_HISTORIES=1 $(GO) test ./internal/e2e -run 'TestProxyLifecycle|TestDeleteWhileProvisioning|TestCloudInitSecretNeverInHistory' -count=1
