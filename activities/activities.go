@@ -41,6 +41,8 @@ type Activities struct {
 	Kube client.Client
 	// Installation is this deployment's id; every instance is labelled with it.
 	Installation string
+	// Temporal lists running workflows for the orphan sweeper.
+	Temporal WorkflowLister
 	// Prober sends probes through proxies; nil uses probe.Probe with default settings.
 	Prober Prober
 	Log    *slog.Logger

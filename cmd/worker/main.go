@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -32,6 +33,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/provider/gcp"
 	kubeprovider "github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/internal/schedules"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows"
 )
@@ -61,6 +63,11 @@ func run() error {
 		localURL     = flag.String("local-daemon", env("LOCAL_DAEMON_URL", "http://127.0.0.1:8089"), "control API of localproxyd, for the local provider (env LOCAL_DAEMON_URL)")
 		httpAddr     = flag.String("http-address", env("HTTP_ADDRESS", "127.0.0.1:9090"), "address of /metrics and /healthz (env HTTP_ADDRESS)")
 		maxActs      = flag.Int("max-concurrent-activities", 4000, "activity slots; each proxy's monitor holds one for its whole life")
+		gcEvery      = flag.Duration("gc-interval", 10*time.Minute, "how often the proxy-gc schedule sweeps orphaned instances (0 leaves the schedule alone)")
+		gcMinAge     = flag.Duration("gc-min-age", 10*time.Minute, "instances younger than this are never swept")
+		gcDryRun     = flag.Bool("gc-dry-run", false, "report orphans without deleting them")
+		gcNamespaces = flag.String("gc-namespaces", "", "comma-separated namespaces the worker can see Proxies in (empty: all)")
+		gcPartial    = flag.Bool("gc-allow-partial-view", false, "sweep even though --gc-namespaces limits the view (only if this installation's instances all belong to those namespaces)")
 	)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -120,7 +127,8 @@ func run() error {
 		MaxConcurrentActivityExecutionSize: *maxActs,
 	})
 	w.RegisterWorkflow(workflows.ProxyWorkflow)
-	w.RegisterActivity(&activities.Activities{Providers: reg, Kube: kube, Installation: *installation, Log: log})
+	w.RegisterWorkflow(workflows.GCWorkflow)
+	w.RegisterActivity(&activities.Activities{Providers: reg, Kube: kube, Installation: *installation, Temporal: c, Log: log})
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -140,6 +148,25 @@ func run() error {
 
 	if err := w.Start(); err != nil {
 		return err
+	}
+	if *gcEvery > 0 {
+		var names []v1alpha1.Provider
+		for name := range reg {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		var nss []string
+		for _, ns := range strings.Split(*gcNamespaces, ",") {
+			if ns = strings.TrimSpace(ns); ns != "" {
+				nss = append(nss, ns)
+			}
+		}
+		err := schedules.EnsureGC(ctx, c.ScheduleClient(), schedules.GCOptions{Every: *gcEvery, TaskQueue: *taskQueue,
+			Input: workflows.GCInput{Installation: *installation, Providers: names, MinAge: *gcMinAge, DryRun: *gcDryRun,
+				Namespaces: nss, AllowPartialView: *gcPartial}})
+		if err != nil {
+			return fmt.Errorf("create or update the %s schedule: %w", workflows.GCScheduleID, err)
+		}
 	}
 	log.Info("worker started", "taskQueue", *taskQueue, "providers", *providers, "installation", *installation, "http", ln.Addr().String())
 	<-ctx.Done()

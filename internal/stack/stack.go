@@ -33,6 +33,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	kubeprovider "github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
@@ -182,9 +183,13 @@ func (s *Stack) startManager(t testing.TB) {
 // Activities returns the worker's activities as cmd/worker wires them.
 func (s *Stack) Activities() *activities.Activities {
 	return &activities.Activities{
-		Providers:    provider.Registry{v1alpha1.ProviderLocal: s.Local},
+		Providers: provider.Registry{
+			v1alpha1.ProviderLocal:      s.Local,
+			v1alpha1.ProviderKubernetes: &kubeprovider.Provider{Client: s.Kube.Client},
+		},
 		Kube:         s.Kube.Client,
 		Installation: s.Installation,
+		Temporal:     s.Temporal.Client,
 		Log:          quietLog(),
 	}
 }
@@ -194,6 +199,7 @@ func (s *Stack) StartWorker(t testing.TB) {
 	t.Helper()
 	w := worker.New(s.Temporal.Client, s.TaskQueue, worker.Options{})
 	w.RegisterWorkflow(workflows.ProxyWorkflow)
+	w.RegisterWorkflow(workflows.GCWorkflow)
 	w.RegisterActivity(s.Activities())
 	require.NoError(t, w.Start())
 	s.worker = w
