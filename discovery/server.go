@@ -133,7 +133,9 @@ func (s *Server) Handler() http.Handler {
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
-	r.Use(s.recoverPanics, s.logRequests, s.limitBody)
+	// logRequests wraps recoverPanics so a recovered panic is logged and counted as the 500
+	// it answers.
+	r.Use(s.logRequests, s.recoverPanics, s.limitBody)
 	r.NoRoute(func(c *gin.Context) {
 		s.fail(c, apiErr(codeNotFound, "no such route: %s %s", c.Request.Method, c.Request.URL.Path))
 	})
@@ -410,7 +412,8 @@ func ttl(seconds int, cfg Config) (time.Duration, error) {
 		return 0, apiErr(codeInvalid, "ttlSeconds must be positive")
 	case seconds == 0:
 		return cfg.DefaultTTL, nil
-	case time.Duration(seconds)*time.Second > cfg.MaxTTL:
+	// Compared in seconds: seconds*time.Second can overflow into a negative duration.
+	case int64(seconds) > int64(cfg.MaxTTL/time.Second):
 		return 0, apiErr(codeInvalid, "ttlSeconds %d exceeds the maximum of %d", seconds, int(cfg.MaxTTL/time.Second))
 	}
 	return time.Duration(seconds) * time.Second, nil
@@ -453,12 +456,14 @@ func (s *Server) acquire(c *gin.Context) {
 	}
 	s.metrics.leaseRequests.WithLabelValues("granted").Inc()
 	s.metrics.acquireSeconds.Observe(time.Since(start).Seconds())
-	c.JSON(http.StatusCreated, leaseResponse(l))
+	c.JSON(http.StatusCreated, leaseResponse(l, d))
 }
 
-func leaseResponse(l *Lease) LeaseResponse {
+// leaseResponse shows a lease just granted or renewed for d. The TTL is d itself, not
+// ExpiresAt minus the wall clock: ExpiresAt is on the store's clock.
+func leaseResponse(l *Lease, d time.Duration) LeaseResponse {
 	return LeaseResponse{LeaseID: l.ID, Proxy: info(l.Proxy), ExpiresAt: l.ExpiresAt.UTC(),
-		TTLSeconds: int(time.Until(l.ExpiresAt).Round(time.Second) / time.Second), Target: l.Target}
+		TTLSeconds: int(d / time.Second), Target: l.Target}
 }
 
 // RenewRequest is the body of POST /v1/leases/{id}/renew.
@@ -486,7 +491,7 @@ func (s *Server) renew(c *gin.Context) {
 	case err != nil:
 		s.fail(c, err)
 	default:
-		c.JSON(http.StatusOK, leaseResponse(l))
+		c.JSON(http.StatusOK, leaseResponse(l, d))
 	}
 }
 
@@ -534,7 +539,7 @@ func (s *Server) report(c *gin.Context) {
 		if target == "" {
 			target = l.Target
 		}
-		until := time.Now().Add(window)
+		until := s.store.Now().Add(window)
 		s.store.Cooldown(l.ProxyID, target, until)
 		select {
 		case s.reports <- pendingReport{namespace: l.Proxy.Namespace, name: l.Proxy.Name,

@@ -150,6 +150,13 @@ func (s *Store) SetClock(now func() time.Time) {
 	s.now = now
 }
 
+// Now is the store's clock, which lease expiries and cooldowns are measured against.
+func (s *Store) Now() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.now()
+}
+
 // --- index ---------------------------------------------------------------------------
 
 func (s *Store) detach(e *entry) {
@@ -221,7 +228,9 @@ func (s *Store) upsertLocked(p Proxy) {
 		s.count(e, -1)
 		s.index(e, false)
 	} else {
-		e = &entry{}
+		// A proxy can leave the index and come back (its workflow restarted, or a closed
+		// run was listed after the running one) while crawlers still hold its leases.
+		e = &entry{leases: s.held(p.ID())}
 		s.proxies[p.ID()] = e
 	}
 	e.p = p
@@ -234,6 +243,17 @@ func (s *Store) upsertLocked(p Proxy) {
 	}
 	s.count(e, +1)
 	s.attach(e)
+}
+
+// held counts the live leases on a proxy. Only proxies new to the index pay for the scan.
+func (s *Store) held(id string) int {
+	n := 0
+	for _, l := range s.leases {
+		if l.ProxyID == id {
+			n++
+		}
+	}
+	return n
 }
 
 // Remove drops a proxy (its workflow ended). Its leases stay until released or expired.
@@ -458,11 +478,16 @@ func (s *Store) Renew(id string, ttl time.Duration) (*Lease, error) {
 func (s *Store) Lookup(id string) (*Lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.now()
 	if l, ok := s.leases[id]; ok {
-		cp := *l
-		return &cp, nil
+		if l.ExpiresAt.After(now) {
+			cp := *l
+			return &cp, nil
+		}
+		// Expired but not swept yet: the report window counts from its expiry.
+		s.expireLocked(l, now)
 	}
-	if x, ok := s.expired[id]; ok && x.keepUntil.After(s.now()) {
+	if x, ok := s.expired[id]; ok && x.keepUntil.After(now) {
 		cp := *x.lease
 		return &cp, nil
 	}

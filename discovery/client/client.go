@@ -1,0 +1,369 @@
+// Package client is the crawler side of the discovery API: list proxies, lease one, renew
+// and release the lease, and report how a target site treated it.
+//
+// It depends on the standard library only, so a crawler does not pull in Gin, Temporal or
+// Kubernetes by importing it. That is why it declares its own copies of the wire types
+// instead of using package discovery's; a test marshals the server's types and decodes them
+// strictly into these (and the other way round for requests), so the two cannot drift apart
+// silently. docs/api.md describes the API itself.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Results a crawler reports for a target.
+const (
+	// ResultOK records a success; it changes nothing on the server.
+	ResultOK = "ok"
+	// ResultRateLimited rests the proxy for the target (5 minutes by default).
+	ResultRateLimited = "rate_limited"
+	// ResultBanned rests the proxy for the target longer (30 minutes by default) and counts
+	// toward replacing a proxy banned on too many targets.
+	ResultBanned = "banned"
+)
+
+// Error codes of the API (Error.Code).
+const (
+	CodeInvalid          = "invalid"
+	CodeInvalidResult    = "invalid_result"
+	CodeInvalidSelector  = "invalid_selector"
+	CodeUnauthorized     = "unauthorized"
+	CodeNotFound         = "not_found"
+	CodeUnknownLease     = "unknown_lease"
+	CodeLeaseExpired     = "lease_expired"
+	CodeNoMatch          = "no_match"
+	CodeTooLarge         = "too_large"
+	CodeMethodNotAllowed = "method_not_allowed"
+	CodeInternal         = "internal"
+)
+
+// Client talks to one discovery server. It is safe for concurrent use.
+type Client struct {
+	base  string
+	token string
+	hc    *http.Client
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithHTTPClient sets the HTTP client used to reach discovery (default http.DefaultClient).
+// It is not the client that goes through a leased proxy: see Lease.HTTPClient.
+func WithHTTPClient(hc *http.Client) Option {
+	return func(c *Client) {
+		if hc != nil {
+			c.hc = hc
+		}
+	}
+}
+
+// New returns a client of the server at baseURL (for example http://127.0.0.1:8090).
+// token is the bearer token; empty sends none, for a server without authentication.
+func New(baseURL, token string, opts ...Option) *Client {
+	c := &Client{base: strings.TrimRight(baseURL, "/"), token: token, hc: http.DefaultClient}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// --- wire types ----------------------------------------------------------------------
+
+// Proxy is a proxy as the API shows it.
+type Proxy struct {
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	// URL is http://IP:Port, ready for http.ProxyURL.
+	URL           string            `json:"url"`
+	IP            string            `json:"ip"`
+	Port          int32             `json:"port"`
+	Attributes    map[string]string `json:"attributes"`
+	LatencyMillis int64             `json:"latencyMillis"`
+}
+
+// ListedProxy is an entry of a listing.
+type ListedProxy struct {
+	Proxy
+	Healthy      bool   `json:"healthy"`
+	Phase        string `json:"phase"`
+	ActiveLeases int    `json:"activeLeases"`
+	MaxLeases    int    `json:"maxLeases"`
+}
+
+// ProxyList is the answer of ListProxies.
+type ProxyList struct {
+	Proxies []ListedProxy `json:"proxies"`
+	Count   int           `json:"count"`
+}
+
+// Lease is a proxy held by this crawler until ExpiresAt.
+type Lease struct {
+	ID        string    `json:"leaseID"`
+	Proxy     Proxy     `json:"proxy"`
+	ExpiresAt time.Time `json:"expiresAt"`
+	// TTLSeconds is the TTL the lease was granted or last renewed for.
+	TTLSeconds int `json:"ttlSeconds"`
+	// Target is the site the lease was acquired for, if any.
+	Target string `json:"target,omitempty"`
+}
+
+// leaseRequest, renewRequest and reportRequest are the request bodies. Zero fields are
+// left out: the server treats a missing ttlSeconds as its default TTL.
+type leaseRequest struct {
+	Selector   map[string]string `json:"selector,omitempty"`
+	TTLSeconds int               `json:"ttlSeconds,omitempty"`
+	Target     string            `json:"target,omitempty"`
+}
+
+type renewRequest struct {
+	TTLSeconds int `json:"ttlSeconds,omitempty"`
+}
+
+type reportRequest struct {
+	Result string `json:"result"`
+	Target string `json:"target,omitempty"`
+}
+
+// Error is an error answer of the API.
+type Error struct {
+	// Status is the HTTP status code.
+	Status int `json:"-"`
+	// Code is the API's error code (the Code constants); empty when the body was not an
+	// API error, for example from a load balancer in between.
+	Code    string `json:"error"`
+	Message string `json:"message"`
+	// For CodeNoMatch (409): Considered proxies match the selector, and each of them is
+	// counted in exactly one of Unhealthy, AtCapacity (every lease slot taken) or
+	// InCooldown (resting for the requested target after a report).
+	Considered int `json:"considered"`
+	AtCapacity int `json:"atCapacity"`
+	InCooldown int `json:"inCooldown"`
+	Unhealthy  int `json:"unhealthy"`
+}
+
+func (e *Error) Error() string {
+	code := e.Code
+	if code == "" {
+		code = strconv.Itoa(e.Status)
+	}
+	return "discovery: " + code + ": " + e.Message
+}
+
+// IsNoMatch reports whether err says no proxy could be leased right now (409). The Error's
+// counts say why: wait and retry when proxies are at capacity or in cooldown, widen the
+// selector when none match.
+func IsNoMatch(err error) bool { return hasCode(err, CodeNoMatch) }
+
+// IsLeaseGone reports whether err says the lease is no longer usable: it expired (410) or
+// the server does not know it (404). Acquire a new lease.
+func IsLeaseGone(err error) bool {
+	return hasCode(err, CodeLeaseExpired) || hasCode(err, CodeUnknownLease)
+}
+
+// IsUnauthorized reports whether the token was missing or wrong (401).
+func IsUnauthorized(err error) bool { return hasCode(err, CodeUnauthorized) }
+
+func hasCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}
+
+// --- calls ---------------------------------------------------------------------------
+
+// ListProxies lists the proxies whose attributes include every pair of selector (nil for
+// all), and, if healthy is not nil, only the healthy or the unhealthy ones.
+func (c *Client) ListProxies(ctx context.Context, selector map[string]string, healthy *bool) (*ProxyList, error) {
+	q := url.Values{}
+	for k, v := range selector {
+		q.Set("attr."+k, v)
+	}
+	if healthy != nil {
+		q.Set("healthy", strconv.FormatBool(*healthy))
+	}
+	path := "/v1/proxies"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var out ProxyList
+	if err := c.do(ctx, http.MethodGet, path, nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// AcquireRequest asks for a lease.
+type AcquireRequest struct {
+	// Selector is the attribute pairs the proxy must have (nil for any proxy).
+	Selector map[string]string
+	// TTL is how long the lease lasts unless renewed; zero takes the server's default (5m).
+	// It is sent in whole seconds, rounded up; more than the server's maximum (1h by
+	// default) is an error, not a silent clamp.
+	TTL time.Duration
+	// Target is the host the crawler will visit. Proxies resting for it after a report are
+	// skipped, and reports on the lease default to it.
+	Target string
+}
+
+// Acquire leases the best proxy for req: the least leased, then the fastest. When none is
+// available the error satisfies IsNoMatch.
+func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*Lease, error) {
+	body := leaseRequest{Selector: req.Selector, TTLSeconds: seconds(req.TTL), Target: req.Target}
+	var out Lease
+	if err := c.do(ctx, http.MethodPost, "/v1/leases", body, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Renew extends a lease to ttl from now (zero: the server's default) and keeps the same
+// proxy. An expired lease cannot be renewed: the error satisfies IsLeaseGone.
+func (c *Client) Renew(ctx context.Context, leaseID string, ttl time.Duration) (*Lease, error) {
+	var out Lease
+	if err := c.do(ctx, http.MethodPost, leasePath(leaseID, "/renew"), renewRequest{TTLSeconds: seconds(ttl)}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Release ends a lease. Releasing an unknown or already released lease is not an error, so
+// retrying a Release is safe. Report before releasing: a released lease takes no reports.
+func (c *Client) Release(ctx context.Context, leaseID string) error {
+	return c.do(ctx, http.MethodDelete, leasePath(leaseID, ""), nil, nil)
+}
+
+// Report tells discovery how target treated the leased proxy: ResultOK, ResultRateLimited
+// or ResultBanned. An empty target means the lease's target, or every target if the lease
+// has none. A lease that expired recently still takes reports.
+func (c *Client) Report(ctx context.Context, leaseID, result, target string) error {
+	return c.do(ctx, http.MethodPost, leasePath(leaseID, "/report"), reportRequest{Result: result, Target: target}, nil)
+}
+
+func leasePath(id, suffix string) string { return "/v1/leases/" + url.PathEscape(id) + suffix }
+
+// seconds converts a TTL to the API's whole seconds, rounding away from zero so a positive
+// TTL under a second does not become zero (which means the default TTL) and a negative one
+// still reaches the server as the error it is.
+func seconds(d time.Duration) int {
+	s := int(d / time.Second)
+	switch rem := d % time.Second; {
+	case rem > 0:
+		s++
+	case rem < 0:
+		s--
+	}
+	return s
+}
+
+// maxErrorBody bounds how much of an error answer is read.
+const maxErrorBody = 64 << 10
+
+// do sends in (if not nil) as JSON and decodes a 2xx answer into out (if not nil); other
+// answers become an *Error.
+func (c *Client) do(ctx context.Context, method, path string, in any, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("discovery: encode %s %s: %w", method, path, err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	req.Header.Set("Accept", "application/json")
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("discovery: %s %s: %w", method, path, err)
+	}
+	defer func() {
+		// Drain what is left so the connection to discovery can be reused.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
+		_ = resp.Body.Close()
+	}()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return decodeError(resp)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("discovery: decode %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+func decodeError(resp *http.Response) error {
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	e := &Error{}
+	if err := json.Unmarshal(raw, e); err != nil || e.Code == "" {
+		// Not an API error (a proxy or load balancer in between, or a redirect): keep what
+		// helps to find out.
+		msg := strings.TrimSpace(string(raw))
+		if len(msg) > 200 {
+			msg = msg[:200] + "…"
+		}
+		e = &Error{Message: strings.TrimSpace(http.StatusText(resp.StatusCode) + " " + msg)}
+	}
+	e.Status = resp.StatusCode
+	return e
+}
+
+// --- using a lease -------------------------------------------------------------------
+
+// ProxyURL is the leased proxy's address as a URL for http.ProxyURL, or nil if the lease
+// has none.
+func (l *Lease) ProxyURL() *url.URL {
+	if l.Proxy.URL != "" {
+		if u, err := url.Parse(l.Proxy.URL); err == nil && u.Host != "" {
+			return u
+		}
+	}
+	if l.Proxy.IP == "" || l.Proxy.Port == 0 {
+		return nil
+	}
+	return &url.URL{Scheme: "http", Host: net.JoinHostPort(l.Proxy.IP, strconv.Itoa(int(l.Proxy.Port)))}
+}
+
+// HTTPClient returns an HTTP client that sends every request through the leased proxy:
+// plain http as absolute-form requests to the proxy, https through a CONNECT tunnel.
+//
+// Each call builds a new transport (http.DefaultTransport's settings, keep-alives on) with
+// its own connection pool, so no connection is shared between leases. Call it once per
+// lease and reuse the client: renewing keeps the same proxy, so the client stays valid for
+// the renewed lease. Keep-alive means a target may see several requests on one connection
+// (one CONNECT tunnel for https), which suits a sticky session. It also means idle
+// connections to the proxy outlive the lease for up to 90 seconds (IdleConnTimeout): when
+// you release the lease, stop using the client and call its CloseIdleConnections, so you
+// hold none of the proxy's connections once another crawler may lease it. The client has
+// no Timeout; use request contexts.
+func (l *Lease) HTTPClient() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	u := l.ProxyURL()
+	t.Proxy = func(*http.Request) (*url.URL, error) {
+		if u == nil {
+			return nil, errors.New("discovery: the lease has no proxy address")
+		}
+		return u, nil
+	}
+	return &http.Client{Transport: t}
+}
