@@ -331,6 +331,7 @@ func TestOpenAPIResponses(t *testing.T) {
 
 	cases := []specCase{
 		{name: "health", op: "GET /healthz", noToken: true, wantStatus: 200},
+		{name: "health head", op: "HEAD /healthz", noToken: true, wantStatus: 200},
 		{name: "metrics", op: "GET /metrics", noToken: true, wantStatus: 200},
 
 		{name: "list all", op: "GET /v1/proxies", wantStatus: 200},

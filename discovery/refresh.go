@@ -117,11 +117,21 @@ func (r *Refresher) Incremental(ctx context.Context) error {
 	query := fmt.Sprintf("WorkflowId STARTS_WITH %q AND ProxyUpdatedAt > %q",
 		workflows.ProxyWorkflowIDPrefix, since.UTC().Format(time.RFC3339Nano))
 	high := r.watermark
+	// One workflow ID can have a closed run and a running one (a Proxy deleted and created
+	// again, or continue-as-new): the running run wins, whatever order they are listed in.
+	type seen struct {
+		p       Proxy
+		running bool
+	}
+	byID := map[string]seen{}
+	var order []string
 	n, err := r.list(ctx, query, func(p Proxy, running bool, updated time.Time) {
-		if running {
-			r.Store.Upsert(p)
-		} else {
-			r.Store.Remove(p.ID())
+		prev, ok := byID[p.ID()]
+		if !ok {
+			order = append(order, p.ID())
+		}
+		if !ok || running || !prev.running {
+			byID[p.ID()] = seen{p, running}
 		}
 		if updated.After(high) {
 			high = updated
@@ -130,6 +140,13 @@ func (r *Refresher) Incremental(ctx context.Context) error {
 	r.observe("incremental", start, n, err)
 	if err != nil {
 		return err
+	}
+	for _, id := range order {
+		if x := byID[id]; x.running {
+			r.Store.Upsert(x.p)
+		} else {
+			r.Store.Remove(id)
+		}
 	}
 	r.watermark = high
 	return nil

@@ -133,6 +133,8 @@ func (s *Server) Handler() http.Handler {
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
+	// A trailing slash or odd case gets a JSON 404, not a redirect with an HTML body.
+	r.RedirectTrailingSlash, r.RedirectFixedPath = false, false
 	// logRequests wraps recoverPanics so a recovered panic is logged and counted as the 500
 	// it answers.
 	r.Use(s.logRequests, s.recoverPanics, s.limitBody)
@@ -142,7 +144,9 @@ func (s *Server) Handler() http.Handler {
 	r.NoMethod(func(c *gin.Context) {
 		s.fail(c, apiErr(codeMethodNotAllowed, "%s is not allowed on %s", c.Request.Method, c.Request.URL.Path))
 	})
-	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
+	healthz := func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) }
+	r.GET("/healthz", healthz)
+	r.HEAD("/healthz", func(c *gin.Context) { c.Status(http.StatusOK) })
 	if s.metrics.handler != nil {
 		r.GET("/metrics", gin.WrapH(s.metrics.handler))
 	}
@@ -258,8 +262,9 @@ func (s *Server) authenticate(c *gin.Context) {
 		c.Next()
 		return
 	}
-	got, ok := strings.CutPrefix(c.GetHeader("Authorization"), "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) != 1 {
+	scheme, got, _ := strings.Cut(c.GetHeader("Authorization"), " ")
+	// The scheme name is case-insensitive (RFC 9110); the token is compared in constant time.
+	if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) != 1 {
 		c.Header("WWW-Authenticate", `Bearer realm="proxyfleet"`)
 		s.fail(c, apiErr(codeUnauthorized, "a valid bearer token is required"))
 		return
@@ -445,8 +450,8 @@ func (s *Server) acquire(c *gin.Context) {
 	if errors.As(err, &nm) {
 		s.metrics.leaseRequests.WithLabelValues("no_match").Inc()
 		c.AbortWithStatusJSON(status(codeNoMatch), &APIError{Code: codeNoMatch,
-			Message: fmt.Sprintf("no proxy available: %d match the selector, %d unhealthy, %d at capacity, %d in cooldown for %q",
-				nm.Considered, nm.Unhealthy, nm.AtCapacity, nm.InCooldown, req.Target),
+			Message: fmt.Sprintf("no proxy available: %d match the selector, %d unhealthy, %d at capacity, %d in cooldown%s",
+				nm.Considered, nm.Unhealthy, nm.AtCapacity, nm.InCooldown, forTarget(req.Target)),
 			NoMatch: nm})
 		return
 	}
@@ -461,6 +466,13 @@ func (s *Server) acquire(c *gin.Context) {
 
 // leaseResponse shows a lease just granted or renewed for d. The TTL is d itself, not
 // ExpiresAt minus the wall clock: ExpiresAt is on the store's clock.
+func forTarget(t string) string {
+	if t == "" {
+		return " (no target given: only cooldowns for every target apply)"
+	}
+	return fmt.Sprintf(" for %q", t)
+}
+
 func leaseResponse(l *Lease, d time.Duration) LeaseResponse {
 	return LeaseResponse{LeaseID: l.ID, Proxy: info(l.Proxy), ExpiresAt: l.ExpiresAt.UTC(),
 		TTLSeconds: int(d / time.Second), Target: l.Target}

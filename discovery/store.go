@@ -443,7 +443,9 @@ func (s *Store) Release(id string) {
 		return
 	}
 	s.endLocked(l)
-	delete(s.expired, id)
+	// A crawler often learns it was banned as it finishes: a report right after release
+	// still counts, for the same window as after expiry.
+	s.expired[id] = expiredLease{lease: l, keepUntil: s.now().Add(s.keepExpired)}
 }
 
 func (s *Store) endLocked(l *Lease) {
@@ -470,6 +472,11 @@ func (s *Store) Renew(id string, ttl time.Duration) (*Lease, error) {
 		return nil, ErrLeaseExpired
 	}
 	l.ExpiresAt = now.Add(ttl)
+	if e, ok := s.proxies[l.ProxyID]; ok {
+		// The lease is sticky to the proxy, not to an address: after a replacement the
+		// renewal tells the crawler where the proxy is now.
+		l.Proxy = e.p
+	}
 	cp := *l
 	return &cp, nil
 }

@@ -213,7 +213,7 @@ func TestLeaseLifecycle(t *testing.T) {
 		require.NoError(t, f.client.Release(ctx, "never-granted"))
 		_, err := f.client.Renew(ctx, l.ID, 0)
 		assert.True(t, IsLeaseGone(err), "%v", err)
-		assert.Equal(t, http.StatusNotFound, apiError(t, err).Status)
+		assert.Equal(t, http.StatusGone, apiError(t, err).Status, "a released lease cannot be renewed")
 	})
 
 	t.Run("the ban holds for the target only", func(t *testing.T) {

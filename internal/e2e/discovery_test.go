@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"testing"
@@ -158,7 +157,7 @@ func TestUnhealthyProxyStopsBeingOffered(t *testing.T) {
 	var nm struct{ Considered, Unhealthy, AtCapacity, InCooldown int }
 	require.NoError(t, json.Unmarshal(raw, &nm))
 	assert.Equal(t, 1, nm.Considered)
-	assert.Equal(t, 1, nm.Unhealthy, fmt.Sprintf("%s", raw))
+	assert.Equal(t, 1, nm.Unhealthy, string(raw))
 }
 
 func queryState(t *testing.T, s *stack.Stack, ns, name string) struct {
