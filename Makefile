@@ -49,8 +49,11 @@ lint: check-generated vet ## gofmt, go vet, workflowcheck, staticcheck, generate
 	$(BIN)/workflowcheck ./workflows/...
 	$(BIN)/staticcheck $(PKGS)
 
-test: check-generated vet ## vet, unit and integration tests (real Temporal dev server and kube-apiserver), with -race
-	$(GOTEST) $(TEST_FLAGS) $(PKGS)
+E2E_PKG := ./internal/e2e
+
+test: check-generated vet ## vet, unit and integration tests (-race), then end-to-end tests on the real stack
+	$(GOTEST) $(TEST_FLAGS) $$($(GO) list $(PKGS) | grep -v '/internal/e2e$$')
+	$(GOTEST) -count=1 -timeout 30m $(E2E_PKG)
 
 bench: ## benchmarks with the figures reported in docs/benchmarks.md (minutes; not part of make test)
 	$(GO) test ./discovery ./activities/probe -run '^$$' -bench . -benchtime 20000x

@@ -1,63 +1,47 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
+	"errors"
 	"io"
-	"net/http"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
-// crawler is a minimal crawler speaking the discovery API over HTTP.
+// crawler is the project's Go client, scoped to this test's proxies: proxies of earlier
+// tests still run on the shared Temporal server, so every selector includes run=<namespace>.
 type crawler struct {
-	t *testing.T
-	d *stack.Discovery
+	t   *testing.T
+	c   *client.Client
+	run string
 }
 
-type leaseBody struct {
-	LeaseID string `json:"leaseID"`
-	Proxy   struct {
-		Name, Namespace, IP, URL string
-		Port                     int32
-	} `json:"proxy"`
+func newCrawler(t *testing.T, d *stack.Discovery, run string) crawler {
+	return crawler{t: t, c: client.New(d.URL, d.Token), run: run}
 }
 
-func (c crawler) do(method, path string, body any) (int, []byte) {
+func (c crawler) selector() map[string]string { return map[string]string{"region": "local", "run": c.run} }
+
+// lease acquires for target; a 409 returns nil with the typed error.
+func (c crawler) lease(target string) (*client.Lease, error) {
 	c.t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
+	l, err := c.c.Acquire(context.Background(), client.AcquireRequest{Selector: c.selector(), TTL: time.Minute, Target: target})
+	if err != nil && !client.IsNoMatch(err) {
 		require.NoError(c.t, err)
-		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequest(method, c.d.URL+path, rd)
-	require.NoError(c.t, err)
-	req.Header.Set("Authorization", "Bearer "+c.d.Token)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(c.t, err)
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, out
+	return l, err
 }
 
-func (c crawler) lease(target string) (leaseBody, int) {
+func (c crawler) release(l *client.Lease) {
 	c.t.Helper()
-	code, raw := c.do(http.MethodPost, "/v1/leases", map[string]any{
-		"selector": map[string]string{"region": "local"}, "ttlSeconds": 60, "target": target,
-	})
-	var l leaseBody
-	if code == http.StatusCreated {
-		require.NoError(c.t, json.Unmarshal(raw, &l))
-	}
-	return l, code
+	require.NoError(c.t, c.c.Release(context.Background(), l.ID))
 }
 
 // TestCrawlerLeasesFetchesAndReportsBans runs the crawler's loop against the real system:
@@ -68,37 +52,39 @@ func TestCrawlerLeasesFetchesAndReportsBans(t *testing.T) {
 	ctx := context.Background()
 	ns := s.Namespace(t)
 	for _, name := range []string{"a", "b"} {
-		require.NoError(t, s.Kube.Client.Create(ctx, s.LocalProxy(ns, name)))
+		require.NoError(t, s.Kube.Client.Create(ctx, tagged(s.LocalProxy(ns, name), ns)))
 	}
 	for _, name := range []string{"a", "b"} {
 		s.WaitFor(t, ns, name, time.Minute, "Ready", stack.Ready)
 	}
 	d := s.StartDiscovery(t)
-	c := crawler{t, d}
+	c := newCrawler(t, d, ns)
+	healthy := true
 	require.Eventually(t, func() bool {
-		code, raw := c.do(http.MethodGet, "/v1/proxies?attr.region=local&healthy=true", nil)
-		var list struct{ Count int }
-		return code == http.StatusOK && json.Unmarshal(raw, &list) == nil && list.Count == 2
+		list, err := c.c.ListProxies(ctx, c.selector(), &healthy)
+		return err == nil && list.Count == 2
 	}, 30*time.Second, 100*time.Millisecond, "discovery never listed both proxies")
 
-	l, code := c.lease("shop.example")
-	require.Equal(t, http.StatusCreated, code)
-	body, err := s.Fetch(l.Proxy.IP, l.Proxy.Port, "/product/1")
+	l, err := c.lease("shop.example")
+	require.NoError(t, err)
+	resp, err := l.HTTPClient().Get(s.Target.URL + "/product/1")
+	require.NoError(t, err)
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	body := string(raw)
 	require.NoError(t, err)
 	assert.Equal(t, "hello from the target: /product/1", body)
 	banned := l.Proxy.Name
 
-	code, raw := c.do(http.MethodPost, "/v1/leases/"+l.LeaseID+"/report", map[string]string{"result": "banned"})
-	require.Equal(t, http.StatusNoContent, code, string(raw))
-	code, _ = c.do(http.MethodDelete, "/v1/leases/"+l.LeaseID, nil)
-	require.Equal(t, http.StatusNoContent, code)
+	require.NoError(t, c.c.Report(ctx, l.ID, client.ResultBanned, ""), "the lease's target is the default")
+	c.release(l)
 
 	// The same target now gets the other proxy, every time; another target may get either.
 	for range 3 {
-		l2, code := c.lease("shop.example")
-		require.Equal(t, http.StatusCreated, code)
+		l2, err := c.lease("shop.example")
+		require.NoError(t, err)
 		assert.NotEqual(t, banned, l2.Proxy.Name, "a proxy banned by shop.example was offered for it again")
-		c.do(http.MethodDelete, "/v1/leases/"+l2.LeaseID, nil)
+		c.release(l2)
 	}
 
 	// The workflow has the cooldown: wait for it to reach the memo, then restart discovery
@@ -110,12 +96,12 @@ func TestCrawlerLeasesFetchesAndReportsBans(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "the workflow never recorded the cooldown")
 	d.Stop()
 	d2 := s.StartDiscovery(t)
-	c2 := crawler{t, d2}
+	c2 := newCrawler(t, d2, ns)
 	for range 3 {
-		l3, code := c2.lease("shop.example")
-		require.Equal(t, http.StatusCreated, code)
+		l3, err := c2.lease("shop.example")
+		require.NoError(t, err)
 		assert.NotEqual(t, banned, l3.Proxy.Name, "cooldown lost across a discovery restart")
-		c2.do(http.MethodDelete, "/v1/leases/"+l3.LeaseID, nil)
+		c2.release(l3)
 	}
 }
 
@@ -125,16 +111,16 @@ func TestUnhealthyProxyStopsBeingOffered(t *testing.T) {
 	s := stack.Start(t, stack.Options{})
 	ctx := context.Background()
 	ns := s.Namespace(t)
-	require.NoError(t, s.Kube.Client.Create(ctx, s.LocalProxy(ns, "only")))
+	require.NoError(t, s.Kube.Client.Create(ctx, tagged(s.LocalProxy(ns, "only"), ns)))
 	p := s.WaitFor(t, ns, "only", time.Minute, "Ready", stack.Ready)
 	d := s.StartDiscovery(t)
-	c := crawler{t, d}
+	c := newCrawler(t, d, ns)
 	require.Eventually(t, func() bool {
-		l, code := c.lease("")
-		if code == http.StatusCreated {
-			c.do(http.MethodDelete, "/v1/leases/"+l.LeaseID, nil)
+		l, err := c.lease("")
+		if err == nil {
+			c.release(l)
 		}
-		return code == http.StatusCreated
+		return err == nil
 	}, 30*time.Second, 100*time.Millisecond)
 
 	// The proxy starts refusing: 3 probes at a 1s interval detect it.
@@ -142,22 +128,23 @@ func TestUnhealthyProxyStopsBeingOffered(t *testing.T) {
 	failed := time.Now()
 	detection := 3*time.Second + 500*time.Millisecond // failureThreshold × interval + timeout
 	deadline := failed.Add(detection + 3*time.Second)
+	var noMatch *client.Error
 	for {
-		l, code := c.lease("")
-		if code == http.StatusConflict {
+		l, err := c.lease("")
+		if errors.As(err, &noMatch) {
 			break
 		}
-		c.do(http.MethodDelete, "/v1/leases/"+l.LeaseID, nil)
-		require.True(t, time.Now().Before(deadline), "still offered %s after it started failing", time.Since(failed).Round(100*time.Millisecond))
+		c.release(l)
+		if time.Now().After(deadline) {
+			cur := s.Get(t, ns, "only")
+			t.Fatalf("still offered %s after it started failing; proxy phase %s, conditions %+v",
+				time.Since(failed).Round(100*time.Millisecond), cur.Status.Phase, cur.Status.Conditions)
+		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Logf("stopped being offered %s after it started failing", time.Since(failed).Round(100*time.Millisecond))
-	code, raw := c.do(http.MethodPost, "/v1/leases", map[string]any{"selector": map[string]string{"region": "local"}})
-	require.Equal(t, http.StatusConflict, code)
-	var nm struct{ Considered, Unhealthy, AtCapacity, InCooldown int }
-	require.NoError(t, json.Unmarshal(raw, &nm))
-	assert.Equal(t, 1, nm.Considered)
-	assert.Equal(t, 1, nm.Unhealthy, string(raw))
+	assert.Equal(t, 1, noMatch.Considered)
+	assert.Equal(t, 1, noMatch.Unhealthy, "%+v", noMatch)
 }
 
 func queryState(t *testing.T, s *stack.Stack, ns, name string) struct {
@@ -173,4 +160,10 @@ func queryState(t *testing.T, s *stack.Stack, ns, name string) struct {
 	require.NoError(t, err)
 	require.NoError(t, v.Get(&st))
 	return st
+}
+
+// tagged marks a Proxy with an attribute unique to the test.
+func tagged(p *v1alpha1.Proxy, run string) *v1alpha1.Proxy {
+	p.Spec.Attributes["run"] = v1alpha1.AttributeValue(run)
+	return p
 }

@@ -260,7 +260,12 @@ func (k *KubeEnv) RunKubectl(t testing.TB, stdin io.Reader, args ...string) (str
 	return string(out), err
 }
 
-// quietLogger keeps the SDK's info chatter out of test output; warnings still show.
+// quietLogger keeps the SDK's chatter out of test output: stopping a worker at the end of
+// each test cancels its monitors, which the SDK logs as errors. TESTENV_VERBOSE=1 shows all.
 func quietLogger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	level := slog.LevelError + 4
+	if os.Getenv("TESTENV_VERBOSE") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
