@@ -27,7 +27,9 @@ func newCrawler(t *testing.T, d *stack.Discovery, run string) crawler {
 	return crawler{t: t, c: client.New(d.URL, d.Token), run: run}
 }
 
-func (c crawler) selector() map[string]string { return map[string]string{"region": "local", "run": c.run} }
+func (c crawler) selector() map[string]string {
+	return map[string]string{"region": "local", "run": c.run}
+}
 
 // lease acquires for target; a 409 returns nil with the typed error.
 func (c crawler) lease(target string) (*client.Lease, error) {
