@@ -86,10 +86,11 @@ func TestProxyLifecycle(t *testing.T) {
 	s.WaitGone(t, ns, "web-1", time.Minute)
 	assert.Empty(t, s.InstancesOf(uid), "instance left behind")
 
-	// The workflow ended by itself.
-	desc, err := s.Temporal.Client.DescribeWorkflow(ctx, workflows.ProxyWorkflowID(ns, "web-1"), "")
-	require.NoError(t, err)
-	assert.Equal(t, enums.WORKFLOW_EXECUTION_STATUS_COMPLETED, desc.Status)
+	// The workflow ends by itself, right after it released the finalizer.
+	require.Eventually(t, func() bool {
+		desc, err := s.Temporal.Client.DescribeWorkflow(ctx, workflows.ProxyWorkflowID(ns, "web-1"), "")
+		return err == nil && desc.Status == enums.WORKFLOW_EXECUTION_STATUS_COMPLETED
+	}, 30*time.Second, 50*time.Millisecond, "the workflow did not complete after deleting")
 	recordHistory(t, s, workflows.ProxyWorkflowID(ns, "web-1"), "lifecycle.json")
 }
 
