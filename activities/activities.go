@@ -43,6 +43,8 @@ type Activities struct {
 	Installation string
 	// Temporal lists running workflows for the orphan sweeper.
 	Temporal WorkflowLister
+	// Metrics may be nil (tests).
+	Metrics *Metrics
 	// Prober sends probes through proxies; nil uses probe.Probe with default settings.
 	Prober Prober
 	Log    *slog.Logger

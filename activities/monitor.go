@@ -81,6 +81,7 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 	if err != nil {
 		return MonitorResult{}, classify("monitor", err)
 	}
+	defer a.Metrics.monitorStarted()()
 	st := monitorProgress{Health: in.Last, LastReport: time.Now()}
 	resumed := false
 	if activity.HasHeartbeatDetails(ctx) {
@@ -128,6 +129,7 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 		if ctx.Err() != nil {
 			return MonitorResult{}, ctx.Err()
 		}
+		a.Metrics.probed(res)
 		now := time.Now()
 		if reason, changed := th.record(&st, res, now); changed {
 			return MonitorResult{Reason: reason, Health: st.Health}, nil

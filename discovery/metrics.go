@@ -3,6 +3,7 @@ package discovery
 import (
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +22,8 @@ type serverMetrics struct {
 	refreshSeconds       *prometheus.HistogramVec
 	refreshErrors        *prometheus.CounterVec
 	handler              http.Handler
+	// lastRefresh is the unix nanosecond time of the last successful refresh.
+	lastRefresh atomic.Int64
 }
 
 func newServerMetrics(reg prometheus.Registerer, store *Store) *serverMetrics {
@@ -74,6 +77,16 @@ func newServerMetrics(reg prometheus.Registerer, store *Store) *serverMetrics {
 		gauge("proxyfleet_discovery_cooldowns_active", "Per-target cooldowns known locally.", func(s Stats) int { return s.Cooldowns }),
 		gauge("proxyfleet_discovery_index_proxies", "Proxies in the index.", func(s Stats) int { return s.Proxies }),
 		gauge("proxyfleet_discovery_index_healthy_proxies", "Healthy proxies in the index.", func(s Stats) int { return s.Healthy }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "proxyfleet_discovery_index_age_seconds",
+			Help: "Seconds since the index last refreshed from Temporal: how stale what crawlers get may be.",
+		}, func() float64 {
+			last := m.lastRefresh.Load()
+			if last == 0 {
+				return -1
+			}
+			return time.Since(time.Unix(0, last)).Seconds()
+		}),
 	)
 	if g, ok := reg.(prometheus.Gatherer); ok {
 		m.handler = promhttp.HandlerFor(g, promhttp.HandlerOpts{})
@@ -91,5 +104,7 @@ func (s *Server) ObserveRefresh(kind string, took time.Duration, _ int, err erro
 	s.metrics.refreshSeconds.WithLabelValues(kind).Observe(took.Seconds())
 	if err != nil {
 		s.metrics.refreshErrors.WithLabelValues(kind).Inc()
+		return
 	}
+	s.metrics.lastRefresh.Store(time.Now().UnixNano())
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"go.opentelemetry.io/contrib/instrumentation/github.com/gin-gonic/gin/otelgin"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/proxyfleet/proxyfleet/workflows"
@@ -137,6 +138,10 @@ func (s *Server) Handler() http.Handler {
 	r.RedirectTrailingSlash, r.RedirectFixedPath = false, false
 	// logRequests wraps recoverPanics so a recovered panic is logged and counted as the 500
 	// it answers.
+	// Server spans continue an incoming traceparent; health and metrics scrapes are noise.
+	r.Use(otelgin.Middleware("proxyfleet-discovery", otelgin.WithGinFilter(func(c *gin.Context) bool {
+		return c.FullPath() != "/healthz" && c.FullPath() != "/metrics"
+	})))
 	r.Use(s.logRequests, s.recoverPanics, s.limitBody)
 	r.NoRoute(func(c *gin.Context) {
 		s.fail(c, apiErr(codeNotFound, "no such route: %s %s", c.Request.Method, c.Request.URL.Path))

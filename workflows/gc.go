@@ -109,6 +109,15 @@ func toSet(xs []string) map[string]bool {
 // than one sweep at a time.
 func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 	res := GCResult{DryRun: in.DryRun, Deleted: []GCItem{}, Spared: []GCItem{}}
+	// Workflow metrics go through the SDK's handler, which does not count replays twice.
+	metrics := workflow.GetMetricsHandler(ctx)
+	defer func() {
+		outcome := "swept"
+		if res.Skipped {
+			outcome = "skipped"
+		}
+		metrics.WithTags(map[string]string{"outcome": outcome}).Counter("proxyfleet_gc_runs").Inc(1)
+	}()
 	minAge := in.MinAge
 	if minAge <= 0 {
 		minAge = 10 * time.Minute
@@ -149,6 +158,9 @@ func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 		}
 		del, spare := decideGC(instances, prov, live, in.Installation, minAge, now)
 		res.Spared = append(res.Spared, spare...)
+		for _, it := range spare {
+			metrics.WithTags(map[string]string{"reason": it.Reason}).Counter("proxyfleet_gc_spared").Inc(1)
+		}
 		for _, it := range del {
 			if in.DryRun {
 				res.Deleted = append(res.Deleted, it)
@@ -160,6 +172,7 @@ func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 				continue
 			}
 			res.Deleted = append(res.Deleted, it)
+			metrics.WithTags(map[string]string{"provider": string(prov)}).Counter("proxyfleet_gc_deleted").Inc(1)
 		}
 	}
 	sort.Slice(res.Deleted, func(i, j int) bool { return res.Deleted[i].ProviderID < res.Deleted[j].ProviderID })

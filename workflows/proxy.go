@@ -361,7 +361,7 @@ func (w *proxyWorkflow) waitSignals(ctx workflow.Context, until time.Time) {
 	defer cancel()
 	var timer workflow.Future
 	if !until.IsZero() {
-		timer = workflow.NewTimer(tctx, until.Sub(workflow.Now(ctx)))
+		timer = workflow.NewTimerWithOptions(tctx, until.Sub(workflow.Now(ctx)), workflow.TimerOptions{Summary: "back off before retrying"})
 	}
 	for !w.interrupt && !timerDone {
 		sel := workflow.NewSelector(ctx)
@@ -418,6 +418,7 @@ func (w *proxyWorkflow) create(ctx workflow.Context, name string) error {
 	ref := w.find(name)
 	w.details(ctx, fmt.Sprintf("creating instance %s (%s)", name, ref.Provider))
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		Summary:             fmt.Sprintf("create %s (%s)", name, ref.Provider),
 		StartToCloseTimeout: w.tuning.ActivityTimeout,
 		RetryPolicy: &temporal.RetryPolicy{
 			InitialInterval: time.Second, BackoffCoefficient: 2, MaximumInterval: 30 * time.Second, MaximumAttempts: 5,
@@ -471,6 +472,7 @@ func (w *proxyWorkflow) waitRunning(ctx workflow.Context, name string) error {
 	w.details(ctx, fmt.Sprintf("waiting for instance %s to be running (since %s)", name, since.UTC().Format(time.RFC3339)))
 	actx, cancel := workflow.WithCancel(ctx)
 	actx = workflow.WithActivityOptions(actx, workflow.ActivityOptions{
+		Summary:             "wait for " + name + " to run",
 		StartToCloseTimeout: w.tuning.WaitRunningMax + time.Minute,
 		HeartbeatTimeout:    max(w.tuning.HeartbeatTimeout, 3*w.tuning.PollInterval),
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 30 * time.Second, NonRetryableErrorTypes: []string{activities.ErrTypePermanent}},
@@ -520,6 +522,7 @@ func (w *proxyWorkflow) verifyNext(ctx workflow.Context) error {
 	}
 	actx, cancel := workflow.WithCancel(ctx)
 	actx = workflow.WithActivityOptions(actx, workflow.ActivityOptions{
+		Summary:             "check replacement " + next.Name + " through itself",
 		StartToCloseTimeout: 30 * time.Minute,
 		HeartbeatTimeout:    monitorHeartbeatTimeout(in),
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: time.Minute},
@@ -590,6 +593,7 @@ func (w *proxyWorkflow) deleteRetiring(ctx workflow.Context) error {
 	ref := s.Retiring[0]
 	w.details(ctx, fmt.Sprintf("deleting instance %s (%s)", ref.Name, ref.Provider))
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		Summary:             fmt.Sprintf("delete %s (%s)", ref.Name, ref.Provider),
 		StartToCloseTimeout: 15 * time.Minute,
 		HeartbeatTimeout:    max(w.tuning.HeartbeatTimeout, 3*w.tuning.PollInterval),
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 30 * time.Second, MaximumAttempts: 5},
@@ -665,6 +669,7 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 	var monitor workflow.Future
 	if in, ok := w.monitorInput(); ok {
 		mctx = workflow.WithActivityOptions(mctx, workflow.ActivityOptions{
+			Summary:             "watch " + in.Target,
 			StartToCloseTimeout: 365 * 24 * time.Hour,
 			HeartbeatTimeout:    monitorHeartbeatTimeout(in),
 			RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: time.Minute},
@@ -675,7 +680,7 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 	tctx, cancelTimer := workflow.WithCancel(ctx)
 	defer cancelTimer()
 	if !wake.IsZero() {
-		timer = workflow.NewTimer(tctx, max(wake.Sub(workflow.Now(ctx)), 0))
+		timer = workflow.NewTimerWithOptions(tctx, max(wake.Sub(workflow.Now(ctx)), 0), workflow.TimerOptions{Summary: wakeReason})
 	}
 	w.details(ctx, w.steadyReason(wake, wakeReason))
 

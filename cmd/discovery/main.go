@@ -18,9 +18,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/interceptor"
 	tlog "go.temporal.io/sdk/log"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/internal/telemetry"
 )
 
 func main() {
@@ -52,9 +54,19 @@ func run() error {
 	flag.Parse()
 	// The token comes from the environment only, so it never shows in a process listing.
 	token := os.Getenv("DISCOVERY_TOKEN")
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(telemetry.LogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	stopTracing, err := telemetry.SetupTracing(context.Background(), "proxyfleet-discovery")
+	if err != nil {
+		return fmt.Errorf("tracing: %w", err)
+	}
+	defer func() { _ = stopTracing(context.Background()) }()
+	tracing, err := telemetry.TemporalInterceptor()
+	if err != nil {
+		return err
+	}
 
-	tc, err := client.NewLazyClient(client.Options{HostPort: *temporalAddr, Namespace: *namespace, Logger: tlog.NewStructuredLogger(log)})
+	tc, err := client.NewLazyClient(client.Options{HostPort: *temporalAddr, Namespace: *namespace,
+		Logger: tlog.NewStructuredLogger(log), Interceptors: []interceptor.ClientInterceptor{tracing}})
 	if err != nil {
 		return err
 	}

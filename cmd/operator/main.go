@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -10,13 +11,16 @@ import (
 
 	"github.com/go-logr/logr"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/interceptor"
 	tlog "go.temporal.io/sdk/log"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/proxyfleet/proxyfleet/internal/telemetry"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
 	"github.com/proxyfleet/proxyfleet/workflows"
@@ -48,7 +52,7 @@ func run() error {
 		leNamespace  = flag.String("leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's)")
 	)
 	flag.Parse()
-	handler := slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})
+	handler := telemetry.LogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	log := slog.New(handler)
 	ctrl.SetLogger(logr.FromSlogHandler(handler))
 
@@ -75,10 +79,20 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	stopTracing, err := telemetry.SetupTracing(context.Background(), "proxyfleet-operator")
+	if err != nil {
+		return fmt.Errorf("tracing: %w", err)
+	}
+	defer func() { _ = stopTracing(context.Background()) }()
+	tracing, err := telemetry.TemporalInterceptor()
+	if err != nil {
+		return err
+	}
 	// Lazy: the operator starts while Temporal is down; reconciles retry until it is back.
 	tc, err := client.NewLazyClient(client.Options{
 		HostPort: *temporalAddr, Namespace: *namespace,
-		Logger: tlog.NewStructuredLogger(log),
+		Logger:       tlog.NewStructuredLogger(log),
+		Interceptors: []interceptor.ClientInterceptor{tracing},
 	})
 	if err != nil {
 		return err
@@ -92,6 +106,7 @@ func run() error {
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
+	ctrlmetrics.Registry.MustRegister(controller.ProxyCollector{Reader: mgr.GetClient()})
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}

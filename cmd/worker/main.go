@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/interceptor"
 	tlog "go.temporal.io/sdk/log"
 	"go.temporal.io/sdk/worker"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -34,6 +35,7 @@ import (
 	kubeprovider "github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/internal/schedules"
+	"github.com/proxyfleet/proxyfleet/internal/telemetry"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows"
 )
@@ -70,7 +72,7 @@ func run() error {
 		gcPartial    = flag.Bool("gc-allow-partial-view", false, "sweep even though --gc-namespaces limits the view (only if this installation's instances all belong to those namespaces)")
 	)
 	flag.Parse()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(telemetry.LogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	if !validInstallation(*installation) {
 		return fmt.Errorf("--installation %q: use 1-63 lowercase letters, digits, '-' or '_'", *installation)
 	}
@@ -87,6 +89,22 @@ func run() error {
 		return fmt.Errorf("kubernetes config: %w", err)
 	}
 	kube, err := ctrlclient.New(cfg, ctrlclient.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+
+	stopTracing, err := telemetry.SetupTracing(context.Background(), "proxyfleet-worker")
+	if err != nil {
+		return fmt.Errorf("tracing: %w", err)
+	}
+	defer func() { _ = stopTracing(context.Background()) }()
+	promReg := prometheus.NewRegistry()
+	promReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	sdkMetrics, err := telemetry.TemporalMetrics(promReg)
+	if err != nil {
+		return err
+	}
+	tracing, err := telemetry.TemporalInterceptor()
 	if err != nil {
 		return err
 	}
@@ -114,9 +132,12 @@ func run() error {
 		}
 	}
 
+	reg = provider.InstrumentAll(reg, provider.NewMetrics(promReg))
 	c, err := client.Dial(client.Options{
 		HostPort: *temporalAddr, Namespace: *namespace,
-		Logger: tlog.NewStructuredLogger(log),
+		Logger:         tlog.NewStructuredLogger(log),
+		MetricsHandler: sdkMetrics,
+		Interceptors:   []interceptor.ClientInterceptor{tracing},
 	})
 	if err != nil {
 		return fmt.Errorf("connect to Temporal at %s: %w", *temporalAddr, err)
@@ -128,15 +149,14 @@ func run() error {
 	})
 	w.RegisterWorkflow(workflows.ProxyWorkflow)
 	w.RegisterWorkflow(workflows.GCWorkflow)
-	w.RegisterActivity(&activities.Activities{Providers: reg, Kube: kube, Installation: *installation, Temporal: c, Log: log})
+	w.RegisterActivity(&activities.Activities{Providers: reg, Kube: kube, Installation: *installation, Temporal: c,
+		Metrics: activities.NewMetrics(promReg), Log: log})
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	reg2 := prometheus.NewRegistry()
-	reg2.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg2, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(promReg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	ln, err := net.Listen("tcp", *httpAddr)
 	if err != nil {

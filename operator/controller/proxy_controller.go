@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/serviceerror"
 	"go.temporal.io/sdk/client"
@@ -116,8 +120,17 @@ func (r *ProxyReconciler) proxiesForSecret(ctx context.Context, o ctrlclient.Obj
 	return reqs
 }
 
-// Reconcile hands the Proxy's current spec, or its deletion, to its workflow.
-func (r *ProxyReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+// Reconcile hands the Proxy's current spec, or its deletion, to its workflow. Its span is
+// the root of the trace that continues into the workflow and its activities.
+func (r *ProxyReconciler) Reconcile(ctx context.Context, req reconcile.Request) (res reconcile.Result, err error) {
+	ctx, span := otel.Tracer("github.com/proxyfleet/proxyfleet/operator/controller").Start(ctx, "Reconcile Proxy",
+		trace.WithAttributes(attribute.String("proxyfleet.namespace", req.Namespace), attribute.String("proxyfleet.name", req.Name)))
+	defer func() {
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}()
 	var p v1alpha1.Proxy
 	if err := r.Client.Get(ctx, req.NamespacedName, &p); err != nil {
 		return reconcile.Result{}, ctrlclient.IgnoreNotFound(err)

@@ -1,0 +1,60 @@
+package activities
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/proxyfleet/proxyfleet/activities/probe"
+)
+
+// Metrics are the worker's own series. Per-proxy series are deliberately absent: probe
+// outcomes are aggregated by kind, so the series count stays bounded however large the
+// fleet (per-proxy state is in the operator's proxyfleet_proxy_info and in Temporal).
+type Metrics struct {
+	probeSeconds  *prometheus.HistogramVec
+	probeFailures *prometheus.CounterVec
+	monitors      prometheus.Gauge
+}
+
+// NewMetrics creates and registers the metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		probeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "proxyfleet_probe_duration_seconds",
+			Help:    "Duration of probes through proxies, by outcome (ok, failed).",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+		}, []string{"outcome"}),
+		probeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_probe_failures_total",
+			Help: "Failed probes by kind (refused, timeout, dns, proxy_auth, bad_gateway, proxy_error, tls, wrong_status, other).",
+		}, []string{"kind"}),
+		monitors: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "proxyfleet_monitors_running",
+			Help: "Monitor activities running on this worker (one per watched proxy).",
+		}),
+	}
+	for _, k := range probe.Kinds {
+		m.probeFailures.WithLabelValues(string(k))
+	}
+	reg.MustRegister(m.probeSeconds, m.probeFailures, m.monitors)
+	return m
+}
+
+func (m *Metrics) probed(res probe.Result) {
+	if m == nil {
+		return
+	}
+	outcome := "ok"
+	if !res.OK {
+		outcome = "failed"
+		m.probeFailures.WithLabelValues(string(res.Kind)).Inc()
+	}
+	m.probeSeconds.WithLabelValues(outcome).Observe(res.Latency.Seconds())
+}
+
+func (m *Metrics) monitorStarted() func() {
+	if m == nil {
+		return func() {}
+	}
+	m.monitors.Inc()
+	return m.monitors.Dec
+}
