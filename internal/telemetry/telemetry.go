@@ -21,8 +21,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 	"go.opentelemetry.io/otel/trace"
-	temporalotel "go.temporal.io/sdk/contrib/opentelemetry"
 	"go.temporal.io/sdk/client"
+	temporalotel "go.temporal.io/sdk/contrib/opentelemetry"
 	"go.temporal.io/sdk/interceptor"
 )
 
@@ -92,4 +92,6 @@ func (t traceHandler) WithAttrs(as []slog.Attr) slog.Handler {
 	return traceHandler{t.Handler.WithAttrs(as)}
 }
 
-func (t traceHandler) WithGroup(name string) slog.Handler { return traceHandler{t.Handler.WithGroup(name)} }
+func (t traceHandler) WithGroup(name string) slog.Handler {
+	return traceHandler{t.Handler.WithGroup(name)}
+}
