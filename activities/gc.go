@@ -126,5 +126,26 @@ func (a *Activities) DeleteOrphan(ctx context.Context, in OrphanInput) error {
 	if err := p.Delete(ctx, in.ProviderID); err != nil && !errors.Is(err, provider.ErrNotFound) {
 		return classify("delete orphan "+in.ProviderID, err)
 	}
+	if a.Metrics != nil {
+		a.Metrics.gcDeleted.WithLabelValues(string(in.Provider)).Inc()
+	}
+	return nil
+}
+
+// GCSummary is what a sweep adds to the worker's metrics.
+type GCSummary struct {
+	Outcome string         `json:"outcome"`
+	Spared  map[string]int `json:"spared,omitempty"`
+}
+
+// RecordGC counts a finished sweep (run as a local activity, so once per sweep).
+func (a *Activities) RecordGC(_ context.Context, in GCSummary) error {
+	if a.Metrics == nil {
+		return nil
+	}
+	a.Metrics.gcRuns.WithLabelValues(in.Outcome).Inc()
+	for reason, n := range in.Spared {
+		a.Metrics.gcSpared.WithLabelValues(reason).Add(float64(n))
+	}
 	return nil
 }

@@ -13,6 +13,9 @@ type Metrics struct {
 	probeSeconds  *prometheus.HistogramVec
 	probeFailures *prometheus.CounterVec
 	monitors      prometheus.Gauge
+	gcDeleted     *prometheus.CounterVec
+	gcSpared      *prometheus.CounterVec
+	gcRuns        *prometheus.CounterVec
 }
 
 // NewMetrics creates and registers the metrics on reg.
@@ -31,11 +34,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "proxyfleet_monitors_running",
 			Help: "Monitor activities running on this worker (one per watched proxy).",
 		}),
+		gcDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_gc_deleted_total",
+			Help: "Orphaned instances deleted by the sweeper, by provider.",
+		}, []string{"provider"}),
+		gcSpared: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_gc_spared_total",
+			Help: "Instances the sweeper looked at and kept, by reason.",
+		}, []string{"reason"}),
+		gcRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_gc_runs_total",
+			Help: "Sweeps by outcome (swept, skipped).",
+		}, []string{"outcome"}),
 	}
 	for _, k := range probe.Kinds {
 		m.probeFailures.WithLabelValues(string(k))
 	}
-	reg.MustRegister(m.probeSeconds, m.probeFailures, m.monitors)
+	reg.MustRegister(m.probeSeconds, m.probeFailures, m.monitors, m.gcDeleted, m.gcSpared, m.gcRuns)
 	return m
 }
 

@@ -109,15 +109,7 @@ func toSet(xs []string) map[string]bool {
 // than one sweep at a time.
 func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 	res := GCResult{DryRun: in.DryRun, Deleted: []GCItem{}, Spared: []GCItem{}}
-	// Workflow metrics go through the SDK's handler, which does not count replays twice.
-	metrics := workflow.GetMetricsHandler(ctx)
-	defer func() {
-		outcome := "swept"
-		if res.Skipped {
-			outcome = "skipped"
-		}
-		metrics.WithTags(map[string]string{"outcome": outcome}).Counter("proxyfleet_gc_runs").Inc(1)
-	}()
+	defer recordGC(ctx, &res)
 	minAge := in.MinAge
 	if minAge <= 0 {
 		minAge = 10 * time.Minute
@@ -158,9 +150,6 @@ func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 		}
 		del, spare := decideGC(instances, prov, live, in.Installation, minAge, now)
 		res.Spared = append(res.Spared, spare...)
-		for _, it := range spare {
-			metrics.WithTags(map[string]string{"reason": it.Reason}).Counter("proxyfleet_gc_spared").Inc(1)
-		}
 		for _, it := range del {
 			if in.DryRun {
 				res.Deleted = append(res.Deleted, it)
@@ -172,7 +161,6 @@ func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 				continue
 			}
 			res.Deleted = append(res.Deleted, it)
-			metrics.WithTags(map[string]string{"provider": string(prov)}).Counter("proxyfleet_gc_deleted").Inc(1)
 		}
 	}
 	sort.Slice(res.Deleted, func(i, j int) bool { return res.Deleted[i].ProviderID < res.Deleted[j].ProviderID })
@@ -183,4 +171,18 @@ func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 	}
 	workflow.SetCurrentDetails(ctx, fmt.Sprintf("%s %d orphans, spared %d, %d errors", verb, len(res.Deleted), len(res.Spared), len(res.Errors)))
 	return res, nil
+}
+
+// recordGC counts the run in the worker's metrics through a local activity: it runs once,
+// and a replay reads its marker instead of counting again.
+func recordGC(ctx workflow.Context, res *GCResult) {
+	sum := activities.GCSummary{Outcome: "swept", Spared: map[string]int{}}
+	if res.Skipped {
+		sum.Outcome = "skipped"
+	}
+	for _, it := range res.Spared {
+		sum.Spared[it.Reason]++
+	}
+	lctx := workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{StartToCloseTimeout: 10 * time.Second})
+	_ = workflow.ExecuteLocalActivity(lctx, a.RecordGC, sum).Get(ctx, nil)
 }

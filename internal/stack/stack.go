@@ -49,6 +49,8 @@ type Options struct {
 	ProvisionDelay time.Duration
 	// NoWorker leaves the worker out (a test runs it as a process it can kill).
 	NoWorker bool
+	// NoController leaves the controller out (a test runs the operator binary).
+	NoController bool
 	// Installation defaults to a name unique to the test.
 	Installation string
 }
@@ -138,7 +140,9 @@ func Start(t testing.TB, opts Options) *Stack {
 	}))
 	t.Cleanup(s.Target.Close)
 
-	s.startManager(t)
+	if !opts.NoController {
+		s.startManager(t)
+	}
 	if !opts.NoWorker {
 		s.StartWorker(t)
 	}
