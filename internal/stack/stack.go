@@ -21,6 +21,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
+	tclient "go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/worker"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -51,6 +52,9 @@ type Options struct {
 	NoWorker bool
 	// NoController leaves the controller out (a test runs the operator binary).
 	NoController bool
+	// Client replaces the shared Temporal client for the controller, worker and discovery
+	// (e.g. one with the tracing interceptor).
+	Client tclient.Client
 	// Installation defaults to a name unique to the test.
 	Installation string
 }
@@ -100,6 +104,11 @@ func Start(t testing.TB, opts Options) *Stack {
 		Kube:     testenv.Kube(t),
 		Temporal: testenv.Temporal(t),
 		Tuning:   opts.Tuning,
+	}
+	if opts.Client != nil {
+		env := *s.Temporal
+		env.Client = opts.Client
+		s.Temporal = &env
 	}
 	if s.Tuning == (workflows.Tuning{}) {
 		s.Tuning = FastTuning()
@@ -187,10 +196,10 @@ func (s *Stack) startManager(t testing.TB) {
 // Activities returns the worker's activities as cmd/worker wires them.
 func (s *Stack) Activities() *activities.Activities {
 	return &activities.Activities{
-		Providers: provider.Registry{
+		Providers: provider.InstrumentAll(provider.Registry{
 			v1alpha1.ProviderLocal:      s.Local,
 			v1alpha1.ProviderKubernetes: &kubeprovider.Provider{Client: s.Kube.Client},
-		},
+		}, nil),
 		Kube:         s.Kube.Client,
 		Installation: s.Installation,
 		Temporal:     s.Temporal.Client,
