@@ -11,7 +11,7 @@ PKGS      ?= ./...
 # Generated files: `make check-generated` fails when they differ from what the sources give.
 GENERATED := deploy/crd deploy/rbac operator/api/v1alpha1/zz_generated.deepcopy.go
 
-.PHONY: all tools generate check-generated lint fmt vet test help bench fuzz record-histories
+.PHONY: all tools build dev test-e2e generate check-generated lint fmt vet test help bench fuzz record-histories
 
 all: generate lint test
 
@@ -20,6 +20,16 @@ help: ## list the targets
 
 tools: ## build the pinned temporal CLI, envtest binaries, controller-gen and linters into bin/
 	hack/tools/install.sh
+	ln -sfn k8s/kubectl $(BIN)/kubectl
+
+build: ## build the project's binaries into bin/
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+dev: tools build ## run the whole system on 127.0.0.1 (Web UI, API server, proxies, operator, worker, discovery) until Ctrl-C
+	$(BIN)/devstack
+
+test-e2e: tools build ## run `make dev` as a user would and drive it with the printed commands
+	$(GOTEST) -count=1 -tags devstack -timeout 20m ./internal/devstack/
 
 generate: ## regenerate deepcopy, the CRD and RBAC from the Go sources
 	$(BIN)/controller-gen object paths=./operator/api/...

@@ -1,0 +1,269 @@
+// Package devstack runs the whole system on one machine for `make dev`: a Temporal dev
+// server with its Web UI, etcd + kube-apiserver with the CRD, the local proxy host, and the
+// operator, worker and discovery binaries, all on 127.0.0.1, with sample Proxies applied.
+// Everything it starts, it stops on Ctrl-C; logs go to files in its state directory.
+package devstack
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.temporal.io/sdk/client"
+	tlog "go.temporal.io/sdk/log"
+	"go.temporal.io/sdk/testsuite"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows"
+)
+
+// Config says where things are and where they listen.
+type Config struct {
+	Root     string // repository root (bin/, deploy/)
+	StateDir string // logs and kubeconfig
+	Out      io.Writer
+	// Fixed ports, so the printed commands stay the same from run to run.
+	TemporalPort, UIPort, DiscoveryPort, DaemonPort int
+	// Proxies is how many sample local Proxies to apply.
+	Proxies int
+}
+
+// Run starts everything, prints how to use it, and stops everything when ctx ends.
+func Run(ctx context.Context, cfg Config) (err error) {
+	s := &stack{cfg: cfg}
+	defer func() { err = errors.Join(err, s.stop()) }()
+	if err := s.start(ctx); err != nil {
+		return err
+	}
+	s.printUsage()
+	<-ctx.Done()
+	fmt.Fprintln(cfg.Out, "\nstopping…")
+	return nil
+}
+
+type stack struct {
+	cfg       Config
+	logs      string
+	temporal  *testsuite.DevServer
+	kube      *envtest.Environment
+	kc        ctrlclient.Client
+	procs     []*exec.Cmd
+	token     string
+	kubecfg   string
+	firstPort int32
+}
+
+func (s *stack) bin(parts ...string) string { return filepath.Join(append([]string{s.cfg.Root, "bin"}, parts...)...) }
+
+func (s *stack) start(ctx context.Context) error {
+	cfg := s.cfg
+	s.logs = filepath.Join(cfg.StateDir, "logs")
+	if err := os.MkdirAll(s.logs, 0o755); err != nil {
+		return err
+	}
+	for _, b := range []string{s.bin("temporal"), s.bin("k8s", "kube-apiserver"), s.bin("k8s", "etcd"), s.bin("operator"), s.bin("worker"), s.bin("discovery"), s.bin("localproxyd")} {
+		if _, err := os.Stat(b); err != nil {
+			return fmt.Errorf("%s is missing: run `make tools build` (make dev does)", b)
+		}
+	}
+	for _, p := range []int{cfg.TemporalPort, cfg.UIPort, cfg.DiscoveryPort, cfg.DaemonPort} {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			return fmt.Errorf("port %d is taken (is another `make dev` running?): %w", p, err)
+		}
+		ln.Close()
+	}
+	step := func(what string) { fmt.Fprintf(cfg.Out, "• %s\n", what) }
+
+	step("Temporal dev server with its Web UI")
+	tlogFile, err := os.Create(filepath.Join(s.logs, "temporal.log"))
+	if err != nil {
+		return err
+	}
+	quiet := slog.New(slog.NewTextHandler(tlogFile, nil))
+	s.temporal, err = testsuite.StartDevServer(ctx, testsuite.DevServerOptions{
+		ExistingPath:     s.bin("temporal"),
+		ClientOptions:    &client.Options{HostPort: fmt.Sprintf("127.0.0.1:%d", cfg.TemporalPort), Namespace: "default", Logger: tlog.NewStructuredLogger(quiet)},
+		EnableUI:         true,
+		UIPort:           fmt.Sprint(cfg.UIPort),
+		SearchAttributes: workflows.SearchAttributes(),
+		LogLevel:         "warn",
+		Stdout:           tlogFile, Stderr: tlogFile,
+	})
+	if err != nil {
+		return fmt.Errorf("temporal dev server: %w", err)
+	}
+
+	step("etcd and kube-apiserver with the Proxy CRD")
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	s.kube = &envtest.Environment{
+		BinaryAssetsDirectory: s.bin("k8s"),
+		CRDDirectoryPaths:     []string{filepath.Join(cfg.Root, "deploy", "crd")},
+		ErrorIfCRDPathMissing: true,
+		Scheme:                scheme,
+	}
+	rest, err := s.kube.Start()
+	if err != nil {
+		s.kube = nil
+		return fmt.Errorf("kube-apiserver: %w", err)
+	}
+	admin, err := s.kube.AddUser(envtest.User{Name: "dev", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return err
+	}
+	raw, err := admin.KubeConfig()
+	if err != nil {
+		return err
+	}
+	s.kubecfg = filepath.Join(cfg.StateDir, "kubeconfig")
+	if err := os.WriteFile(s.kubecfg, raw, 0o600); err != nil {
+		return err
+	}
+	if s.kc, err = ctrlclient.New(rest, ctrlclient.Options{Scheme: scheme}); err != nil {
+		return err
+	}
+
+	temporalFlags := []string{"--temporal-address", s.temporal.FrontendHostPort(), "--installation", "dev"}
+	daemonAddr := fmt.Sprintf("127.0.0.1:%d", cfg.DaemonPort)
+	step("local proxy host (localproxyd)")
+	if err := s.spawn("localproxyd", nil, "--listen", daemonAddr, "--state-file", filepath.Join(cfg.StateDir, "localproxyd.json")); err != nil {
+		return err
+	}
+	step("operator, worker and discovery")
+	kenv := []string{"KUBECONFIG=" + s.kubecfg}
+	if err := s.spawn("operator", kenv, append(temporalFlags, "--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0")...); err != nil {
+		return err
+	}
+	if err := s.spawn("worker", kenv, append(temporalFlags, "--providers", "local,kubernetes", "--local-daemon", "http://"+daemonAddr, "--http-address", "127.0.0.1:0")...); err != nil {
+		return err
+	}
+	tok := make([]byte, 16)
+	_, _ = rand.Read(tok)
+	s.token = hex.EncodeToString(tok)
+	if err := s.spawn("discovery", []string{"DISCOVERY_TOKEN=" + s.token}, "--temporal-address", s.temporal.FrontendHostPort(),
+		"--listen", fmt.Sprintf("127.0.0.1:%d", cfg.DiscoveryPort)); err != nil {
+		return err
+	}
+
+	step(fmt.Sprintf("%d sample Proxies (provider local)", cfg.Proxies))
+	for i := 1; i <= cfg.Proxies; i++ {
+		p := &v1alpha1.Proxy{}
+		p.Namespace, p.Name = "default", fmt.Sprintf("local-%d", i)
+		p.Spec = v1alpha1.ProxySpec{
+			Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{},
+			Attributes: map[string]v1alpha1.AttributeValue{"region": "local", "slot": v1alpha1.AttributeValue(fmt.Sprint(i))},
+			HealthCheck: v1alpha1.HealthCheck{URL: "http://" + daemonAddr + "/healthz", Interval: "2s", Timeout: "1s"},
+		}
+		if err := s.kc.Create(ctx, p); err != nil {
+			return fmt.Errorf("apply sample Proxy: %w", err)
+		}
+	}
+	step("waiting until they are Ready")
+	deadline := time.Now().Add(3 * time.Minute)
+	for i := 1; i <= cfg.Proxies; i++ {
+		for {
+			var p v1alpha1.Proxy
+			err := s.kc.Get(ctx, types.NamespacedName{Namespace: "default", Name: fmt.Sprintf("local-%d", i)}, &p)
+			if err == nil && p.Status.Phase == v1alpha1.PhaseReady && meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionReady) {
+				if i == 1 {
+					s.firstPort = p.Status.Port
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("local-%d is not Ready after 3 minutes (phase %q); see %s", i, p.Status.Phase, s.logs)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+// spawn starts one of the project's binaries with its output in logs/<name>.log. It gets a
+// process group of its own, so Ctrl-C reaches it only through stop().
+func (s *stack) spawn(name string, env []string, args ...string) error {
+	f, err := os.Create(filepath.Join(s.logs, name+".log"))
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(s.bin(name), args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	s.procs = append(s.procs, cmd)
+	return nil
+}
+
+func (s *stack) stop() error {
+	var errs []error
+	// Reverse order: the parts that use Temporal and the API server go first.
+	for i := len(s.procs) - 1; i >= 0; i-- {
+		p := s.procs[i]
+		_ = p.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = p.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = p.Process.Kill()
+			<-done
+		}
+	}
+	if s.kube != nil {
+		errs = append(errs, s.kube.Stop())
+	}
+	if s.temporal != nil {
+		errs = append(errs, s.temporal.Stop())
+	}
+	return errors.Join(errs...)
+}
+
+func (s *stack) printUsage() {
+	c := s.cfg
+	rel := func(p string) string {
+		if r, err := filepath.Rel(c.Root, p); err == nil && !strings.HasPrefix(r, "..") {
+			return r
+		}
+		return p
+	}
+	lease := fmt.Sprintf(`curl -sS -X POST -H "Authorization: Bearer %s" -d '{"selector":{"region":"local"},"ttlSeconds":300}' http://127.0.0.1:%d/v1/leases`, s.token, c.DiscoveryPort)
+	fmt.Fprintf(c.Out, `
+proxyfleet is running. Logs: %s
+
+  Web UI:             http://127.0.0.1:%d
+  Proxies:            KUBECONFIG=%s bin/kubectl get proxies
+  Lease a proxy:      %s
+  Fetch through it:   curl -sS -x http://127.0.0.1:%d http://127.0.0.1:%d/healthz
+  Replace local-1:    bin/temporal workflow signal --address 127.0.0.1:%d --workflow-id %s --name replace --input '{"reason":"manual"}'
+
+(The fetch line uses local-1's port; a lease answers with the proxy's url. Local proxies
+reach loopback targets only.) Press Ctrl-C to stop everything.
+READY
+`, rel(s.logs), c.UIPort, rel(s.kubecfg), lease, s.firstPort, c.DaemonPort, c.TemporalPort, workflows.ProxyWorkflowID("default", "local-1"))
+}
