@@ -1,0 +1,135 @@
+//go:build devstack
+
+// This test is `make test-e2e`: it runs `make dev` the way a newcomer would and drives the
+// stack only with the commands it prints. It binds the fixed ports of `make dev`, so it
+// runs on its own (build tag devstack), not inside `make test`.
+package devstack_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
+)
+
+func TestMakeDevAsAUserWould(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	require.NoError(t, err)
+	cmd := exec.Command("make", "dev")
+	cmd.Dir = root
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = cmd.Stdout
+	require.NoError(t, cmd.Start())
+	pgid := cmd.Process.Pid
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		// Ctrl-C in a terminal signals the whole foreground process group.
+		_ = syscall.Kill(-pgid, syscall.SIGINT)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(90 * time.Second):
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			t.Error("make dev did not stop within 90s of Ctrl-C")
+			<-done
+		}
+	}
+	t.Cleanup(stop)
+
+	// Read what it prints until it says it is ready.
+	printed := map[string]string{}
+	var transcript strings.Builder
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	deadline := time.After(10 * time.Minute)
+wait:
+	for {
+		select {
+		case l, ok := <-lines:
+			require.True(t, ok, "make dev exited before it was ready:\n%s", transcript.String())
+			transcript.WriteString(l + "\n")
+			if k, v, found := strings.Cut(strings.TrimSpace(l), ":"); found && strings.Contains(v, " ") {
+				printed[k] = strings.TrimSpace(v)
+			}
+			if strings.TrimSpace(l) == "READY" {
+				break wait
+			}
+		case <-deadline:
+			t.Fatalf("make dev was not ready within 10 minutes:\n%s", transcript.String())
+		}
+	}
+	go func() {
+		for range lines { // keep draining so the stack never blocks on its stdout
+		}
+	}()
+	t.Logf("make dev printed:\n%s", transcript.String())
+
+	shell := func(command string) string {
+		t.Helper()
+		c := exec.Command("bash", "-c", command)
+		c.Dir = root
+		b, err := c.CombinedOutput()
+		require.NoError(t, err, "%s\n%s", command, b)
+		return string(b)
+	}
+
+	// The printed lease curl works and gives a proxy; a request through it reaches a target.
+	require.Contains(t, printed, "Lease a proxy")
+	var lease struct {
+		LeaseID string `json:"leaseID"`
+		Proxy   struct{ URL string } `json:"proxy"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(shell(printed["Lease a proxy"])), &lease))
+	require.NotEmpty(t, lease.LeaseID)
+	body := shell(fmt.Sprintf("curl -sS --fail -x %s http://127.0.0.1:8089/healthz", lease.Proxy.URL))
+	assert.Contains(t, body, `"status":"ok"`)
+	assert.Contains(t, shell(printed["Fetch through it"]), `"status":"ok"`)
+
+	// The printed CLI line replaces local-1, make-before-break; kubectl shows it.
+	kubectl := "KUBECONFIG=.state/kubeconfig bin/kubectl get proxy local-1 -o jsonpath='{.status.replacements}/{.status.phase}'"
+	require.Equal(t, "/Ready", strings.TrimSpace(shell(kubectl)), "no replacement yet")
+	shell(printed["Replace local-1"])
+	require.Eventually(t, func() bool {
+		return strings.TrimSpace(shell(kubectl)) == "1/Ready"
+	}, 2*time.Minute, 500*time.Millisecond, "local-1 was not replaced after the printed signal")
+	assert.Contains(t, printed["Web UI"], "http://127.0.0.1:8233")
+
+	// Ctrl-C stops everything: nothing of the group is left, and the ports are free again.
+	stop()
+	assert.ErrorIs(t, syscall.Kill(-pgid, 0), syscall.ESRCH, "processes of make dev are still running")
+	left, _ := exec.Command("pgrep", "-fl", filepath.Join(root, "bin")).CombinedOutput()
+	assert.Empty(t, strings.TrimSpace(string(left)), "binaries of the stack still running")
+	for _, port := range []int{7233, 8233, 8089, 8090} {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if assert.NoError(t, err, "port %d is still in use after Ctrl-C", port) {
+			ln.Close()
+		}
+	}
+	_, err = os.Stat(filepath.Join(root, ".state", "logs", "worker.log"))
+	assert.NoError(t, err, "logs are kept in the state directory")
+}
