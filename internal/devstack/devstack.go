@@ -70,7 +70,9 @@ type stack struct {
 	firstPort int32
 }
 
-func (s *stack) bin(parts ...string) string { return filepath.Join(append([]string{s.cfg.Root, "bin"}, parts...)...) }
+func (s *stack) bin(parts ...string) string {
+	return filepath.Join(append([]string{s.cfg.Root, "bin"}, parts...)...)
+}
 
 func (s *stack) start(ctx context.Context) error {
 	cfg := s.cfg
@@ -170,7 +172,7 @@ func (s *stack) start(ctx context.Context) error {
 		p.Namespace, p.Name = "default", fmt.Sprintf("local-%d", i)
 		p.Spec = v1alpha1.ProxySpec{
 			Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{},
-			Attributes: map[string]v1alpha1.AttributeValue{"region": "local", "slot": v1alpha1.AttributeValue(fmt.Sprint(i))},
+			Attributes:  map[string]v1alpha1.AttributeValue{"region": "local", "slot": v1alpha1.AttributeValue(fmt.Sprint(i))},
 			HealthCheck: v1alpha1.HealthCheck{URL: "http://" + daemonAddr + "/healthz", Interval: "2s", Timeout: "1s"},
 		}
 		if err := s.kc.Create(ctx, p); err != nil {

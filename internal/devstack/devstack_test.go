@@ -101,7 +101,7 @@ wait:
 	// The printed lease curl works and gives a proxy; a request through it reaches a target.
 	require.Contains(t, printed, "Lease a proxy")
 	var lease struct {
-		LeaseID string `json:"leaseID"`
+		LeaseID string               `json:"leaseID"`
 		Proxy   struct{ URL string } `json:"proxy"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(shell(printed["Lease a proxy"])), &lease))
