@@ -30,6 +30,7 @@ import (
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows"
 )
@@ -201,7 +202,24 @@ func (s *stack) start(ctx context.Context) error {
 			}
 		}
 	}
-	return nil
+	// Discovery reads Temporal on its own schedule: wait until it offers them too, so the
+	// printed commands work the moment they are printed.
+	dc := dclient.New(fmt.Sprintf("http://127.0.0.1:%d", cfg.DiscoveryPort), s.token)
+	healthy := true
+	for {
+		list, err := dc.ListProxies(ctx, map[string]string{"region": "local"}, &healthy)
+		if err == nil && list.Count >= cfg.Proxies {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("discovery does not offer the sample Proxies after 3 minutes (%v); see %s", err, s.logs)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // spawn starts one of the project's binaries with its output in logs/<name>.log. It gets a
