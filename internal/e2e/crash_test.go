@@ -68,6 +68,8 @@ func startWorkerProcess(t *testing.T, s *stack.Stack, kubeconfig string) *worker
 		"--providers", "local",
 		"--local-daemon", s.DaemonURL,
 		"--http-address", "127.0.0.1:0",
+		// The proxy-gc schedule is one per Temporal namespace; the GC test owns it here.
+		"--gc-interval", "0",
 	)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	cmd.Stdout, cmd.Stderr = logFile, logFile

@@ -73,6 +73,8 @@ func TestScheduledGCDeletesExactlyTheOrphans(t *testing.T) {
 		Installation: s.Installation, MinAge: minAge,
 		Providers: []v1alpha1.Provider{v1alpha1.ProviderKubernetes, v1alpha1.ProviderLocal},
 	}}
+	// The schedule is one per namespace: start from none, whatever earlier tests left.
+	_ = sc.GetHandle(ctx, workflows.GCScheduleID).Delete(ctx)
 	require.NoError(t, schedules.EnsureGC(ctx, sc, opts))
 	require.NoError(t, schedules.EnsureGC(ctx, sc, opts), "creating the schedule again is an update")
 	h := sc.GetHandle(ctx, workflows.GCScheduleID)
@@ -96,7 +98,9 @@ func TestScheduledGCDeletesExactlyTheOrphans(t *testing.T) {
 	require.NoError(t, w.Start())
 	defer w.Stop()
 	var res workflows.GCResult
-	require.NoError(t, s.Temporal.Client.GetWorkflow(ctx, run, "").Get(ctx, &res))
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	require.NoError(t, s.Temporal.Client.GetWorkflow(wctx, run, "").Get(wctx, &res), "the sweep did not finish")
 
 	d, err := h.Describe(ctx)
 	require.NoError(t, err)

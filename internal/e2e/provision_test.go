@@ -28,7 +28,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(testenv.Run(m, testenv.Options{Temporal: true, Kube: true}))
+	code := testenv.Run(m, testenv.Options{Temporal: true, Kube: true})
+	if binDir != "" {
+		_ = os.RemoveAll(binDir) // the binaries built for the tests
+	}
+	os.Exit(code)
 }
 
 // TestProxyLifecycle follows one Proxy from apply to delete: provisioned with an address
