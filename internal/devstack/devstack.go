@@ -144,6 +144,12 @@ func (s *stack) start(ctx context.Context) error {
 	if s.kc, err = ctrlclient.New(rest, ctrlclient.Options{Scheme: scheme}); err != nil {
 		return err
 	}
+	// bin/kubectl talks to this stack unless KUBECONFIG says otherwise.
+	wrapper := fmt.Sprintf("#!/bin/sh\n# Written by make dev: the pinned kubectl, pointed at the dev stack by default.\nexec \"$(dirname \"$0\")/k8s/kubectl\" --kubeconfig \"${KUBECONFIG:-%s}\" \"$@\"\n", s.kubecfg)
+	_ = os.Remove(s.bin("kubectl"))
+	if err := os.WriteFile(s.bin("kubectl"), []byte(wrapper), 0o755); err != nil {
+		return err
+	}
 
 	temporalFlags := []string{"--temporal-address", s.temporal.FrontendHostPort(), "--installation", "dev"}
 	daemonAddr := fmt.Sprintf("127.0.0.1:%d", cfg.DaemonPort)
@@ -277,7 +283,7 @@ func (s *stack) printUsage() {
 proxyfleet is running. Logs: %s
 
   Web UI:             http://127.0.0.1:%d
-  Proxies:            KUBECONFIG=%s bin/kubectl get proxies
+  Proxies:            bin/kubectl get proxies        (kubeconfig: %s)
   Lease a proxy:      %s
   Fetch through it:   curl -sS -x http://127.0.0.1:%d http://127.0.0.1:%d/healthz
   Replace local-1:    bin/temporal workflow signal --address 127.0.0.1:%d --workflow-id %s --name replace --input '{"reason":"manual"}'

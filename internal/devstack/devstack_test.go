@@ -111,7 +111,8 @@ wait:
 	assert.Contains(t, shell(printed["Fetch through it"]), `"status":"ok"`)
 
 	// The printed CLI line replaces local-1, make-before-break; kubectl shows it.
-	kubectl := "KUBECONFIG=.state/kubeconfig bin/kubectl get proxy local-1 -o jsonpath='{.status.replacements}/{.status.phase}'"
+	assert.Contains(t, shell("bin/kubectl get proxies"), "local-1", "bin/kubectl talks to the dev stack")
+	kubectl := "bin/kubectl get proxy local-1 -o jsonpath='{.status.replacements}/{.status.phase}'"
 	require.Equal(t, "/Ready", strings.TrimSpace(shell(kubectl)), "no replacement yet")
 	shell(printed["Replace local-1"])
 	require.Eventually(t, func() bool {
