@@ -22,34 +22,22 @@ import (
 	tlog "go.temporal.io/sdk/log"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/internal/cmdline"
 	"github.com/proxyfleet/proxyfleet/internal/telemetry"
 )
 
-func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "discovery:", err)
-		os.Exit(1)
-	}
-}
-
-func env(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
-}
+func main() { cmdline.Main("discovery", run) }
 
 func run() error {
+	temporal := cmdline.TemporalFlags()
 	var (
-		temporalAddr = flag.String("temporal-address", env("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port (env TEMPORAL_ADDRESS)")
-		namespace    = flag.String("temporal-namespace", env("TEMPORAL_NAMESPACE", "default"), "Temporal namespace (env TEMPORAL_NAMESPACE)")
-		listen       = flag.String("listen", env("DISCOVERY_LISTEN", "127.0.0.1:8090"), "address of the API, /healthz and /metrics (env DISCOVERY_LISTEN)")
-		defaultTTL   = flag.Duration("default-ttl", 5*time.Minute, "lease TTL when a request gives none")
-		maxTTL       = flag.Duration("max-ttl", time.Hour, "longest TTL a lease or renewal may ask for")
-		rateLimited  = flag.Duration("cooldown-rate-limited", 5*time.Minute, "cooldown of a proxy for a target after a rate_limited report")
-		banned       = flag.Duration("cooldown-banned", 30*time.Minute, "cooldown of a proxy for a target after a banned report")
-		refresh      = flag.Duration("refresh-interval", time.Second, "how often the index reads what changed in Temporal")
-		fullEvery    = flag.Duration("full-resync-interval", 5*time.Minute, "how often the index re-reads every proxy")
+		listen      = flag.String("listen", cmdline.Env("DISCOVERY_LISTEN", "127.0.0.1:8090"), "address of the API, /healthz and /metrics (env DISCOVERY_LISTEN)")
+		defaultTTL  = flag.Duration("default-ttl", 5*time.Minute, "lease TTL when a request gives none")
+		maxTTL      = flag.Duration("max-ttl", time.Hour, "longest TTL a lease or renewal may ask for")
+		rateLimited = flag.Duration("cooldown-rate-limited", 5*time.Minute, "cooldown of a proxy for a target after a rate_limited report")
+		banned      = flag.Duration("cooldown-banned", 30*time.Minute, "cooldown of a proxy for a target after a banned report")
+		refresh     = flag.Duration("refresh-interval", time.Second, "how often the index reads what changed in Temporal")
+		fullEvery   = flag.Duration("full-resync-interval", 5*time.Minute, "how often the index re-reads every proxy")
 	)
 	flag.Parse()
 	// The token comes from the environment only, so it never shows in a process listing.
@@ -65,7 +53,7 @@ func run() error {
 		return err
 	}
 
-	tc, err := client.NewLazyClient(client.Options{HostPort: *temporalAddr, Namespace: *namespace,
+	tc, err := client.NewLazyClient(client.Options{HostPort: temporal.Address, Namespace: temporal.Namespace,
 		Logger: tlog.NewStructuredLogger(log), Interceptors: []interceptor.ClientInterceptor{tracing}})
 	if err != nil {
 		return err
@@ -79,7 +67,7 @@ func run() error {
 		Token: token, DefaultTTL: *defaultTTL, MaxTTL: *maxTTL,
 		CooldownRateLimited: *rateLimited, CooldownBanned: *banned,
 	}, store, discovery.TemporalSignaler{Client: tc}, log, reg)
-	refresher := &discovery.Refresher{Client: tc, Namespace: *namespace, Store: store,
+	refresher := &discovery.Refresher{Client: tc, Namespace: temporal.Namespace, Store: store,
 		Interval: *refresh, FullEvery: *fullEvery, Log: log, Observe: srv.ObserveRefresh}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -110,7 +98,7 @@ func run() error {
 		defer cancel()
 		_ = hs.Shutdown(sctx)
 	}()
-	log.Info("discovery listening", "addr", ln.Addr().String(), "temporal", *temporalAddr)
+	log.Info("discovery listening", "addr", ln.Addr().String(), "temporal", temporal.Address)
 	if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}

@@ -20,32 +20,20 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/proxyfleet/proxyfleet/internal/cmdline"
 	"github.com/proxyfleet/proxyfleet/internal/telemetry"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
 	"github.com/proxyfleet/proxyfleet/workflows"
 )
 
-func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "operator:", err)
-		os.Exit(1)
-	}
-}
-
-func env(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
-}
+func main() { cmdline.Main("operator", run) }
 
 func run() error {
+	temporal := cmdline.TemporalFlags()
 	var (
-		temporalAddr = flag.String("temporal-address", env("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port (env TEMPORAL_ADDRESS)")
-		namespace    = flag.String("temporal-namespace", env("TEMPORAL_NAMESPACE", "default"), "Temporal namespace (env TEMPORAL_NAMESPACE)")
-		taskQueue    = flag.String("task-queue", env("TASK_QUEUE", workflows.TaskQueue), "task queue of the workflows it starts (env TASK_QUEUE)")
-		installation = flag.String("installation", env("PROXYFLEET_INSTALLATION", "default"), "installation id handed to new workflows (env PROXYFLEET_INSTALLATION)")
+		taskQueue    = flag.String("task-queue", cmdline.Env("TASK_QUEUE", workflows.TaskQueue), "task queue of the workflows it starts (env TASK_QUEUE)")
+		installation = flag.String("installation", cmdline.Env("PROXYFLEET_INSTALLATION", "default"), "installation id handed to new workflows (env PROXYFLEET_INSTALLATION)")
 		metricsAddr  = flag.String("metrics-bind-address", "127.0.0.1:8080", "address of /metrics")
 		probeAddr    = flag.String("health-probe-bind-address", "127.0.0.1:8081", "address of /healthz and /readyz")
 		leaderElect  = flag.Bool("leader-elect", false, "elect a leader, so only one replica reconciles")
@@ -90,7 +78,7 @@ func run() error {
 	}
 	// Lazy: the operator starts while Temporal is down; reconciles retry until it is back.
 	tc, err := client.NewLazyClient(client.Options{
-		HostPort: *temporalAddr, Namespace: *namespace,
+		HostPort: temporal.Address, Namespace: temporal.Namespace,
 		Logger:       tlog.NewStructuredLogger(log),
 		Interceptors: []interceptor.ClientInterceptor{tracing},
 	})
@@ -113,6 +101,6 @@ func run() error {
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	log.Info("operator starting", "temporal", *temporalAddr, "taskQueue", *taskQueue, "leaderElect", *leaderElect)
+	log.Info("operator starting", "temporal", temporal.Address, "taskQueue", *taskQueue, "leaderElect", *leaderElect)
 	return mgr.Start(ctx)
 }

@@ -34,36 +34,24 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/provider/gcp"
 	kubeprovider "github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/internal/cmdline"
 	"github.com/proxyfleet/proxyfleet/internal/schedules"
 	"github.com/proxyfleet/proxyfleet/internal/telemetry"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows"
 )
 
-func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		os.Exit(1)
-	}
-}
-
-func env(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
-}
+func main() { cmdline.Main("worker", run) }
 
 func run() error {
+	temporal := cmdline.TemporalFlags()
 	var (
-		temporalAddr = flag.String("temporal-address", env("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port (env TEMPORAL_ADDRESS)")
-		namespace    = flag.String("temporal-namespace", env("TEMPORAL_NAMESPACE", "default"), "Temporal namespace (env TEMPORAL_NAMESPACE)")
-		taskQueue    = flag.String("task-queue", env("TASK_QUEUE", workflows.TaskQueue), "task queue (env TASK_QUEUE)")
-		installation = flag.String("installation", env("PROXYFLEET_INSTALLATION", "default"), "installation id put on every instance (env PROXYFLEET_INSTALLATION)")
-		providers    = flag.String("providers", env("PROXYFLEET_PROVIDERS", "local,kubernetes"), "comma-separated providers to enable: gcp, kubernetes, local (env PROXYFLEET_PROVIDERS)")
-		gcpProject   = flag.String("gcp-project", env("GOOGLE_CLOUD_PROJECT", ""), "default GCP project for the gcp provider; credentials come from Application Default Credentials (env GOOGLE_CLOUD_PROJECT)")
-		localURL     = flag.String("local-daemon", env("LOCAL_DAEMON_URL", "http://127.0.0.1:8089"), "control API of localproxyd, for the local provider (env LOCAL_DAEMON_URL)")
-		httpAddr     = flag.String("http-address", env("HTTP_ADDRESS", "127.0.0.1:9090"), "address of /metrics and /healthz (env HTTP_ADDRESS)")
+		taskQueue    = flag.String("task-queue", cmdline.Env("TASK_QUEUE", workflows.TaskQueue), "task queue (env TASK_QUEUE)")
+		installation = flag.String("installation", cmdline.Env("PROXYFLEET_INSTALLATION", "default"), "installation id put on every instance (env PROXYFLEET_INSTALLATION)")
+		providers    = flag.String("providers", cmdline.Env("PROXYFLEET_PROVIDERS", "local,kubernetes"), "comma-separated providers to enable: gcp, kubernetes, local (env PROXYFLEET_PROVIDERS)")
+		gcpProject   = flag.String("gcp-project", cmdline.Env("GOOGLE_CLOUD_PROJECT", ""), "default GCP project for the gcp provider; credentials come from Application Default Credentials (env GOOGLE_CLOUD_PROJECT)")
+		localURL     = flag.String("local-daemon", cmdline.Env("LOCAL_DAEMON_URL", "http://127.0.0.1:8089"), "control API of localproxyd, for the local provider (env LOCAL_DAEMON_URL)")
+		httpAddr     = flag.String("http-address", cmdline.Env("HTTP_ADDRESS", "127.0.0.1:9090"), "address of /metrics and /healthz (env HTTP_ADDRESS)")
 		maxActs      = flag.Int("max-concurrent-activities", 4000, "activity slots; each proxy's monitor holds one for its whole life")
 		gcEvery      = flag.Duration("gc-interval", 10*time.Minute, "how often the proxy-gc schedule sweeps orphaned instances (0 leaves the schedule alone)")
 		gcMinAge     = flag.Duration("gc-min-age", 10*time.Minute, "instances younger than this are never swept")
@@ -134,13 +122,13 @@ func run() error {
 
 	reg = provider.InstrumentAll(reg, provider.NewMetrics(promReg))
 	c, err := client.Dial(client.Options{
-		HostPort: *temporalAddr, Namespace: *namespace,
+		HostPort: temporal.Address, Namespace: temporal.Namespace,
 		Logger:         tlog.NewStructuredLogger(log),
 		MetricsHandler: sdkMetrics,
 		Interceptors:   []interceptor.ClientInterceptor{tracing},
 	})
 	if err != nil {
-		return fmt.Errorf("connect to Temporal at %s: %w", *temporalAddr, err)
+		return fmt.Errorf("connect to Temporal at %s: %w", temporal.Address, err)
 	}
 	defer c.Close()
 
