@@ -1,0 +1,123 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/worker"
+	"go.temporal.io/sdk/workflow"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/proxyfleet/proxyfleet/internal/stack"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows"
+)
+
+// idleWorkflow receives signals and does nothing else: the cheapest thing a
+// SignalWithStart can reach, so its rate bounds what the dev server can do per Proxy.
+func idleWorkflow(ctx workflow.Context) error {
+	ch := workflow.GetSignalChannel(ctx, "poke")
+	for {
+		ch.Receive(ctx, nil)
+	}
+}
+
+// BenchmarkProvisionFleet applies FLEET_N (default 1,000) local Proxies at once and reports
+// the time until all are Ready, Proxies made Ready per second, that rate as a share of the
+// dev server's raw SignalWithStart rate on an idle workflow measured in the same run
+// (target ≥ 0.2), and history events per Proxy from apply to Ready (target ≤ 40). Probes
+// run every 10 s, the default, so the fleet's steady load is realistic.
+//
+//	FLEET_N=1000 go test ./internal/e2e -run '^$' -bench ProvisionFleet -benchtime 1x -timeout 60m
+func BenchmarkProvisionFleet(b *testing.B) {
+	n := 1000
+	if v := os.Getenv("FLEET_N"); v != "" {
+		var err error
+		n, err = strconv.Atoi(v)
+		require.NoError(b, err)
+	}
+	s := stack.Start(b, stack.Options{})
+	ctx := context.Background()
+
+	// Baseline: SignalWithStart calls per second against one idle workflow, with the same
+	// concurrency the controller uses (8 reconciles at once).
+	queue := s.TaskQueue + "-idle"
+	w := worker.New(s.Temporal.Client, queue, worker.Options{})
+	w.RegisterWorkflow(idleWorkflow)
+	require.NoError(b, w.Start())
+	defer w.Stop()
+	const baseCalls = 2000
+	var next atomic.Int64
+	var g errgroup.Group
+	t0 := time.Now()
+	for range 8 {
+		g.Go(func() error {
+			for next.Add(1) <= baseCalls {
+				_, err := s.Temporal.Client.SignalWithStartWorkflow(ctx, "idle/"+s.TaskQueue, "poke", nil,
+					client.StartWorkflowOptions{TaskQueue: queue}, idleWorkflow)
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	require.NoError(b, g.Wait())
+	baseRate := baseCalls / time.Since(t0).Seconds()
+	_ = s.Temporal.Client.TerminateWorkflow(ctx, "idle/"+s.TaskQueue, "", "baseline done")
+
+	for b.Loop() {
+		ns := s.Namespace(b)
+		start := time.Now()
+		var g errgroup.Group
+		g.SetLimit(16)
+		for i := range n {
+			g.Go(func() error {
+				p := s.LocalProxy(ns, fmt.Sprintf("fleet-%04d", i))
+				p.Spec.HealthCheck.Interval, p.Spec.HealthCheck.Timeout = "10s", "5s"
+				return s.Kube.Client.Create(ctx, p)
+			})
+		}
+		require.NoError(b, g.Wait())
+		applied := time.Since(start)
+
+		deadline := time.Now().Add(30 * time.Minute)
+		for {
+			var list v1alpha1.ProxyList
+			require.NoError(b, s.Kube.Client.List(ctx, &list))
+			ready := 0
+			for _, p := range list.Items {
+				if p.Namespace == ns && stack.Ready(&p) {
+					ready++
+				}
+			}
+			if ready == n {
+				break
+			}
+			require.True(b, time.Now().Before(deadline), "only %d of %d Ready after 30m", ready, n)
+			time.Sleep(500 * time.Millisecond) // polling the fleet, not synchronising
+		}
+		all := time.Since(start)
+
+		var events int64
+		for i := range n {
+			d, err := s.Temporal.Client.DescribeWorkflow(ctx, workflows.ProxyWorkflowID(ns, fmt.Sprintf("fleet-%04d", i)), "")
+			require.NoError(b, err)
+			events += d.RawResponse.GetWorkflowExecutionInfo().GetHistoryLength()
+		}
+		readyRate := float64(n) / all.Seconds()
+		b.ReportMetric(all.Seconds(), "s-until-all-ready")
+		b.ReportMetric(applied.Seconds(), "s-to-apply")
+		b.ReportMetric(readyRate, "proxies-ready/s")
+		b.ReportMetric(baseRate, "baseline-signalwithstart/s")
+		b.ReportMetric(readyRate/baseRate, "ratio")
+		b.ReportMetric(float64(events)/float64(n), "history-events/proxy")
+	}
+}
