@@ -112,6 +112,7 @@ type Store struct {
 	now func() time.Time
 
 	proxies map[string]*entry
+	healthy int
 	// byAttr is a posting list per attribute pair, used to build views quickly.
 	byAttr map[string]map[string]map[*entry]struct{}
 	views  map[string]*view
@@ -227,6 +228,9 @@ func (s *Store) upsertLocked(p Proxy) {
 		s.detach(e)
 		s.count(e, -1)
 		s.index(e, false)
+		if e.p.Healthy {
+			s.healthy--
+		}
 	} else {
 		// A proxy can leave the index and come back (its workflow restarted, or a closed
 		// run was listed after the running one) while crawlers still hold its leases.
@@ -234,6 +238,9 @@ func (s *Store) upsertLocked(p Proxy) {
 		s.proxies[p.ID()] = e
 	}
 	e.p = p
+	if p.Healthy {
+		s.healthy++
+	}
 	s.index(e, true)
 	e.views = e.views[:0]
 	for _, v := range s.views {
@@ -271,6 +278,9 @@ func (s *Store) removeLocked(id string) {
 	s.detach(e)
 	s.count(e, -1)
 	s.index(e, false)
+	if e.p.Healthy {
+		s.healthy--
+	}
 	delete(s.proxies, id)
 }
 
@@ -539,13 +549,8 @@ type Stats struct {
 func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := Stats{Proxies: len(s.proxies), Leases: len(s.leases), Cooldowns: len(s.cooldowns), Views: len(s.views)}
-	for _, e := range s.proxies {
-		if e.p.Healthy {
-			st.Healthy++
-		}
-	}
-	return st
+	// O(1): metrics scrape this under the lock acquires take, so it must not scan the fleet.
+	return Stats{Proxies: len(s.proxies), Healthy: s.healthy, Leases: len(s.leases), Cooldowns: len(s.cooldowns), Views: len(s.views)}
 }
 
 // ProxyView is a proxy with its lease count, for listings.

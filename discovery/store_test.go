@@ -89,6 +89,13 @@ func checkInvariants(t *testing.T, s *Store) {
 	for _, l := range s.leases {
 		held[l.ProxyID]++
 	}
+	healthy := 0
+	for _, e := range s.proxies {
+		if e.p.Healthy {
+			healthy++
+		}
+	}
+	require.Equal(t, healthy, s.healthy, "healthy count")
 	for id, e := range s.proxies {
 		require.GreaterOrEqual(t, e.leases, 0, "%s: negative lease count", id)
 		require.Equal(t, held[id], e.leases, "%s: lease count", id)

@@ -45,17 +45,16 @@ var a *activities.Activities
 // Its decisions come from plan(); this function carries them out and listens for signals.
 func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 	w := &proxyWorkflow{
-		in:      in,
-		tuning:  in.Tuning.WithDefaults(),
-		log:     workflow.GetLogger(ctx),
-		specCh:  workflow.GetSignalChannel(ctx, SignalSpec),
-		delCh:   workflow.GetSignalChannel(ctx, SignalDelete),
-		replCh:  workflow.GetSignalChannel(ctx, SignalReplace),
-		repCh:   workflow.GetSignalChannel(ctx, SignalReport),
-		now:     func() time.Time { return workflow.Now(ctx) },
-		state:   in.State,
-		wfID:    workflow.GetInfo(ctx).WorkflowExecution.ID,
-		publish: true,
+		in:     in,
+		tuning: in.Tuning.WithDefaults(),
+		log:    workflow.GetLogger(ctx),
+		specCh: workflow.GetSignalChannel(ctx, SignalSpec),
+		delCh:  workflow.GetSignalChannel(ctx, SignalDelete),
+		replCh: workflow.GetSignalChannel(ctx, SignalReplace),
+		repCh:  workflow.GetSignalChannel(ctx, SignalReport),
+		now:    func() time.Time { return workflow.Now(ctx) },
+		state:  in.State,
+		wfID:   workflow.GetInfo(ctx).WorkflowExecution.ID,
 	}
 	if w.state == nil {
 		w.state = &ProxyState{}
@@ -85,7 +84,6 @@ type proxyWorkflow struct {
 	memo      *ProxyMemo
 	saPhase   v1alpha1.Phase
 	saHealthy *bool
-	publish   bool
 }
 
 func (w *proxyWorkflow) run(ctx workflow.Context) error {

@@ -77,8 +77,6 @@ type Stack struct {
 
 	mu     sync.Mutex
 	events []DaemonEvent
-
-	worker worker.Worker
 }
 
 // DaemonEvent is one create or delete seen by the daemon, with the instances left after it.
@@ -215,7 +213,6 @@ func (s *Stack) StartWorker(t testing.TB) {
 	w.RegisterWorkflow(workflows.GCWorkflow)
 	w.RegisterActivity(s.Activities())
 	require.NoError(t, w.Start())
-	s.worker = w
 	t.Cleanup(w.Stop)
 }
 
