@@ -24,14 +24,13 @@ import (
 	tlog "go.temporal.io/sdk/log"
 	"go.temporal.io/sdk/testsuite"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/operator/controller"
 	"github.com/proxyfleet/proxyfleet/workflows"
 )
 
@@ -115,9 +114,7 @@ func (s *stack) start(ctx context.Context) error {
 	}
 
 	step("etcd and kube-apiserver with the Proxy CRD")
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = v1alpha1.AddToScheme(scheme)
+	scheme := controller.NewScheme()
 	s.kube = &envtest.Environment{
 		BinaryAssetsDirectory: s.bin("k8s"),
 		CRDDirectoryPaths:     []string{filepath.Join(cfg.Root, "deploy", "crd")},
