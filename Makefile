@@ -11,7 +11,7 @@ PKGS      ?= ./...
 # Generated files: `make check-generated` fails when they differ from what the sources give.
 GENERATED := deploy/crd deploy/rbac operator/api/v1alpha1/zz_generated.deepcopy.go
 
-.PHONY: all tools build dev test-e2e generate check-generated lint fmt vet test help bench fuzz record-histories
+.PHONY: all tools build dev test-e2e generate check-generated lint fmt vet test help bench chaos chaos-short fuzz record-histories
 
 all: generate lint test
 
@@ -68,6 +68,13 @@ test: check-generated vet ## vet, unit and integration tests (-race), then end-t
 bench: ## benchmarks with the figures reported in docs/benchmarks.md (minutes; not part of make test)
 	$(GO) test ./discovery ./activities/probe -run '^$$' -bench . -benchtime 20000x
 	$(GO) test ./internal/e2e -run '^$$' -bench . -benchtime 1x -timeout 60m
+
+CHAOS_PROXIES ?= 100
+chaos: tools ## fault suite: kill -9 and restart each server while CHAOS_PROXIES Proxies churn (minutes)
+	CHAOS_PROXIES=$(CHAOS_PROXIES) $(GOTEST) -count=1 -tags chaos -timeout 60m -v -run . ./internal/chaos/
+
+chaos-short: ## the fault suite on a fleet of 20 (CI runs it)
+	$(MAKE) --no-print-directory chaos CHAOS_PROXIES=20
 
 FUZZTIME ?= 30s
 fuzz: ## run every fuzz target for FUZZTIME each (their seed corpora also run in make test)

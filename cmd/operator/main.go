@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/go-logr/logr"
 	"go.temporal.io/sdk/client"
@@ -36,6 +37,7 @@ func run() error {
 		leaderElect  = flag.Bool("leader-elect", false, "elect a leader, so only one replica reconciles")
 		leNamespace  = flag.String("leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's)")
 	)
+	tuning := tuningFlags()
 	flag.Parse()
 	handler := telemetry.LogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	log := slog.New(handler)
@@ -80,7 +82,7 @@ func run() error {
 	ctx := ctrl.SetupSignalHandler()
 	r := &controller.ProxyReconciler{
 		Client: mgr.GetClient(), Temporal: tc, Events: mgr.GetEventRecorder("proxyfleet-operator"),
-		Installation: *installation, TaskQueue: *taskQueue,
+		Installation: *installation, TaskQueue: *taskQueue, Tuning: *tuning,
 	}
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return err
@@ -94,4 +96,30 @@ func run() error {
 	}
 	log.Info("operator starting", "temporal", temporal.Address, "taskQueue", *taskQueue, "leaderElect", *leaderElect)
 	return mgr.Start(ctx)
+}
+
+// tuningFlags registers the workflow timings. They are handed to workflows the operator
+// starts (a running workflow keeps its own); 0 keeps the default. Shorter timings recover
+// faster from a dead worker at the price of more Temporal traffic; fault tests use them.
+func tuningFlags() *workflows.Tuning {
+	t := &workflows.Tuning{}
+	def := workflows.Tuning{}.WithDefaults()
+	for _, f := range []struct {
+		name string
+		v    *time.Duration
+		d    time.Duration
+		help string
+	}{
+		{"tuning-poll-interval", &t.PollInterval, def.PollInterval, "how often activities ask the provider about an instance"},
+		{"tuning-retry-base", &t.RetryBase, def.RetryBase, "first backoff after a failure that outlived an activity's retries"},
+		{"tuning-retry-max", &t.RetryMax, def.RetryMax, "longest such backoff"},
+		{"tuning-quota-retry", &t.QuotaRetry, def.QuotaRetry, "wait after a quota refusal"},
+		{"tuning-activity-timeout", &t.ActivityTimeout, def.ActivityTimeout, "bound of one provider call; a worker that dies mid-call is noticed after this long"},
+		{"tuning-heartbeat-timeout", &t.HeartbeatTimeout, def.HeartbeatTimeout, "how soon a dead worker's long activities move to another worker"},
+		{"tuning-wait-running-max", &t.WaitRunningMax, def.WaitRunningMax, "bound of one wait for an instance to run"},
+		{"tuning-drift-interval", &t.DriftInterval, def.DriftInterval, "how often the monitor checks that the instance still exists"},
+	} {
+		flag.DurationVar(f.v, f.name, 0, fmt.Sprintf("%s (0: %s)", f.help, f.d))
+	}
+	return t
 }

@@ -35,7 +35,11 @@ import (
 // Options says which servers a test package needs.
 type Options struct {
 	Temporal bool
-	Kube     bool
+	// TemporalRestartable runs the dev server as a plain child process on a database file,
+	// so fault tests can kill it (TemporalEnv.KillServer) and start it again with its data
+	// (TemporalEnv.StartServer).
+	TemporalRestartable bool
+	Kube                bool
 }
 
 // TemporalEnv is a running Temporal dev server.
@@ -48,6 +52,8 @@ type TemporalEnv struct {
 	Client client.Client
 	// Binary is the temporal CLI, for tests that drive it like an operator would.
 	Binary string
+
+	dev *devServer // set with Options.TemporalRestartable
 }
 
 // KubeEnv is a running kube-apiserver with the project's CRDs installed.
@@ -59,6 +65,7 @@ type KubeEnv struct {
 	Kubectl string
 
 	kubeconfig []byte
+	apiserver  apiServer
 }
 
 var (
@@ -101,7 +108,17 @@ func run(m *testing.M, opts Options) (code int, err error) {
 	if err != nil {
 		return 0, err
 	}
-	if opts.Temporal {
+	if opts.TemporalRestartable {
+		env, err := startRestartableTemporal(root)
+		if err != nil {
+			return 0, err
+		}
+		temporalEnv = env
+		defer func() {
+			env.Client.Close()
+			err = errors.Join(err, env.dev.stop(), os.RemoveAll(env.dev.dir))
+		}()
+	} else if opts.Temporal {
 		srv, env, err := startTemporal(root)
 		if err != nil {
 			return 0, err
@@ -118,7 +135,10 @@ func run(m *testing.M, opts Options) (code int, err error) {
 			return 0, err
 		}
 		kubeEnv = env
-		defer func() { err = errors.Join(err, te.Stop()) }()
+		defer func() {
+			env.apiserver.stop() // one a fault test restarted; envtest stops its own
+			err = errors.Join(err, te.Stop())
+		}()
 	}
 	return m.Run(), nil
 }
@@ -191,6 +211,36 @@ func startTemporal(root string) (*testsuite.DevServer, *TemporalEnv, error) {
 		Client:    srv.Client(),
 		Binary:    bin,
 	}, nil
+}
+
+func startRestartableTemporal(root string) (*TemporalEnv, error) {
+	bin, err := TemporalBinary(root)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "testenv-temporal-")
+	if err != nil {
+		return nil, err
+	}
+	var out io.Writer = io.Discard
+	if os.Getenv("TESTENV_VERBOSE") != "" {
+		out = os.Stderr
+	}
+	dev, err := newDevServer(bin, dir, out)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := dev.start(ctx); err != nil {
+		return nil, err
+	}
+	const namespace = "default"
+	c, err := client.Dial(client.Options{HostPort: dev.hostPort, Namespace: namespace, Logger: log.NewStructuredLogger(quietLogger())})
+	if err != nil {
+		return nil, errors.Join(err, dev.stop())
+	}
+	return &TemporalEnv{HostPort: dev.hostPort, Namespace: namespace, Client: c, Binary: bin, dev: dev}, nil
 }
 
 func startKube(root string) (*envtest.Environment, *KubeEnv, error) {

@@ -1,0 +1,478 @@
+//go:build chaos
+
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	tclient "go.temporal.io/sdk/client"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
+	"github.com/proxyfleet/proxyfleet/internal/stack"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows"
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Run(m, testenv.Options{TemporalRestartable: true, Kube: true}))
+}
+
+// config sizes a run; CHAOS_PROXIES and CHAOS_OUTAGE override the full suite's defaults.
+type config struct {
+	proxies int           // fleet size
+	churn   int           // per fault: Proxies created, replaced and deleted (each)
+	outage  time.Duration // how long a killed server stays down
+	settle  time.Duration // deadline for the desired state after a restart
+}
+
+func loadConfig(t *testing.T) config {
+	c := config{proxies: 100, outage: 3 * time.Second, settle: 3 * time.Minute}
+	if v := os.Getenv("CHAOS_PROXIES"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err, "CHAOS_PROXIES")
+		c.proxies = n
+	}
+	if v := os.Getenv("CHAOS_OUTAGE"); v != "" {
+		d, err := time.ParseDuration(v)
+		require.NoError(t, err, "CHAOS_OUTAGE")
+		c.outage = d
+	}
+	require.GreaterOrEqual(t, c.proxies, 10, "CHAOS_PROXIES")
+	c.churn = c.proxies / 10
+	return c
+}
+
+// The cooled Proxy carries a ban for bannedTarget from before the first fault.
+const (
+	bannedTarget = "shop.example"
+	otherTarget  = "news.example"
+	token        = "chaos-token"
+)
+
+// system is the running system plus what the test has asked of it.
+type system struct {
+	s   *stack.Stack
+	ns  string
+	cfg config
+
+	worker, operator, discovery *process
+	crawler                     *dclient.Client
+
+	want      map[string]*v1alpha1.Proxy // Proxies that must exist (by name, with their UID)
+	gone      []string                   // Proxies deleted by the test
+	replaced  map[string]string          // name → instance before a replace was asked
+	instances map[string]string          // name → instance, at the last desired state
+	next      int                        // next Proxy number
+
+	// Provider calls the test's requests explain: every other create or delete is a
+	// duplicate or a mistake.
+	creates, deletes int
+	gcRuns           int
+}
+
+// TestEveryServerKilledDuringChurn kills -9 and restarts, in turn, the worker, the
+// operator, discovery, the Temporal dev server (its database file kept) and the
+// kube-apiserver, each while a tenth of the fleet is being created, a tenth replaced and a
+// tenth deleted; after each it checks the invariants in the package comment.
+func TestEveryServerKilledDuringChurn(t *testing.T) {
+	cfg := loadConfig(t)
+	s := stack.Start(t, stack.Options{NoWorker: true, NoController: true, ProvisionDelay: 500 * time.Millisecond})
+	sys := &system{s: s, ns: s.Namespace(t), cfg: cfg, want: map[string]*v1alpha1.Proxy{}, replaced: map[string]string{}}
+	sys.startProcesses(t)
+
+	t0 := time.Now()
+	cooled := s.LocalProxy(sys.ns, "cooled")
+	cooled.Spec.Attributes["role"] = "cooled"
+	sys.create(t, cooled)
+	for range cfg.proxies - 1 {
+		sys.create(t, sys.newProxy())
+	}
+	sys.converge(t)
+	t.Logf("%d Proxies Ready in %s", cfg.proxies, time.Since(t0).Round(100*time.Millisecond))
+	sys.ban(t)
+	sys.check(t)
+
+	faults := []struct {
+		name        string
+		kill, start func(*testing.T)
+		needed      string // what the churn cannot do while this server is down
+	}{
+		{"worker", sys.worker.kill, sys.worker.start, ""},
+		{"operator", sys.operator.kill, sys.operator.start, ""},
+		{"discovery", sys.discovery.kill, sys.startDiscovery, ""},
+		{"temporal", func(t *testing.T) { s.Temporal.KillServer(t) }, func(t *testing.T) { s.Temporal.StartServer(t) }, needsTemporal},
+		{"kube-apiserver", func(t *testing.T) { s.Kube.KillAPIServer(t) }, func(t *testing.T) { s.Kube.StartAPIServer(t) }, needsKube},
+	}
+	for _, f := range faults {
+		ok := t.Run(f.name, func(t *testing.T) {
+			before := len(s.Events())
+			first, second := sys.pick()
+			sys.apply(t, first, "")
+			// Kill while the first half is in flight: once the provider has begun it.
+			waitFor(t, time.Minute, "the churn to reach the provider", func() string {
+				if n := len(s.Events()) - before; n < 1 {
+					return "no provider call yet"
+				}
+				return ""
+			})
+			f.kill(t)
+			done := len(s.Events()) - before
+			up := time.Now().Add(cfg.outage)
+			// The second half is asked for while the server is down, except what needs it.
+			later := sys.apply(t, second, f.needed)
+			// The outage is the fault's length, not a wait for anything.
+			time.Sleep(time.Until(up))
+			f.start(t)
+			restarted := time.Now()
+			sys.apply(t, later, "")
+			sys.converge(t)
+			t.Logf("killed %s after %d of %d provider calls of the churn; desired state %s after the restart",
+				f.name, done, 4*cfg.churn, time.Since(restarted).Round(100*time.Millisecond))
+			sys.check(t)
+		})
+		if !ok {
+			return
+		}
+	}
+}
+
+func (sys *system) startProcesses(t *testing.T) {
+	s := sys.s
+	kubeconfig := "KUBECONFIG=" + s.Kube.Kubeconfig(t)
+	temporal := []string{"--temporal-address", s.Temporal.HostPort, "--temporal-namespace", s.Temporal.Namespace}
+	sys.worker = newProcess(t, "worker", []string{kubeconfig}, append(temporal,
+		"--task-queue", s.TaskQueue, "--installation", s.Installation,
+		"--providers", "local", "--local-daemon", s.DaemonURL,
+		"--http-address", "127.0.0.1:0", "--gc-interval", "0")...)
+	ft := stack.FastTuning()
+	sys.operator = newProcess(t, "operator", []string{kubeconfig}, append(temporal,
+		"--task-queue", s.TaskQueue, "--installation", s.Installation,
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0",
+		"--tuning-poll-interval", ft.PollInterval.String(),
+		"--tuning-retry-base", ft.RetryBase.String(), "--tuning-retry-max", ft.RetryMax.String(),
+		"--tuning-quota-retry", ft.QuotaRetry.String(), "--tuning-drift-interval", ft.DriftInterval.String(),
+		"--tuning-wait-running-max", ft.WaitRunningMax.String(),
+		"--tuning-activity-timeout", ft.ActivityTimeout.String(), "--tuning-heartbeat-timeout", ft.HeartbeatTimeout.String())...)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	sys.discovery = newProcess(t, "discovery", []string{"DISCOVERY_TOKEN=" + token}, append(temporal,
+		"--listen", addr, "--refresh-interval", "200ms")...)
+	sys.crawler = dclient.New("http://"+addr, token)
+
+	sys.worker.start(t)
+	sys.operator.start(t)
+	sys.startDiscovery(t)
+}
+
+// startDiscovery starts discovery and waits until it answers.
+func (sys *system) startDiscovery(t *testing.T) {
+	sys.discovery.start(t)
+	waitFor(t, 30*time.Second, "discovery to answer", func() string {
+		if _, err := sys.crawler.ListProxies(context.Background(), map[string]string{"run": sys.ns}, nil); err != nil {
+			return err.Error()
+		}
+		return ""
+	})
+}
+
+func (sys *system) newProxy() *v1alpha1.Proxy {
+	p := sys.s.LocalProxy(sys.ns, fmt.Sprintf("p-%04d", sys.next))
+	sys.next++
+	return p
+}
+
+func (sys *system) create(t *testing.T, p *v1alpha1.Proxy) {
+	p.Spec.Attributes["run"] = v1alpha1.AttributeValue(sys.ns)
+	require.NoError(t, sys.s.Kube.Client.Create(context.Background(), p))
+	sys.want[p.Name] = p
+	sys.creates++
+}
+
+// batch is part of a churn: Proxies to delete, to replace and to create.
+type batch struct {
+	del, repl []string
+	create    []*v1alpha1.Proxy
+}
+
+// What a request needs up: deletes and creates go to the kube-apiserver, replace signals
+// to Temporal.
+const (
+	needsKube     = "kube"
+	needsTemporal = "temporal"
+)
+
+// pick chooses a churn — a tenth of the fleet deleted (the oldest), a tenth replaced, a
+// tenth created — split in two halves.
+func (sys *system) pick() (first, second batch) {
+	var names []string
+	for name := range sys.want {
+		if name != "cooled" {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	k := sys.cfg.churn
+	h := (k + 1) / 2
+	del, repl := names[:k], names[k:2*k]
+	first = batch{del: del[:h], repl: repl[:h]}
+	second = batch{del: del[h:], repl: repl[h:]}
+	for i := range k {
+		p := sys.newProxy()
+		if i < h {
+			first.create = append(first.create, p)
+		} else {
+			second.create = append(second.create, p)
+		}
+	}
+	return first, second
+}
+
+// apply asks for the batch without waiting for any of it, except the requests that need
+// the server that is down; those are returned.
+func (sys *system) apply(t *testing.T, b batch, down string) (later batch) {
+	ctx := context.Background()
+	if down == needsKube {
+		later.del, later.create = b.del, b.create
+	} else {
+		for _, name := range b.del {
+			require.NoError(t, sys.s.Kube.Client.Delete(ctx, sys.want[name]))
+			delete(sys.want, name)
+			sys.gone = append(sys.gone, name)
+			sys.deletes++
+		}
+		for _, p := range b.create {
+			sys.create(t, p)
+		}
+	}
+	if down == needsTemporal {
+		later.repl = b.repl
+	} else {
+		for _, name := range b.repl {
+			sys.replaced[name] = sys.instances[name]
+			require.NoError(t, sys.s.Temporal.Client.SignalWorkflow(ctx, workflows.ProxyWorkflowID(sys.ns, name), "",
+				workflows.SignalReplace, workflows.ReplaceSignal{Reason: "chaos"}))
+			sys.creates++
+			sys.deletes++
+		}
+	}
+	return later
+}
+
+// converge waits until every Proxy is what the test asked for and the provider holds
+// exactly their instances.
+func (sys *system) converge(t *testing.T) {
+	waitFor(t, sys.cfg.settle, "the desired state", sys.divergence)
+	sys.replaced = map[string]string{}
+}
+
+// divergence says how the system differs from the desired state ("" when it does not).
+func (sys *system) divergence() string {
+	var list v1alpha1.ProxyList
+	if err := sys.s.Kube.Client.List(context.Background(), &list, client.InNamespace(sys.ns)); err != nil {
+		return "list Proxies: " + err.Error()
+	}
+	got := map[string]*v1alpha1.Proxy{}
+	for i := range list.Items {
+		got[list.Items[i].Name] = &list.Items[i]
+	}
+	var problems []string
+	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	uids := map[string]string{}
+	for _, name := range sortedNames(sys.want) {
+		p, ok := got[name]
+		switch {
+		case !ok:
+			add("%s is missing", name)
+		case !stack.Ready(p):
+			add("%s is %s", name, p.Status.Phase)
+		case sys.replaced[name] != "" && p.Status.InstanceName == sys.replaced[name]:
+			add("%s still runs %s, which it was asked to replace", name, p.Status.InstanceName)
+		default:
+			uids[string(p.UID)] = name
+		}
+	}
+	for _, name := range sys.gone {
+		if p, ok := got[name]; ok {
+			add("%s was deleted but still exists (finalizers %v)", name, p.Finalizers)
+		}
+	}
+	byUID := map[string][]string{}
+	for _, inst := range sys.s.Daemon.List(map[string]string{provider.LabelInstallation: sys.s.Installation}) {
+		uid := inst.Labels[provider.LabelProxyUID]
+		byUID[uid] = append(byUID[uid], inst.Name)
+	}
+	for uid, name := range uids {
+		insts := byUID[uid]
+		switch {
+		case len(insts) != 1:
+			add("%s has instances %v", name, insts)
+		case insts[0] != got[name].Status.InstanceName:
+			add("%s reports %s but the provider has %s", name, got[name].Status.InstanceName, insts[0])
+		}
+	}
+	for uid, insts := range byUID {
+		if _, ok := uids[uid]; !ok && !sys.pendingUID(got, uid) {
+			add("instances %v belong to no Proxy (uid %s)", insts, uid)
+		}
+	}
+	if len(problems) == 0 {
+		sys.instances = map[string]string{}
+		for name := range sys.want {
+			sys.instances[name] = got[name].Status.InstanceName
+		}
+		return ""
+	}
+	sort.Strings(problems)
+	if len(problems) > 8 {
+		problems = append(problems[:8], fmt.Sprintf("and %d more", len(problems)-8))
+	}
+	return strings.Join(problems, "; ")
+}
+
+// pendingUID: the instance belongs to a wanted Proxy that is not Ready yet (already
+// reported above).
+func (sys *system) pendingUID(got map[string]*v1alpha1.Proxy, uid string) bool {
+	for name := range sys.want {
+		if p, ok := got[name]; ok && string(p.UID) == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// ban leases the cooled Proxy for bannedTarget and reports it banned, then waits until its
+// workflow holds the cooldown.
+func (sys *system) ban(t *testing.T) {
+	ctx := context.Background()
+	var l *dclient.Lease
+	waitFor(t, 30*time.Second, "a lease on the cooled proxy", func() string {
+		var err error
+		l, err = sys.crawler.Acquire(ctx, dclient.AcquireRequest{Selector: sys.cooledSelector(), TTL: time.Minute, Target: bannedTarget})
+		if err != nil {
+			return err.Error()
+		}
+		return ""
+	})
+	require.NoError(t, sys.crawler.Report(ctx, l.ID, dclient.ResultBanned, ""))
+	require.NoError(t, sys.crawler.Release(ctx, l.ID))
+	waitFor(t, 30*time.Second, "the cooldown in the workflow", func() string {
+		v, err := sys.s.Temporal.Client.QueryWorkflow(ctx, workflows.ProxyWorkflowID(sys.ns, "cooled"), "", workflows.QueryState)
+		if err != nil {
+			return err.Error()
+		}
+		var st workflows.ProxyState
+		if err := v.Get(&st); err != nil {
+			return err.Error()
+		}
+		if _, ok := st.Cooldowns[bannedTarget]; !ok {
+			return fmt.Sprintf("cooldowns %v", st.Cooldowns)
+		}
+		return ""
+	})
+}
+
+func (sys *system) cooledSelector() map[string]string {
+	return map[string]string{"run": sys.ns, "role": "cooled"}
+}
+
+// check asserts the invariants once the desired state is reached.
+func (sys *system) check(t *testing.T) {
+	ctx := context.Background()
+	for _, p := range []*process{sys.worker, sys.operator, sys.discovery} {
+		p.alive(t)
+	}
+
+	// Each provider call is explained by a request of the test: nothing created twice.
+	creates, deletes := 0, 0
+	for _, e := range sys.s.Events() {
+		switch e.Op {
+		case "create":
+			creates++
+		case "delete":
+			deletes++
+		}
+	}
+	assert.Equal(t, sys.creates, creates, "instances created")
+	assert.Equal(t, sys.deletes, deletes, "instances deleted")
+
+	// A GC sweep (dry run, no age grace) finds no orphan.
+	sys.gcRuns++
+	run, err := sys.s.Temporal.Client.ExecuteWorkflow(ctx, tclient.StartWorkflowOptions{
+		ID: fmt.Sprintf("chaos-gc-%s-%d", sys.ns, sys.gcRuns), TaskQueue: sys.s.TaskQueue,
+		WorkflowExecutionTimeout: 2 * time.Minute,
+	}, workflows.GCWorkflow, workflows.GCInput{
+		Installation: sys.s.Installation, Providers: []v1alpha1.Provider{v1alpha1.ProviderLocal},
+		MinAge: time.Nanosecond, DryRun: true,
+	})
+	require.NoError(t, err)
+	var gc workflows.GCResult
+	require.NoError(t, run.Get(ctx, &gc))
+	assert.False(t, gc.Skipped, "GC skipped: %s", gc.SkipReason)
+	assert.Empty(t, gc.Errors, "GC errors")
+	assert.Empty(t, gc.Deleted, "GC found orphans")
+	assert.Len(t, gc.Spared, len(sys.want), "GC looked at one instance per Proxy")
+
+	// Discovery offers the fleet, and the ban still rests the cooled proxy for its target
+	// only.
+	healthy := true
+	waitFor(t, 30*time.Second, "discovery to list the fleet as healthy", func() string {
+		list, err := sys.crawler.ListProxies(ctx, map[string]string{"run": sys.ns}, &healthy)
+		if err != nil {
+			return err.Error()
+		}
+		if list.Count != len(sys.want) {
+			return fmt.Sprintf("%d healthy of %d", list.Count, len(sys.want))
+		}
+		return ""
+	})
+	_, err = sys.crawler.Acquire(ctx, dclient.AcquireRequest{Selector: sys.cooledSelector(), TTL: time.Minute, Target: bannedTarget})
+	var noMatch *dclient.Error
+	if assert.ErrorAs(t, err, &noMatch, "the banned target was given the cooled proxy: the cooldown was lost") {
+		assert.Equal(t, 1, noMatch.InCooldown, "%+v", noMatch)
+	}
+	l, err := sys.crawler.Acquire(ctx, dclient.AcquireRequest{Selector: sys.cooledSelector(), TTL: time.Minute, Target: otherTarget})
+	if assert.NoError(t, err, "another target is refused the cooled proxy") {
+		assert.NoError(t, sys.crawler.Release(ctx, l.ID))
+	}
+}
+
+func sortedNames(m map[string]*v1alpha1.Proxy) []string {
+	names := make([]string, 0, len(m))
+	for name := range m {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// waitFor polls cond until it returns "" or the deadline passes; the failure names what
+// was still wrong.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		why := cond()
+		if why == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for %s: %s", within, what, why)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
