@@ -164,9 +164,14 @@ func quietLog() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
+// setLogger gives controller-runtime's global logger (used by informers outside a
+// manager) the stack's quiet one, once per process.
+var setLogger sync.Once
+
 func (s *Stack) startManager(t testing.TB) {
 	t.Helper()
 	log := quietLog()
+	setLogger.Do(func() { ctrl.SetLogger(logr.FromSlogHandler(log.Handler())) })
 	mgr, err := ctrl.NewManager(s.Kube.Config, ctrl.Options{
 		Scheme:                 s.Kube.Scheme,
 		Cache:                  controller.CacheOptions(),
