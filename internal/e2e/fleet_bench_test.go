@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,7 +34,9 @@ func idleWorkflow(ctx workflow.Context) error {
 // the time until all are Ready, Proxies made Ready per second, that rate as a share of the
 // dev server's raw SignalWithStart rate on an idle workflow measured in the same run
 // (target ≥ 0.2), and history events per Proxy from apply to Ready (target ≤ 40). Probes
-// run every 10 s, the default, so the fleet's steady load is realistic.
+// run every 10 s, the default, so the fleet's steady load is realistic. It also reports
+// the CPU each server process spent per Proxy made Ready, and the dev server's CPU per
+// baseline call, to show where the limit is.
 //
 //	FLEET_N=1000 go test ./internal/e2e -run '^$' -bench ProvisionFleet -benchtime 1x -timeout 60m
 func BenchmarkProvisionFleet(b *testing.B) {
@@ -57,6 +60,7 @@ func BenchmarkProvisionFleet(b *testing.B) {
 	var next atomic.Int64
 	var g errgroup.Group
 	t0 := time.Now()
+	cpu0 := takeCPUSample()
 	for range 8 {
 		g.Go(func() error {
 			for next.Add(1) <= baseCalls {
@@ -71,11 +75,13 @@ func BenchmarkProvisionFleet(b *testing.B) {
 	}
 	require.NoError(b, g.Wait())
 	baseRate := baseCalls / time.Since(t0).Seconds()
+	baseCPU := takeCPUSample().since(cpu0)
 	_ = s.Temporal.Client.TerminateWorkflow(ctx, "idle/"+s.TaskQueue, "", "baseline done")
 
 	for b.Loop() {
 		ns := s.Namespace(b)
 		start := time.Now()
+		cpu0 := takeCPUSample()
 		var g errgroup.Group
 		g.SetLimit(16)
 		for i := range n {
@@ -106,6 +112,7 @@ func BenchmarkProvisionFleet(b *testing.B) {
 			time.Sleep(2 * time.Second)
 		}
 		all := time.Since(start)
+		cpu := takeCPUSample().since(cpu0)
 
 		var events int64
 		for i := range n {
@@ -120,5 +127,11 @@ func BenchmarkProvisionFleet(b *testing.B) {
 		b.ReportMetric(baseRate, "baseline-signalwithstart/s")
 		b.ReportMetric(readyRate/baseRate, "ratio")
 		b.ReportMetric(float64(events)/float64(n), "history-events/proxy")
+		// Where the CPU went: per Proxy made Ready, and per baseline call.
+		ms := func(d time.Duration, per int) float64 { return float64(d.Microseconds()) / 1000 / float64(per) }
+		b.ReportMetric(ms(baseCPU["temporal"], baseCalls), "temporal-cpu-ms/signalwithstart")
+		for proc, d := range cpu {
+			b.ReportMetric(ms(d, n), strings.ReplaceAll(proc, " ", "-")+"-cpu-ms/proxy")
+		}
 	}
 }
