@@ -46,7 +46,10 @@ type MonitorInput struct {
 	// Instance is checked for drift every DriftInterval; nil for External proxies.
 	Instance      *InstanceInput `json:"instance,omitempty"`
 	DriftInterval time.Duration  `json:"driftInterval,omitempty"`
-	// LatencyEvery rate-limits latency-only reports (default 1m).
+	// LatencyEvery rate-limits latency-only reports (default 10m). Latency only ranks
+	// proxies in discovery, and a busy machine moves every proxy's latency at once: reported
+	// every minute, a fleet of 1,000 under load wrote ~17 statuses and workflow tasks a
+	// second, which delayed the health verdicts that matter.
 	LatencyEvery time.Duration `json:"latencyEvery,omitempty"`
 }
 
@@ -93,7 +96,7 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 	th := thresholds{
 		success: max(int(in.HealthCheck.SuccessThreshold), 1),
 		failure: max(int(in.HealthCheck.FailureThreshold), 1),
-		latency: orDefault(in.LatencyEvery, time.Minute),
+		latency: orDefault(in.LatencyEvery, 10*time.Minute),
 	}
 	var prv provider.Provider
 	var providerID string

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.temporal.io/sdk/temporal"
+	"go.temporal.io/sdk/worker"
 )
 
 // TaskQueue is where every workflow and activity of the project runs.
@@ -77,4 +78,16 @@ func ParseProxyWorkflowID(id string) (namespace, name string, err error) {
 		return "", "", fmt.Errorf("workflow ID %q is not %snamespace/name", id, ProxyWorkflowIDPrefix)
 	}
 	return namespace, name, nil
+}
+
+// WorkerOptions are the options every worker of these workflows starts from. Pollers scale
+// with the server's feedback: a fleet's health verdicts and status changes arrive in bursts
+// of workflow tasks, and two fixed pollers (the SDK default) queued them for over a second
+// under load, which is time a failed proxy stays leasable.
+func WorkerOptions() worker.Options {
+	autoscale := worker.NewPollerBehaviorAutoscaling(worker.PollerBehaviorAutoscalingOptions{})
+	return worker.Options{
+		WorkflowTaskPollerBehavior: autoscale,
+		ActivityTaskPollerBehavior: autoscale,
+	}
 }

@@ -125,9 +125,9 @@ func run() error {
 	}
 	defer c.Close()
 
-	w := worker.New(c, *taskQueue, worker.Options{
-		MaxConcurrentActivityExecutionSize: *maxActs,
-	})
+	opts := workflows.WorkerOptions()
+	opts.MaxConcurrentActivityExecutionSize = *maxActs
+	w := worker.New(c, *taskQueue, opts)
 	w.RegisterWorkflow(workflows.ProxyWorkflow)
 	w.RegisterWorkflow(workflows.GCWorkflow)
 	w.RegisterActivity(&activities.Activities{Providers: reg, Kube: kube, Installation: *installation, Temporal: c,

@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"os"
+	"fmt"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -64,4 +66,21 @@ func (s cpuSample) since(before cpuSample) cpuSample {
 		d[k] = v - before[k]
 	}
 	return d
+}
+
+// cores formats each process's share of the CPU over d, in cores.
+func (s cpuSample) cores(d time.Duration) string {
+	names := make([]string, 0, len(s))
+	for k := range s {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var parts []string
+	total := 0.0
+	for _, k := range names {
+		c := s[k].Seconds() / d.Seconds()
+		total += c
+		parts = append(parts, fmt.Sprintf("%s %.2f", k, c))
+	}
+	return fmt.Sprintf("%s (total %.2f)", strings.Join(parts, ", "), total)
 }

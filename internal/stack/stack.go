@@ -213,7 +213,7 @@ func (s *Stack) Activities() *activities.Activities {
 // StartWorker runs an in-process worker on the stack's task queue.
 func (s *Stack) StartWorker(t testing.TB) {
 	t.Helper()
-	w := worker.New(s.Temporal.Client, s.TaskQueue, worker.Options{})
+	w := worker.New(s.Temporal.Client, s.TaskQueue, workflows.WorkerOptions())
 	w.RegisterWorkflow(workflows.ProxyWorkflow)
 	w.RegisterWorkflow(workflows.GCWorkflow)
 	w.RegisterActivity(s.Activities())
