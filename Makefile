@@ -58,6 +58,8 @@ lint: check-generated vet ## gofmt, go vet, workflowcheck, staticcheck, generate
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(BIN)/workflowcheck ./workflows/...
 	$(BIN)/staticcheck $(PKGS)
+	$(GO) vet -tags chaos,devstack ./internal/chaos/ ./internal/devstack/
+	$(BIN)/staticcheck -tags chaos,devstack ./internal/chaos/ ./internal/devstack/
 
 E2E_PKG := ./internal/e2e
 

@@ -1,8 +1,8 @@
 package e2e
 
 import (
-	"os"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"

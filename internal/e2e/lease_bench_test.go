@@ -135,7 +135,7 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 		timeout   = 500 * time.Millisecond
 		threshold = 2
 		refresh   = 200 * time.Millisecond // stack.StartDiscovery's index refresh
-		flapHalf  = 8 * time.Second // longer than the detection time, so every failure is seen
+		flapHalf  = 8 * time.Second        // longer than the detection time, so every failure is seen
 	)
 	// The monitor spaces probes by the interval ±10%, so the last of failureThreshold
 	// failing probes comes at most threshold × 1.1 × interval after the failure, and takes
