@@ -406,6 +406,10 @@ func checkDeployment(t *testing.T, d appsv1.Deployment, cm corev1.ConfigMap) {
 		assert.Contains(t, args, "--providers=$(PROXYFLEET_PROVIDERS)")
 	case "discovery":
 		assert.False(t, mounts, "discovery never calls the Kubernetes API; it gets no token")
+		// /readyz fails until the index is loaded from Temporal; /healthz only says the
+		// process serves, so a replica waiting for Temporal is not restarted in a loop.
+		assert.Equal(t, "/healthz", c.LivenessProbe.HTTPGet.Path)
+		assert.Equal(t, "/readyz", c.ReadinessProbe.HTTPGet.Path)
 		var ref *corev1.SecretKeySelector
 		for _, e := range c.Env {
 			if e.Name == "DISCOVERY_TOKEN" && e.ValueFrom != nil {

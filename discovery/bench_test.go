@@ -19,11 +19,13 @@ import (
 	"github.com/proxyfleet/proxyfleet/discovery"
 )
 
-// benchFleet fills a store with n healthy proxies over 4 regions and 8 countries.
+// benchFleet fills a store with n healthy proxies over 4 regions and 8 countries, in one
+// full pass, so the server serves them (it refuses until a full pass has loaded the index).
 func benchFleet(n int) *discovery.Store {
 	st := discovery.NewStore(time.Hour)
+	ps := make([]discovery.Proxy, 0, n)
 	for i := range n {
-		st.Upsert(discovery.Proxy{
+		ps = append(ps, discovery.Proxy{
 			Name: fmt.Sprintf("p-%06d", i), Namespace: "bench", IP: "127.0.0.1", Port: int32(10000 + i%50000),
 			Attributes: map[string]string{
 				"region":  fmt.Sprintf("r%d", i%4),
@@ -32,6 +34,7 @@ func benchFleet(n int) *discovery.Store {
 			LatencyMillis: int64(i % 97), Healthy: true, Phase: "Ready", MaxLeases: 4,
 		})
 	}
+	st.ReplaceAll(ps)
 	return st
 }
 

@@ -223,13 +223,32 @@ type specServer struct {
 	handler http.Handler
 }
 
+// specFleet is the spec server's fleet.
+func specFleet() []discovery.Proxy {
+	return []discovery.Proxy{
+		{Name: "eu-1", Namespace: "crawl", IP: "10.0.0.1", Port: 3128, Healthy: true,
+			Phase: "Ready", MaxLeases: 1, LatencyMillis: 12, Attributes: map[string]string{"region": "eu"}},
+		{Name: "ap-1", Namespace: "crawl", IP: "10.0.0.2", Port: 3128, Healthy: false,
+			Phase: "Ready", MaxLeases: 1, Attributes: map[string]string{"region": "ap"}},
+	}
+}
+
+// newSpecServer serves specFleet, loaded as a full pass from Temporal would load it.
 func newSpecServer(t *testing.T) *specServer {
 	t.Helper()
+	s := newLoadingSpecServer(t)
+	s.store.ReplaceAll(specFleet())
+	return s
+}
+
+// newLoadingSpecServer is a server whose index has not been loaded yet: what every replica
+// is right after it starts. Upserts do not load it: only a full pass knows the whole fleet.
+func newLoadingSpecServer(t *testing.T) *specServer {
+	t.Helper()
 	store := discovery.NewStore(30 * time.Minute)
-	store.Upsert(discovery.Proxy{Name: "eu-1", Namespace: "crawl", IP: "10.0.0.1", Port: 3128, Healthy: true,
-		Phase: "Ready", MaxLeases: 1, LatencyMillis: 12, Attributes: map[string]string{"region": "eu"}})
-	store.Upsert(discovery.Proxy{Name: "ap-1", Namespace: "crawl", IP: "10.0.0.2", Port: 3128, Healthy: false,
-		Phase: "Ready", MaxLeases: 1, Attributes: map[string]string{"region": "ap"}})
+	for _, p := range specFleet() {
+		store.Upsert(p)
+	}
 	srv := discovery.NewServer(discovery.Config{Token: specToken}, store, specSignaler{},
 		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	return &specServer{store: store, handler: srv.Handler()}
@@ -309,8 +328,10 @@ type specCase struct {
 	query        string
 	body         string
 	noToken      bool
-	wantStatus   int
-	wantCode     string
+	// loading sends the request before the index is loaded (newLoadingSpecServer).
+	loading    bool
+	wantStatus int
+	wantCode   string
 	// bodyConforms, when set, is whether the request body fits the documented schema: a
 	// request the server refuses for a reason the schema can express must not fit it.
 	bodyConforms *bool
@@ -332,6 +353,11 @@ func TestOpenAPIResponses(t *testing.T) {
 	cases := []specCase{
 		{name: "health", op: "GET /healthz", noToken: true, wantStatus: 200},
 		{name: "health head", op: "HEAD /healthz", noToken: true, wantStatus: 200},
+		{name: "ready", op: "GET /readyz", noToken: true, wantStatus: 200},
+		{name: "ready head", op: "HEAD /readyz", noToken: true, wantStatus: 200},
+		{name: "ready loading", op: "GET /readyz", noToken: true, loading: true, wantStatus: 503,
+			wantCode: "index_loading"},
+		{name: "ready head loading", op: "HEAD /readyz", noToken: true, loading: true, wantStatus: 503},
 		{name: "metrics", op: "GET /metrics", noToken: true, wantStatus: 200},
 
 		{name: "list all", op: "GET /v1/proxies", wantStatus: 200},
@@ -339,6 +365,7 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "list bad selector", op: "GET /v1/proxies", query: "attr.Region=eu", wantStatus: 400, wantCode: "invalid_selector"},
 		{name: "list bad healthy", op: "GET /v1/proxies", query: "healthy=maybe", wantStatus: 400, wantCode: "invalid"},
 		{name: "list without token", op: "GET /v1/proxies", noToken: true, wantStatus: 401, wantCode: "unauthorized"},
+		{name: "list loading", op: "GET /v1/proxies", loading: true, wantStatus: 503, wantCode: "index_loading"},
 
 		{name: "acquire", op: "POST /v1/leases", body: `{"selector":{"region":"eu"},"ttlSeconds":60,"target":"shop.example"}`,
 			wantStatus: 201, bodyConforms: yes},
@@ -359,6 +386,8 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "acquire no match", op: "POST /v1/leases", body: `{"selector":{"region":"ap"}}`, wantStatus: 409,
 			wantCode: "no_match", bodyConforms: yes},
 		{name: "acquire too large", op: "POST /v1/leases", body: huge, wantStatus: 413, wantCode: "too_large"},
+		{name: "acquire loading", op: "POST /v1/leases", body: `{"selector":{"region":"eu"}}`, loading: true,
+			wantStatus: 503, wantCode: "index_loading", bodyConforms: yes},
 
 		{name: "renew", op: "POST /v1/leases/{id}/renew", prepare: live, body: `{"ttlSeconds":120}`, wantStatus: 200,
 			bodyConforms: yes},
@@ -405,6 +434,9 @@ func TestOpenAPIResponses(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newSpecServer(t)
+			if tc.loading {
+				s = newLoadingSpecServer(t)
+			}
 			var responses map[string]any
 			method, path := tc.method, tc.path
 			if tc.op != "" {

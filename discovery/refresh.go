@@ -58,8 +58,9 @@ func (r *Refresher) defaults() {
 	}
 }
 
-// Run refreshes until ctx ends. The first full pass runs before Run returns control to the
-// loop, so callers that wait for Ready see a populated index.
+// Run refreshes until ctx ends, starting with a full pass. Until a full pass succeeds the
+// Store is not Loaded (the API answers 503 index_loading), and every tick tries a full pass
+// again: an incremental one would only bring what changed, never the whole fleet.
 func (r *Refresher) Run(ctx context.Context) error {
 	r.defaults()
 	t := time.NewTicker(r.Interval)
@@ -101,7 +102,12 @@ func (r *Refresher) Full(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	first := !r.Store.Loaded()
 	r.Store.ReplaceAll(all)
+	if first {
+		// The moment discovery starts answering crawlers: worth a line in the log.
+		r.Log.Info("proxy index loaded from Temporal", "proxies", len(all), "took", time.Since(start).Round(time.Millisecond).String())
+	}
 	r.lastFull = start
 	if high.After(r.watermark) {
 		r.watermark = high

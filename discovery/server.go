@@ -138,9 +138,9 @@ func (s *Server) Handler() http.Handler {
 	r.RedirectTrailingSlash, r.RedirectFixedPath = false, false
 	// logRequests wraps recoverPanics so a recovered panic is logged and counted as the 500
 	// it answers.
-	// Server spans continue an incoming traceparent; health and metrics scrapes are noise.
+	// Server spans continue an incoming traceparent; probes and metrics scrapes are noise.
 	r.Use(otelgin.Middleware("proxyfleet-discovery", otelgin.WithGinFilter(func(c *gin.Context) bool {
-		return c.FullPath() != "/healthz" && c.FullPath() != "/metrics"
+		return !probeRoute(c.FullPath())
 	})))
 	r.Use(s.logRequests, s.recoverPanics, s.limitBody)
 	r.NoRoute(func(c *gin.Context) {
@@ -152,12 +152,19 @@ func (s *Server) Handler() http.Handler {
 	healthz := func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) }
 	r.GET("/healthz", healthz)
 	r.HEAD("/healthz", func(c *gin.Context) { c.Status(http.StatusOK) })
+	// /healthz is liveness (the process serves); /readyz is readiness (it has something
+	// true to serve). Restarting a replica whose Temporal is down would not help, taking it
+	// out of the Service until its index loads does.
+	r.GET("/readyz", s.readyz)
+	r.HEAD("/readyz", s.readyz)
 	if s.metrics.handler != nil {
 		r.GET("/metrics", gin.WrapH(s.metrics.handler))
 	}
 	v1 := r.Group("/v1", s.authenticate)
-	v1.GET("/proxies", s.listProxies)
-	v1.POST("/leases", s.acquire)
+	// Only the answers that depend on the whole index wait for it. Renew, release and
+	// report work on leases, which live in memory and are all this process has granted.
+	v1.GET("/proxies", s.requireIndex, s.listProxies)
+	v1.POST("/leases", s.requireIndex, s.acquire)
 	v1.POST("/leases/:id/renew", s.renew)
 	v1.DELETE("/leases/:id", s.release)
 	v1.POST("/leases/:id/report", s.report)
@@ -179,6 +186,9 @@ const (
 	codeTooLarge         = "too_large"
 	codeMethodNotAllowed = "method_not_allowed"
 	codeInternal         = "internal"
+	// codeIndexLoading: the index has not been loaded from Temporal yet (just started, or
+	// Temporal unreachable since), so an empty answer would be a lie.
+	codeIndexLoading = "index_loading"
 )
 
 func status(code string) int {
@@ -197,6 +207,8 @@ func status(code string) int {
 		return http.StatusGone
 	case codeTooLarge:
 		return http.StatusRequestEntityTooLarge
+	case codeIndexLoading:
+		return http.StatusServiceUnavailable
 	default:
 		return http.StatusInternalServerError
 	}
@@ -248,11 +260,55 @@ func (s *Server) logRequests(c *gin.Context) {
 		route = "unmatched"
 	}
 	s.metrics.observeRequest(c.Request.Method, route, c.Writer.Status(), time.Since(start))
-	if route == "/healthz" || route == "/metrics" {
+	if probeRoute(route) {
 		return
 	}
 	s.log.Info("request", "method", c.Request.Method, "route", route, "status", c.Writer.Status(),
 		"duration", time.Since(start).Round(time.Microsecond).String(), "remote", c.ClientIP())
+}
+
+// probeRoute reports whether route is polled by probes or Prometheus every few seconds:
+// logging or tracing each of those would drown the requests of crawlers.
+func probeRoute(route string) bool {
+	return route == "/healthz" || route == "/readyz" || route == "/metrics"
+}
+
+// retryIndexAfter is the Retry-After of index_loading answers, in seconds: short, so that
+// crawlers resume soon after the index loads, and each retry is one cheap refusal.
+const retryIndexAfter = "1"
+
+// requireIndex answers 503 index_loading until the store's index has been loaded in full.
+// Before the first full pass from Temporal, an empty listing or a no_match with considered=0
+// would be indistinguishable from a fleet without proxies, and a crawler would give up or
+// alert instead of waiting a second.
+func (s *Server) requireIndex(c *gin.Context) {
+	if !s.store.Loaded() {
+		s.indexLoading(c)
+		return
+	}
+	c.Next()
+}
+
+func (s *Server) indexLoading(c *gin.Context) {
+	c.Header("Retry-After", retryIndexAfter)
+	s.fail(c, apiErr(codeIndexLoading, "the proxy index is still loading from Temporal; retry shortly"))
+}
+
+// readyz serves GET and HEAD /readyz: 200 once the index is loaded, 503 index_loading
+// before, so a Service sends crawlers only to replicas that can lease. HEAD gets no body.
+func (s *Server) readyz(c *gin.Context) {
+	head, loaded := c.Request.Method == http.MethodHead, s.store.Loaded()
+	switch {
+	case !loaded && head:
+		c.Header("Retry-After", retryIndexAfter)
+		c.AbortWithStatus(status(codeIndexLoading))
+	case !loaded:
+		s.indexLoading(c)
+	case head:
+		c.Status(http.StatusOK)
+	default:
+		c.JSON(http.StatusOK, gin.H{"status": "ok"})
+	}
 }
 
 func (s *Server) limitBody(c *gin.Context) {

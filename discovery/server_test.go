@@ -91,7 +91,17 @@ type harness struct {
 	reg     *prometheus.Registry
 }
 
+// newHarness serves proxies, loaded as the first full pass from Temporal loads them.
 func newHarness(t *testing.T, cfg discovery.Config, proxies ...discovery.Proxy) *harness {
+	t.Helper()
+	h := newLoadingHarness(t, cfg)
+	h.store.ReplaceAll(proxies)
+	return h
+}
+
+// newLoadingHarness serves a store whose index has not been loaded yet, as every replica
+// does between its start and its first full pass.
+func newLoadingHarness(t *testing.T, cfg discovery.Config) *harness {
 	t.Helper()
 	h := &harness{
 		t:       t,
@@ -102,9 +112,6 @@ func newHarness(t *testing.T, cfg discovery.Config, proxies ...discovery.Proxy) 
 		reg:     prometheus.NewRegistry(),
 	}
 	h.store.SetClock(h.clock.Now)
-	for _, p := range proxies {
-		h.store.Upsert(p)
-	}
 	sig := &fakeSignaler{report: func(_ context.Context, namespace, name string, sig workflows.ReportSignal) error {
 		h.signals <- forwarded{namespace, name, sig}
 		return nil
@@ -195,6 +202,93 @@ func TestHealthz(t *testing.T) {
 	rec := h.doAuth(http.MethodGet, "/healthz", "", "")
 	require.Equal(t, http.StatusOK, rec.Code)
 	assert.JSONEq(t, `{"status":"ok"}`, rec.Body.String())
+}
+
+// TestIndexLoading: until the first full pass, the answers that depend on the whole index
+// are 503 index_loading with a Retry-After, never an empty list or a no_match; afterwards
+// the same requests are served as usual.
+func TestIndexLoading(t *testing.T) {
+	h := newLoadingHarness(t, defaultConfig())
+	// An incremental pass alone does not make the index whole.
+	h.store.Upsert(fleet()[0])
+
+	loading := func(t *testing.T, rec *httptest.ResponseRecorder) {
+		t.Helper()
+		body := requireError(t, rec, http.StatusServiceUnavailable, "index_loading")
+		assert.Equal(t, "1", rec.Header().Get("Retry-After"))
+		assert.Contains(t, body["message"], "still loading")
+	}
+	t.Run("before", func(t *testing.T) {
+		loading(t, h.do(http.MethodGet, "/v1/proxies", ""))
+		loading(t, h.do(http.MethodGet, "/v1/proxies?attr.region=eu&healthy=true", ""))
+		loading(t, h.do(http.MethodPost, "/v1/leases", `{"selector":{"region":"eu"}}`))
+		loading(t, h.do(http.MethodPost, "/v1/leases", ""))
+		loading(t, h.doAuth(http.MethodGet, "/readyz", "", ""))
+
+		rec := h.doAuth(http.MethodHead, "/readyz", "", "")
+		assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+		assert.Equal(t, "1", rec.Header().Get("Retry-After"))
+		assert.Empty(t, rec.Body.String(), "HEAD has no body")
+
+		// Liveness does not depend on Temporal: restarting would not load the index sooner.
+		rec = h.doAuth(http.MethodGet, "/healthz", "", "")
+		assert.Equal(t, http.StatusOK, rec.Code)
+
+		// Authentication comes first: without a token nothing about the index is told.
+		requireError(t, h.doAuth(http.MethodGet, "/v1/proxies", "", ""), http.StatusUnauthorized, "unauthorized")
+		requireError(t, h.doAuth(http.MethodPost, "/v1/leases", "", ""), http.StatusUnauthorized, "unauthorized")
+
+		// Leases live in memory: the lease routes answer as ever (none is known yet).
+		id := "0123456789abcdef0123456789abcdef"
+		requireError(t, h.do(http.MethodPost, "/v1/leases/"+id+"/renew", ""), http.StatusNotFound, "unknown_lease")
+		requireError(t, h.do(http.MethodPost, "/v1/leases/"+id+"/report", `{"result":"banned"}`),
+			http.StatusNotFound, "unknown_lease")
+		assert.Equal(t, http.StatusNoContent, h.do(http.MethodDelete, "/v1/leases/"+id, "").Code)
+	})
+
+	h.store.ReplaceAll(fleet())
+
+	t.Run("after", func(t *testing.T) {
+		rec := h.doAuth(http.MethodGet, "/readyz", "", "")
+		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+		assert.JSONEq(t, `{"status":"ok"}`, rec.Body.String())
+		assert.Empty(t, rec.Header().Get("Retry-After"))
+		rec = h.doAuth(http.MethodHead, "/readyz", "", "")
+		assert.Equal(t, http.StatusOK, rec.Code)
+		assert.Empty(t, rec.Body.String())
+
+		rec = h.do(http.MethodGet, "/v1/proxies?attr.region=eu", "")
+		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+		var list discovery.ProxyList
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &list))
+		assert.Equal(t, 2, list.Count)
+		l := h.acquire(`{"selector":{"region":"eu"}}`)
+		assert.Equal(t, "eu-fast", l.Proxy.Name)
+		assert.Equal(t, http.StatusOK, h.do(http.MethodPost, "/v1/leases/"+l.LeaseID+"/renew", "").Code)
+	})
+
+	t.Run("counted, not logged", func(t *testing.T) {
+		rec := h.doAuth(http.MethodGet, "/metrics", "", "")
+		require.Equal(t, http.StatusOK, rec.Code)
+		assert.Contains(t, rec.Body.String(),
+			`proxyfleet_discovery_http_requests_total{code="503",method="POST",route="/v1/leases"} 2`)
+		assert.Contains(t, rec.Body.String(),
+			`proxyfleet_discovery_http_requests_total{code="503",method="GET",route="/readyz"} 1`)
+		assert.NotContains(t, h.logs.String(), "route=/readyz", "probes would drown the request log")
+		assert.Contains(t, h.logs.String(), "route=/v1/proxies")
+	})
+}
+
+// TestEmptyFleetIsLoaded: a full pass that finds no proxies is a true answer, so it is
+// served as one (an empty list, a no_match), not as index_loading.
+func TestEmptyFleetIsLoaded(t *testing.T) {
+	h := newHarness(t, defaultConfig())
+	assert.Equal(t, http.StatusOK, h.doAuth(http.MethodGet, "/readyz", "", "").Code)
+	rec := h.do(http.MethodGet, "/v1/proxies", "")
+	require.Equal(t, http.StatusOK, rec.Code)
+	assert.JSONEq(t, `{"proxies":[],"count":0}`, rec.Body.String())
+	body := requireError(t, h.do(http.MethodPost, "/v1/leases", ""), http.StatusConflict, "no_match")
+	assert.EqualValues(t, 0, body["considered"])
 }
 
 func TestListProxies(t *testing.T) {
@@ -609,6 +703,7 @@ func TestUnknownRouteAndMethod(t *testing.T) {
 		{"GET a renewal", http.MethodGet, "/v1/leases/x/renew", http.StatusMethodNotAllowed, "method_not_allowed"},
 		{"POST proxies", http.MethodPost, "/v1/proxies", http.StatusMethodNotAllowed, "method_not_allowed"},
 		{"DELETE healthz", http.MethodDelete, "/healthz", http.StatusMethodNotAllowed, "method_not_allowed"},
+		{"POST readyz", http.MethodPost, "/readyz", http.StatusMethodNotAllowed, "method_not_allowed"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/btree"
@@ -125,6 +126,12 @@ type Store struct {
 	// keepExpired is how long an expired lease still accepts a report.
 	keepExpired time.Duration
 	maxViews    int
+
+	// loaded is set by the first ReplaceAll and never cleared. It is atomic, not under mu,
+	// because the server checks it on every list and acquire: an extra acquisition of the
+	// lock those requests already contend for would cost throughput for a flag that
+	// changes once.
+	loaded atomic.Bool
 }
 
 // NewStore returns an empty store. keepExpired is how long a report is still accepted for a
@@ -284,7 +291,7 @@ func (s *Store) removeLocked(id string) {
 	delete(s.proxies, id)
 }
 
-// ReplaceAll makes the index exactly ps (a full resync).
+// ReplaceAll makes the index exactly ps (a full resync), and marks the index Loaded.
 func (s *Store) ReplaceAll(ps []Proxy) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -298,7 +305,17 @@ func (s *Store) ReplaceAll(ps []Proxy) {
 			s.removeLocked(id)
 		}
 	}
+	// Set last and under the lock: whoever sees it and then takes the lock sees the whole
+	// fleet, never part of this pass.
+	s.loaded.Store(true)
 }
+
+// Loaded reports whether the index has been loaded in full at least once (ReplaceAll ran).
+// Until then an empty index says nothing about the fleet, so the server refuses to list or
+// lease rather than answer "no proxies". Upsert alone does not count: incremental passes
+// only see what changed, never the whole fleet. It stays true afterwards: a later failed
+// refresh leaves the last full index in place, which is still worth serving.
+func (s *Store) Loaded() bool { return s.loaded.Load() }
 
 // Len is the number of proxies in the index.
 func (s *Store) Len() int {

@@ -431,6 +431,26 @@ func TestReplaceAll(t *testing.T) {
 	requireNoMatch(t, s, nil, "", NoMatch{})
 }
 
+// TestLoaded: only a full pass (ReplaceAll) loads the index, even an empty one, and it
+// stays loaded: later passes, or none, never unload it.
+func TestLoaded(t *testing.T) {
+	s, _ := newTestStore(t)
+	assert.False(t, s.Loaded(), "a new store")
+	s.Upsert(px("a", 1, nil))
+	s.Remove("ns/a")
+	s.Upsert(px("b", 1, nil))
+	assert.False(t, s.Loaded(), "incremental passes only see what changed, never the whole fleet")
+
+	s.ReplaceAll(nil)
+	assert.True(t, s.Loaded(), "an empty fleet is a loaded index too")
+	assert.Equal(t, 0, s.Len())
+
+	s.Upsert(px("c", 1, nil))
+	s.Remove("ns/c")
+	s.ReplaceAll([]Proxy{px("d", 1, nil)})
+	assert.True(t, s.Loaded())
+}
+
 func TestExpiry(t *testing.T) {
 	s, clk := newTestStore(t)
 	s.Upsert(px("p", 1, nil))

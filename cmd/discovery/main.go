@@ -31,7 +31,7 @@ func main() { cmdline.Main("discovery", run) }
 func run() error {
 	temporal := cmdline.TemporalFlags()
 	var (
-		listen      = flag.String("listen", cmdline.Env("DISCOVERY_LISTEN", "127.0.0.1:8090"), "address of the API, /healthz and /metrics (env DISCOVERY_LISTEN)")
+		listen      = flag.String("listen", cmdline.Env("DISCOVERY_LISTEN", "127.0.0.1:8090"), "address of the API, /healthz, /readyz and /metrics (env DISCOVERY_LISTEN)")
 		defaultTTL  = flag.Duration("default-ttl", 5*time.Minute, "lease TTL when a request gives none")
 		maxTTL      = flag.Duration("max-ttl", time.Hour, "longest TTL a lease or renewal may ask for")
 		rateLimited = flag.Duration("cooldown-rate-limited", 5*time.Minute, "cooldown of a proxy for a target after a rate_limited report")
@@ -72,6 +72,9 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The listener does not wait for the first full pass: /healthz answers at once (the
+	// process is alive even when Temporal is not), while /readyz, listings and acquires
+	// answer 503 index_loading until the index is loaded.
 	go func() { _ = refresher.Run(ctx) }()
 	go srv.RunReports(ctx)
 	go func() {

@@ -47,6 +47,10 @@ const (
 	CodeTooLarge         = "too_large"
 	CodeMethodNotAllowed = "method_not_allowed"
 	CodeInternal         = "internal"
+	// CodeIndexLoading (503) means discovery has not loaded its proxy index from Temporal
+	// yet, after a start or while Temporal is unreachable: an answer now could only say
+	// "no proxies", which would not be true. See IsIndexLoading.
+	CodeIndexLoading = "index_loading"
 )
 
 // Client talks to one discovery server. It is safe for concurrent use.
@@ -172,6 +176,12 @@ func IsLeaseGone(err error) bool {
 	return hasCode(err, CodeLeaseExpired) || hasCode(err, CodeUnknownLease)
 }
 
+// IsIndexLoading reports whether err says discovery is still loading its proxy index from
+// Temporal (503), as it does for a moment after every restart. It says nothing about the
+// fleet or the request: retry the same call after a short wait (the server's Retry-After is
+// 1 second) instead of treating it as "no proxies". Leases already held keep working.
+func IsIndexLoading(err error) bool { return hasCode(err, CodeIndexLoading) }
+
 // IsUnauthorized reports whether the token was missing or wrong (401).
 func IsUnauthorized(err error) bool { return hasCode(err, CodeUnauthorized) }
 
@@ -183,7 +193,8 @@ func hasCode(err error, code string) bool {
 // --- calls ---------------------------------------------------------------------------
 
 // ListProxies lists the proxies whose attributes include every pair of selector (nil for
-// all), and, if healthy is not nil, only the healthy or the unhealthy ones.
+// all), and, if healthy is not nil, only the healthy or the unhealthy ones. Until discovery
+// has loaded its index the error satisfies IsIndexLoading.
 func (c *Client) ListProxies(ctx context.Context, selector map[string]string, healthy *bool) (*ProxyList, error) {
 	q := url.Values{}
 	for k, v := range selector {
@@ -217,7 +228,8 @@ type AcquireRequest struct {
 }
 
 // Acquire leases the best proxy for req: the least leased, then the fastest. When none is
-// available the error satisfies IsNoMatch.
+// available the error satisfies IsNoMatch; until discovery has loaded its index, it
+// satisfies IsIndexLoading instead (retry shortly).
 func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*Lease, error) {
 	body := leaseRequest{Selector: req.Selector, TTLSeconds: seconds(req.TTL), Target: req.Target}
 	var out Lease

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -66,13 +67,19 @@ type fixture struct {
 }
 
 // newFixture runs the real discovery server on 127.0.0.1 over a store holding proxies,
-// with a client using the right token.
+// loaded as a full pass from Temporal loads them, with a client using the right token.
 func newFixture(t *testing.T, proxies ...discovery.Proxy) *fixture {
 	t.Helper()
+	f := newLoadingFixture(t)
+	f.store.ReplaceAll(proxies)
+	return f
+}
+
+// newLoadingFixture is newFixture before the server's index is loaded, as right after a
+// restart of discovery.
+func newLoadingFixture(t *testing.T) *fixture {
+	t.Helper()
 	f := &fixture{store: discovery.NewStore(30 * time.Minute), signals: &signals{}}
-	for _, p := range proxies {
-		f.store.Upsert(p)
-	}
 	srv := discovery.NewServer(discovery.Config{Token: testToken}, f.store,
 		&fakeSignaler{report: f.signals.record}, slog.New(slog.DiscardHandler), nil)
 	go srv.RunReports(t.Context())
@@ -273,6 +280,39 @@ func TestAcquireNoMatchCounts(t *testing.T) {
 			assert.Equal(t, tc.want, got)
 		})
 	}
+}
+
+// TestIndexLoading: right after discovery starts, listing and acquiring fail with an error
+// IsIndexLoading recognises (and IsNoMatch does not: there may well be proxies); once the
+// index is loaded the same calls succeed.
+func TestIndexLoading(t *testing.T) {
+	f := newLoadingFixture(t)
+
+	_, err := f.client.Acquire(t.Context(), AcquireRequest{Selector: map[string]string{"region": "eu"}})
+	require.Error(t, err)
+	assert.True(t, IsIndexLoading(err), "%v", err)
+	assert.False(t, IsNoMatch(err))
+	assert.False(t, IsLeaseGone(err))
+	e := apiError(t, err)
+	assert.Equal(t, http.StatusServiceUnavailable, e.Status)
+	assert.Equal(t, CodeIndexLoading, e.Code)
+	assert.NotEmpty(t, e.Message)
+
+	_, err = f.client.ListProxies(t.Context(), nil, nil)
+	assert.True(t, IsIndexLoading(err), "%v", err)
+
+	f.store.ReplaceAll([]discovery.Proxy{proxy("eu-1", true, 1, map[string]string{"region": "eu"})})
+	l, err := f.client.Acquire(t.Context(), AcquireRequest{Selector: map[string]string{"region": "eu"}})
+	require.NoError(t, err)
+	assert.Equal(t, "eu-1", l.Proxy.Name)
+	list, err := f.client.ListProxies(t.Context(), nil, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 1, list.Count)
+
+	assert.False(t, IsIndexLoading(nil))
+	assert.False(t, IsIndexLoading(errors.New("index_loading")), "only an API error carries a code")
+	assert.False(t, IsIndexLoading(&Error{Status: http.StatusServiceUnavailable, Message: "Service Unavailable"}),
+		"a 503 from a load balancer in between is not discovery loading")
 }
 
 func TestUnauthorized(t *testing.T) {

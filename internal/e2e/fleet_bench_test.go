@@ -17,7 +17,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/proxyfleet/proxyfleet/internal/stack"
-	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows"
 )
 
@@ -94,23 +93,7 @@ func BenchmarkProvisionFleet(b *testing.B) {
 		require.NoError(b, g.Wait())
 		applied := time.Since(start)
 
-		deadline := time.Now().Add(30 * time.Minute)
-		for {
-			var list v1alpha1.ProxyList
-			require.NoError(b, s.Kube.Client.List(ctx, &list))
-			ready := 0
-			for _, p := range list.Items {
-				if p.Namespace == ns && stack.Ready(&p) {
-					ready++
-				}
-			}
-			if ready == n {
-				break
-			}
-			require.True(b, time.Now().Before(deadline), "only %d of %d Ready after 30m", ready, n)
-			// Listing 1,000 Proxies costs the API server and this process real CPU: poll slowly.
-			time.Sleep(2 * time.Second)
-		}
+		waitAllReady(b, s, ns, n, 30*time.Minute)
 		all := time.Since(start)
 		cpu := takeCPUSample().since(cpu0)
 

@@ -165,18 +165,10 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 	}
 	require.NoError(b, g.Wait())
 	instances := map[string]string{}
-	deadline := time.Now().Add(30 * time.Minute)
-	for len(instances) < n {
-		require.True(b, time.Now().Before(deadline), "only %d of %d Ready after 30m", len(instances), n)
-		time.Sleep(2 * time.Second) // listing 1,000 Proxies is not free: poll slowly
-		var list v1alpha1.ProxyList
-		require.NoError(b, s.Kube.Client.List(ctx, &list))
-		for _, p := range list.Items {
-			if p.Namespace == ns && stack.Ready(&p) {
-				instances[p.Name] = p.Status.InstanceName
-			}
-		}
+	for name, p := range waitAllReady(b, s, ns, n, 30*time.Minute) {
+		instances[name] = p.Status.InstanceName
 	}
+	deadline := time.Now().Add(time.Minute)
 	cpuA := takeCPUSample()
 	time.Sleep(5 * time.Second)
 	b.Logf("CPU (cores) with the fleet idle, before discovery: %s", takeCPUSample().since(cpuA).cores(5*time.Second))
