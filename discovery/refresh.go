@@ -73,7 +73,11 @@ func (r *Refresher) Run(ctx context.Context) error {
 			err = r.Incremental(ctx)
 		}
 		if err != nil && ctx.Err() == nil {
-			r.Log.Warn("index refresh failed; serving the last known index", "error", err)
+			if r.Store.Loaded() {
+				r.Log.Warn("index refresh failed; serving the last known index", "error", err)
+			} else {
+				r.Log.Warn("first index load failed; listings and acquires answer 503 index_loading until one succeeds", "error", err)
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -48,8 +48,8 @@ const (
 	CodeMethodNotAllowed = "method_not_allowed"
 	CodeInternal         = "internal"
 	// CodeIndexLoading (503) means discovery has not loaded its proxy index from Temporal
-	// yet, after a start or while Temporal is unreachable: an answer now could only say
-	// "no proxies", which would not be true. See IsIndexLoading.
+	// since it started (Temporal may be unreachable): an answer now could only say "no
+	// proxies", which would not be true. See IsIndexLoading.
 	CodeIndexLoading = "index_loading"
 )
 
@@ -179,7 +179,8 @@ func IsLeaseGone(err error) bool {
 // IsIndexLoading reports whether err says discovery is still loading its proxy index from
 // Temporal (503), as it does for a moment after every restart. It says nothing about the
 // fleet or the request: retry the same call after a short wait (the server's Retry-After is
-// 1 second) instead of treating it as "no proxies". Leases already held keep working.
+// 1 second) instead of treating it as "no proxies". Leases from before the restart are
+// gone (they answer unknown_lease): acquire new ones once the index is loaded.
 func IsIndexLoading(err error) bool { return hasCode(err, CodeIndexLoading) }
 
 // IsUnauthorized reports whether the token was missing or wrong (401).

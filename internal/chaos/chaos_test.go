@@ -5,7 +5,6 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"sort"
 	"strconv"
@@ -27,7 +26,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(testenv.Run(m, testenv.Options{TemporalRestartable: true, Kube: true}))
+	code := testenv.Run(m, testenv.Options{TemporalRestartable: true, Kube: true})
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
 }
 
 // config sizes a run; CHAOS_PROXIES and CHAOS_OUTAGE override the full suite's defaults.
@@ -147,6 +150,14 @@ func TestEveryServerKilledDuringChurn(t *testing.T) {
 			return
 		}
 	}
+
+	// A duplicate could still surface late: a create retried after its activity timeout.
+	// Watch the settled system for longer than that, then check everything again.
+	time.Sleep(2 * stack.FastTuning().ActivityTimeout)
+	if why := sys.divergence(); why != "" {
+		t.Fatalf("the system moved after it had settled: %s", why)
+	}
+	sys.check(t)
 }
 
 func (sys *system) startProcesses(t *testing.T) {
@@ -166,10 +177,10 @@ func (sys *system) startProcesses(t *testing.T) {
 		"--tuning-quota-retry", ft.QuotaRetry.String(), "--tuning-drift-interval", ft.DriftInterval.String(),
 		"--tuning-wait-running-max", ft.WaitRunningMax.String(),
 		"--tuning-activity-timeout", ft.ActivityTimeout.String(), "--tuning-heartbeat-timeout", ft.HeartbeatTimeout.String())...)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// Discovery comes back on the same port after its restart.
+	ports, err := testenv.FreePorts(1)
 	require.NoError(t, err)
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
 	sys.discovery = newProcess(t, "discovery", []string{"DISCOVERY_TOKEN=" + token}, append(temporal,
 		"--listen", addr, "--refresh-interval", "200ms")...)
 	sys.crawler = dclient.New("http://"+addr, token)
@@ -430,13 +441,19 @@ func (sys *system) check(t *testing.T) {
 	// Discovery offers the fleet, and the ban still rests the cooled proxy for its target
 	// only.
 	healthy := true
-	waitFor(t, 30*time.Second, "discovery to list the fleet as healthy", func() string {
+	want := strings.Join(sortedNames(sys.want), " ")
+	waitFor(t, 30*time.Second, "discovery to list exactly the fleet, healthy", func() string {
 		list, err := sys.crawler.ListProxies(ctx, map[string]string{"run": sys.ns}, &healthy)
 		if err != nil {
 			return err.Error()
 		}
-		if list.Count != len(sys.want) {
-			return fmt.Sprintf("%d healthy of %d", list.Count, len(sys.want))
+		var names []string
+		for _, p := range list.Proxies {
+			names = append(names, p.Name)
+		}
+		sort.Strings(names)
+		if got := strings.Join(names, " "); got != want {
+			return fmt.Sprintf("lists %d healthy proxies, not the %d Proxies (got %.200s…)", len(names), len(sys.want), got)
 		}
 		return ""
 	})

@@ -88,6 +88,8 @@ func (p *process) start(t *testing.T) {
 	cmd := exec.Command(p.path, p.args...)
 	cmd.Env = append(os.Environ(), p.env...)
 	cmd.Stdout, cmd.Stderr = p.file, p.file
+	// Killed by the kernel if the test process dies without its cleanups (a -timeout panic).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	require.NoError(t, cmd.Start(), "start %s", p.name)
 	p.cmd, p.done = cmd, make(chan error, 1)
 	go func(done chan error) { done <- cmd.Wait() }(p.done)

@@ -23,8 +23,8 @@ func waitAllReady(tb testing.TB, s *stack.Stack, ns string, n int, within time.D
 	require.NoError(tb, err)
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
-	ready := map[string]*v1alpha1.Proxy{}
 	for {
+		ready := map[string]*v1alpha1.Proxy{} // a fresh count each time the list is read
 		var list v1alpha1.ProxyList
 		require.NoError(tb, wc.List(ctx, &list, client.InNamespace(ns)))
 		for i := range list.Items {

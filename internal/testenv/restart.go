@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -43,23 +44,52 @@ type devServer struct {
 	done chan error
 }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// FreePorts returns n distinct free ports on 127.0.0.1 for servers that must come back on
+// the same port after a restart. They are drawn below the kernel's ephemeral range: a port
+// from that range, once its server is killed, can be taken as the source port of a client
+// reconnecting to it (a TCP self-connect), and the restart would then fail to bind.
+func FreePorts(n int) ([]int, error) {
+	lo := 32768
+	if raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(raw)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				lo = v
+			}
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	const base = 20000
+	if lo <= base+n {
+		return nil, fmt.Errorf("the ephemeral port range starts at %d: no room below it", lo)
+	}
+	var (
+		ports []int
+		held  []net.Listener
+	)
+	defer func() {
+		for _, ln := range held {
+			ln.Close()
+		}
+	}()
+	start := base + rand.IntN(lo-base)
+	for i := 0; i < lo-base && len(ports) < n; i++ {
+		p := base + (start-base+i)%(lo-base)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		held = append(held, ln) // held until all are chosen, so none is picked twice
+		ports = append(ports, p)
+	}
+	if len(ports) < n {
+		return nil, fmt.Errorf("found %d free ports below %d, need %d", len(ports), lo, n)
+	}
+	return ports, nil
 }
 
 func newDevServer(bin, dir string, out io.Writer) (*devServer, error) {
-	ports := make([]int, 3)
-	for i := range ports {
-		p, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		ports[i] = p
+	ports, err := FreePorts(3)
+	if err != nil {
+		return nil, err
 	}
 	args := []string{"server", "start-dev", "--ip", "127.0.0.1", "--headless",
 		"--port", strconv.Itoa(ports[0]), "--http-port", strconv.Itoa(ports[1]), "--metrics-port", strconv.Itoa(ports[2]),
@@ -79,7 +109,7 @@ func (d *devServer) start(ctx context.Context) error {
 	}
 	cmd := exec.Command(d.bin, d.args...)
 	cmd.Stdout, cmd.Stderr = d.out, d.out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start temporal dev server: %w", err)
 	}
@@ -104,6 +134,14 @@ func (d *devServer) start(ctx context.Context) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// childAttr puts a server in its own process group (so a terminal's Ctrl-C reaches the
+// test first, which stops it in order) and has the kernel kill it if the test process
+// dies without cleaning up (a -timeout panic): a leftover server would hold its port and
+// keep retrying against a stack that is gone.
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }
 
 // kill sends SIGKILL to the server and waits for it to be gone.
@@ -244,11 +282,14 @@ func (a *apiServer) kill() error {
 func (a *apiServer) start(ctx context.Context, k *KubeEnv) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.cmd != nil || a.args == nil {
+	if a.cmd != nil {
 		return errors.New("kube-apiserver is already running")
 	}
+	if a.args == nil {
+		return errors.New("kube-apiserver was never killed, so it is still envtest's own and running")
+	}
 	cmd := exec.Command(a.args[0], a.args[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = childAttr()
 	if os.Getenv("TESTENV_VERBOSE") != "" {
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	}

@@ -228,17 +228,17 @@ func startRestartableTemporal(root string) (*TemporalEnv, error) {
 	}
 	dev, err := newDevServer(bin, dir, out)
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(err, os.RemoveAll(dir))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := dev.start(ctx); err != nil {
-		return nil, err
+		return nil, errors.Join(err, os.RemoveAll(dir))
 	}
 	const namespace = "default"
 	c, err := client.Dial(client.Options{HostPort: dev.hostPort, Namespace: namespace, Logger: log.NewStructuredLogger(quietLogger())})
 	if err != nil {
-		return nil, errors.Join(err, dev.stop())
+		return nil, errors.Join(err, dev.stop(), os.RemoveAll(dir))
 	}
 	return &TemporalEnv{HostPort: dev.hostPort, Namespace: namespace, Client: c, Binary: bin, dev: dev}, nil
 }
