@@ -73,6 +73,8 @@ func startWorkerProcess(t *testing.T, s *stack.Stack, kubeconfig string) *worker
 	)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Killed by the kernel if the test process dies without its cleanups (a -timeout panic).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	require.NoError(t, cmd.Start())
 	w := &workerProcess{cmd: cmd, log: logPath}
 	t.Cleanup(func() {

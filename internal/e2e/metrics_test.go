@@ -46,6 +46,8 @@ func process(t *testing.T, name string, env []string, args ...string) {
 	cmd := exec.Command(binary(t, name), args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = f, f
+	// Killed by the kernel if the test process dies without its cleanups (a -timeout panic).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
