@@ -26,11 +26,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := testenv.Run(m, testenv.Options{TemporalRestartable: true, Kube: true})
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
-	os.Exit(code)
+	os.Exit(testenv.Run(m, testenv.Options{TemporalRestartable: true, Kube: true}))
 }
 
 // config sizes a run; CHAOS_PROXIES and CHAOS_OUTAGE override the full suite's defaults.

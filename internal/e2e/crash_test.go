@@ -3,11 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,47 +15,10 @@ import (
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
-var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
-)
-
-// binary builds a command of this module once per test run.
-func binary(t *testing.T, name string) string {
+// startWorkerProcess runs cmd/worker against the stack, as a process the test can kill -9.
+func startWorkerProcess(t *testing.T, s *stack.Stack, kubeconfig string) *testenv.Process {
 	t.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "proxyfleet-e2e-bin-")
-		if buildErr != nil {
-			return
-		}
-		root, err := testenv.RepoRoot()
-		if err != nil {
-			buildErr = err
-			return
-		}
-		cmd := exec.Command("go", "build", "-o", binDir+string(filepath.Separator), "./cmd/...")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/...: %v\n%s", err, out)
-		}
-	})
-	require.NoError(t, buildErr)
-	return filepath.Join(binDir, name)
-}
-
-// workerProcess runs cmd/worker against the stack, as a process the test can kill -9.
-type workerProcess struct {
-	cmd *exec.Cmd
-	log string
-}
-
-func startWorkerProcess(t *testing.T, s *stack.Stack, kubeconfig string) *workerProcess {
-	t.Helper()
-	logPath := filepath.Join(t.TempDir(), "worker.log")
-	logFile, err := os.Create(logPath)
-	require.NoError(t, err)
-	cmd := exec.Command(binary(t, "worker"),
+	w := testenv.LoggedProcess(t, "worker", testenv.Command(t, "worker"), []string{"KUBECONFIG=" + kubeconfig},
 		"--temporal-address", s.Temporal.HostPort,
 		"--temporal-namespace", s.Temporal.Namespace,
 		"--task-queue", s.TaskQueue,
@@ -71,37 +29,8 @@ func startWorkerProcess(t *testing.T, s *stack.Stack, kubeconfig string) *worker
 		// The proxy-gc schedule is one per Temporal namespace; the GC test owns it here.
 		"--gc-interval", "0",
 	)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// Killed by the kernel if the test process dies without its cleanups (a -timeout panic).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	require.NoError(t, cmd.Start())
-	w := &workerProcess{cmd: cmd, log: logPath}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			_ = cmd.Wait()
-		}
-		logFile.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("worker log (%s):\n%s", logPath, tail(b, 4000))
-		}
-	})
+	require.NoError(t, w.Start())
 	return w
-}
-
-func (w *workerProcess) kill(t *testing.T) {
-	t.Helper()
-	require.NoError(t, w.cmd.Process.Signal(syscall.SIGKILL))
-	_ = w.cmd.Wait()
-}
-
-func tail(b []byte, n int) string {
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
 }
 
 // TestWorkerCrashDuringCreates kills the worker with SIGKILL while 20 Proxies are being
@@ -134,7 +63,7 @@ func TestWorkerCrashDuringCreates(t *testing.T) {
 		}
 		return c >= 5
 	}, time.Minute, 10*time.Millisecond, "creates never started")
-	w.kill(t)
+	require.NoError(t, w.Kill())
 	createdBeforeRestart := len(s.Daemon.List(map[string]string{provider.LabelInstallation: s.Installation}))
 	t.Logf("killed the worker with %d of %d instances created", createdBeforeRestart, n)
 	startWorkerProcess(t, s, kubeconfig)

@@ -5,11 +5,9 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -40,24 +38,7 @@ func freeAddr(t *testing.T) string {
 // process runs one of the project's binaries for the test and stops it at the end.
 func process(t *testing.T, name string, env []string, args ...string) {
 	t.Helper()
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	f, err := os.Create(logPath)
-	require.NoError(t, err)
-	cmd := exec.Command(binary(t, name), args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = f, f
-	// Killed by the kernel if the test process dies without its cleanups (a -timeout panic).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		f.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("%s log:\n%s", name, tail(b, 3000))
-		}
-	})
+	require.NoError(t, testenv.LoggedProcess(t, name, testenv.Command(t, name), env, args...).Start())
 }
 
 func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {

@@ -28,11 +28,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := testenv.Run(m, testenv.Options{Temporal: true, Kube: true})
-	if binDir != "" {
-		_ = os.RemoveAll(binDir) // the binaries built for the tests
-	}
-	os.Exit(code)
+	os.Exit(testenv.Run(m, testenv.Options{Temporal: true, Kube: true}))
 }
 
 // TestProxyLifecycle follows one Proxy from apply to delete: provisioned with an address

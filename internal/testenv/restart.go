@@ -14,7 +14,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -33,15 +32,9 @@ import (
 // devServer is a Temporal dev server run as a child process on a database file, so it can
 // be killed and started again with its data.
 type devServer struct {
-	bin      string
-	args     []string
+	proc     *Process
 	hostPort string
 	dir      string // holds the database file
-	out      io.Writer
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan error
 }
 
 // FreePorts returns n distinct free ports on 127.0.0.1 for servers that must come back on
@@ -97,82 +90,45 @@ func newDevServer(bin, dir string, out io.Writer) (*devServer, error) {
 	for sa := range workflows.SearchAttributes().GetUntypedValues() {
 		args = append(args, "--search-attribute", sa.GetName()+"="+sa.GetValueType().String())
 	}
-	return &devServer{bin: bin, args: args, hostPort: fmt.Sprintf("127.0.0.1:%d", ports[0]), dir: dir, out: out}, nil
+	return &devServer{
+		proc:     &Process{Name: "temporal dev server", Path: bin, Args: args, Out: out},
+		hostPort: fmt.Sprintf("127.0.0.1:%d", ports[0]), dir: dir,
+	}, nil
 }
 
 // start runs the server and waits until its frontend answers.
 func (d *devServer) start(ctx context.Context) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.cmd != nil {
-		return errors.New("temporal dev server is already running")
-	}
-	cmd := exec.Command(d.bin, d.args...)
-	cmd.Stdout, cmd.Stderr = d.out, d.out
-	cmd.SysProcAttr = childAttr()
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start temporal dev server: %w", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	d.cmd, d.done = cmd, done
-	for {
+	return startAndWait(ctx, d.proc, func(context.Context) error {
 		c, err := client.Dial(client.Options{HostPort: d.hostPort, Logger: log.NewStructuredLogger(quietLogger())})
 		if err == nil {
 			c.Close()
+		}
+		return err
+	})
+}
+
+// startAndWait starts p and polls ready until it succeeds; p exiting first, or ctx ending,
+// is an error (and a run that never became ready is killed).
+func startAndWait(ctx context.Context, p *Process, ready func(context.Context) error) error {
+	if err := p.Start(); err != nil {
+		return err
+	}
+	exited := p.Exited()
+	for {
+		err := ready(ctx)
+		if err == nil {
 			return nil
 		}
 		select {
-		case e := <-done:
-			d.cmd = nil
-			return fmt.Errorf("temporal dev server exited while starting: %v", e)
+		case <-exited:
+			_, why := p.Running()
+			return fmt.Errorf("%s exited while starting: %v (last check: %v)", p.Name, why, err)
 		case <-ctx.Done():
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-			d.cmd = nil
-			return fmt.Errorf("temporal dev server never answered on %s: %w", d.hostPort, ctx.Err())
+			_ = p.Kill()
+			return fmt.Errorf("%s never became ready: %w (last check: %v)", p.Name, ctx.Err(), err)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-// childAttr puts a server in its own process group (so a terminal's Ctrl-C reaches the
-// test first, which stops it in order) and has the kernel kill it if the test process
-// dies without cleaning up (a -timeout panic): a leftover server would hold its port and
-// keep retrying against a stack that is gone.
-func childAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-}
-
-// kill sends SIGKILL to the server and waits for it to be gone.
-func (d *devServer) kill() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.cmd == nil {
-		return errors.New("temporal dev server is not running")
-	}
-	err := syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
-	<-d.done
-	d.cmd = nil
-	return err
-}
-
-// stop ends the server gracefully, or kills it after 10 seconds.
-func (d *devServer) stop() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.cmd == nil {
-		return nil
-	}
-	_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-d.done:
-	case <-time.After(10 * time.Second):
-		_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
-		<-d.done
-	}
-	d.cmd = nil
-	return nil
 }
 
 // KillServer kills the dev server with SIGKILL. Only for a package whose TestMain asked for
@@ -182,7 +138,7 @@ func (e *TemporalEnv) KillServer(t testing.TB) {
 	if e.dev == nil {
 		t.Fatal("testenv: the dev server is not restartable; set Options.TemporalRestartable")
 	}
-	if err := e.dev.kill(); err != nil {
+	if err := e.dev.proc.Kill(); err != nil {
 		t.Fatalf("testenv: kill the dev server: %v", err)
 	}
 }
@@ -202,74 +158,100 @@ func (e *TemporalEnv) StartServer(t testing.TB) {
 }
 
 // apiServer tracks the kube-apiserver across restarts: first envtest's process, then the
-// ones this package starts with envtest's command line.
+// ones this package starts with envtest's command line (proc, set at the first kill).
 type apiServer struct {
 	mu   sync.Mutex
-	args []string // the command line, read from /proc once
-	cmd  *exec.Cmd
-	done chan error
+	proc *Process
 }
 
-// childPID finds this process's child whose command name is comm.
-func childPID(comm string) (int, error) {
-	entries, err := os.ReadDir("/proc")
+// ProcStat is what /proc/<pid>/stat says of a process that tests care about.
+type ProcStat struct {
+	Comm   string
+	PPID   int
+	Zombie bool
+	CPU    time.Duration // user + system
+}
+
+// clockTick is the kernel's USER_HZ, 100 on every Linux this runs on.
+const clockTick = 10 * time.Millisecond
+
+// ReadProcStat parses /proc/<pid>/stat. The command name may hold spaces and parentheses,
+// so the fields are read after the last ')'.
+func ReadProcStat(pid int) (ProcStat, error) {
+	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return 0, err
+		return ProcStat{}, err
 	}
+	s := string(raw)
+	open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	// After ") ": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
+	var f []string
+	if open >= 0 && closing > open {
+		f = strings.Fields(s[closing+1:])
+	}
+	if len(f) < 13 {
+		return ProcStat{}, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return ProcStat{Comm: s[open+1 : closing], PPID: ppid, Zombie: f[0] == "Z", CPU: time.Duration(ut+st) * clockTick}, nil
+}
+
+// Children lists the live (not zombie) child processes of this test process.
+func Children() map[int]ProcStat {
+	out := map[int]ProcStat{}
+	entries, _ := os.ReadDir("/proc")
 	self := os.Getpid()
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces, so split after the last ')'.
-		s := string(stat)
-		open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || closing < open {
-			continue
-		}
-		fields := strings.Fields(s[closing+1:])
-		if len(fields) < 2 || s[open+1:closing] != comm || fields[0] == "Z" {
-			continue
-		}
-		if ppid, _ := strconv.Atoi(fields[1]); ppid == self {
-			return pid, nil
+		if st, err := ReadProcStat(pid); err == nil && st.PPID == self && !st.Zombie {
+			out[pid] = st
 		}
 	}
-	return 0, fmt.Errorf("no child process named %s", comm)
+	return out
+}
+
+// childPID finds this process's child whose command name is comm.
+func childPID(comm string) (int, bool) {
+	for pid, st := range Children() {
+		if st.Comm == comm {
+			return pid, true
+		}
+	}
+	return 0, false
 }
 
 func (a *apiServer) kill() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.cmd != nil {
-		err := syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
-		<-a.done
-		a.cmd = nil
-		return err
+	if a.proc != nil {
+		return a.proc.Kill()
 	}
-	pid, err := childPID("kube-apiserver")
+	pid, ok := childPID("kube-apiserver")
+	if !ok {
+		return errors.New("no child process named kube-apiserver")
+	}
+	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
 	if err != nil {
 		return err
 	}
-	if a.args == nil {
-		raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
-		if err != nil {
-			return err
-		}
-		a.args = strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+	args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+	var out io.Writer
+	if os.Getenv("TESTENV_VERBOSE") != "" {
+		out = os.Stderr
 	}
+	a.proc = &Process{Name: "kube-apiserver", Path: args[0], Args: args[1:], Out: out}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return err
 	}
 	// envtest's own goroutine reaps it; wait until the kernel has let it go.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if _, err := childPID("kube-apiserver"); err != nil {
+		if _, ok := childPID("kube-apiserver"); !ok {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -282,58 +264,26 @@ func (a *apiServer) kill() error {
 func (a *apiServer) start(ctx context.Context, k *KubeEnv) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.cmd != nil {
-		return errors.New("kube-apiserver is already running")
-	}
-	if a.args == nil {
+	if a.proc == nil {
 		return errors.New("kube-apiserver was never killed, so it is still envtest's own and running")
 	}
-	cmd := exec.Command(a.args[0], a.args[1:]...)
-	cmd.SysProcAttr = childAttr()
-	if os.Getenv("TESTENV_VERBOSE") != "" {
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	a.cmd, a.done = cmd, done
 	cs, err := kubernetes.NewForConfig(k.Config)
 	if err != nil {
 		return err
 	}
-	for {
+	return startAndWait(ctx, a.proc, func(ctx context.Context) error {
 		_, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		if err == nil {
-			return nil
-		}
-		select {
-		case e := <-done:
-			a.cmd = nil
-			return fmt.Errorf("kube-apiserver exited while starting: %v", e)
-		case <-ctx.Done():
-			return fmt.Errorf("kube-apiserver not ready: %w (last: %v)", ctx.Err(), err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+		return err
+	})
 }
 
 // stop ends a kube-apiserver this package restarted (envtest stops its own).
 func (a *apiServer) stop() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.cmd == nil {
-		return
+	if a.proc != nil {
+		_ = a.proc.Stop(20 * time.Second)
 	}
-	_ = syscall.Kill(-a.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-a.done:
-	case <-time.After(20 * time.Second):
-		_ = syscall.Kill(-a.cmd.Process.Pid, syscall.SIGKILL)
-		<-a.done
-	}
-	a.cmd = nil
 }
 
 // KillAPIServer kills the kube-apiserver with SIGKILL; etcd keeps running.

@@ -108,6 +108,11 @@ func run(m *testing.M, opts Options) (code int, err error) {
 	if err != nil {
 		return 0, err
 	}
+	defer func() {
+		if commandsDir != "" { // built by Command for these tests
+			err = errors.Join(err, os.RemoveAll(commandsDir))
+		}
+	}()
 	if opts.TemporalRestartable {
 		env, err := startRestartableTemporal(root)
 		if err != nil {
@@ -116,7 +121,7 @@ func run(m *testing.M, opts Options) (code int, err error) {
 		temporalEnv = env
 		defer func() {
 			env.Client.Close()
-			err = errors.Join(err, env.dev.stop(), os.RemoveAll(env.dev.dir))
+			err = errors.Join(err, env.dev.proc.Stop(10*time.Second), os.RemoveAll(env.dev.dir))
 		}()
 	} else if opts.Temporal {
 		srv, env, err := startTemporal(root)
@@ -238,7 +243,7 @@ func startRestartableTemporal(root string) (*TemporalEnv, error) {
 	const namespace = "default"
 	c, err := client.Dial(client.Options{HostPort: dev.hostPort, Namespace: namespace, Logger: log.NewStructuredLogger(quietLogger())})
 	if err != nil {
-		return nil, errors.Join(err, dev.stop(), os.RemoveAll(dir))
+		return nil, errors.Join(err, dev.proc.Stop(10*time.Second), os.RemoveAll(dir))
 	}
 	return &TemporalEnv{HostPort: dev.hostPort, Namespace: namespace, Client: c, Binary: bin, dev: dev}, nil
 }
