@@ -280,16 +280,9 @@ type PublishInput struct {
 // objects with another UID (a Proxy recreated under the same name is not ours) and keeps a
 // condition's transition time when its status has not changed.
 func (a *Activities) PublishStatus(ctx context.Context, in PublishInput) error {
-	var p v1alpha1.Proxy
-	err := a.Kube.Get(ctx, types.NamespacedName{Namespace: in.Namespace, Name: in.Name}, &p)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("get proxy: %w", err)
-	}
-	if string(p.UID) != in.UID {
-		return nil
+	p, err := a.ownProxy(ctx, ObjectRef{Namespace: in.Namespace, Name: in.Name, UID: in.UID})
+	if p == nil || err != nil {
+		return err
 	}
 	before := p.DeepCopy()
 	conds := p.Status.Conditions
@@ -302,7 +295,7 @@ func (a *Activities) PublishStatus(ctx context.Context, in PublishInput) error {
 	if equality.Semantic.DeepEqual(before.Status, p.Status) {
 		return nil
 	}
-	if err := a.Kube.Status().Patch(ctx, &p, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
+	if err := a.Kube.Status().Patch(ctx, p, client.MergeFrom(before)); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("patch proxy status: %w", err)
 	}
 	return nil
@@ -318,23 +311,33 @@ type ObjectRef struct {
 // ReleaseFinalizer lets a deleted Proxy go once its instances are gone. It only touches the
 // object with the workflow's UID, and only while that object is being deleted.
 func (a *Activities) ReleaseFinalizer(ctx context.Context, in ObjectRef) error {
-	var p v1alpha1.Proxy
-	err := a.Kube.Get(ctx, types.NamespacedName{Namespace: in.Namespace, Name: in.Name}, &p)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("get proxy: %w", err)
-	}
-	if string(p.UID) != in.UID || p.DeletionTimestamp == nil || !controllerutil.ContainsFinalizer(&p, v1alpha1.Finalizer) {
-		return nil
+	p, err := a.ownProxy(ctx, in)
+	if p == nil || err != nil || p.DeletionTimestamp == nil || !controllerutil.ContainsFinalizer(p, v1alpha1.Finalizer) {
+		return err
 	}
 	before := p.DeepCopy()
-	controllerutil.RemoveFinalizer(&p, v1alpha1.Finalizer)
-	if err := a.Kube.Patch(ctx, &p, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
+	controllerutil.RemoveFinalizer(p, v1alpha1.Finalizer)
+	if err := a.Kube.Patch(ctx, p, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer: %w", err)
 	}
 	return nil
+}
+
+// ownProxy reads the Proxy the workflow owns: nil (and no error) when it is gone or the
+// name now belongs to another object (a Proxy recreated under the same name is not ours).
+func (a *Activities) ownProxy(ctx context.Context, ref ObjectRef) (*v1alpha1.Proxy, error) {
+	var p v1alpha1.Proxy
+	err := a.Kube.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, &p)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get proxy: %w", err)
+	}
+	if string(p.UID) != ref.UID {
+		return nil, nil
+	}
+	return &p, nil
 }
 
 func orDefault(d, def time.Duration) time.Duration {
