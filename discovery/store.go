@@ -5,6 +5,7 @@
 package discovery
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -531,6 +532,20 @@ func (s *Store) Lookup(id string) (*Lease, error) {
 func (s *Store) expireLocked(l *Lease, now time.Time) {
 	s.endLocked(l)
 	s.expired[l.ID] = expiredLease{lease: l, keepUntil: l.ExpiresAt.Add(s.keepExpired)}
+}
+
+// RunSweeper calls Sweep every interval until ctx ends.
+func (s *Store) RunSweeper(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.Sweep()
+		}
+	}
 }
 
 // Sweep ends expired leases and forgets old cooldowns and expired leases. Correctness does

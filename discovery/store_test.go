@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -692,5 +693,22 @@ func TestConcurrentLeases(t *testing.T) {
 	for _, p := range s.List(nil, nil) {
 		assert.Equal(t, 0, p.ActiveLeases, p.ID())
 	}
+	checkInvariants(t, s)
+}
+
+// TestRunSweeperEndsExpiredLeases: the loop both binaries run sweeps on its own and stops
+// with its context.
+func TestRunSweeperEndsExpiredLeases(t *testing.T) {
+	s, clk := newTestStore(t)
+	s.Upsert(px("p", 1, nil))
+	_, err := s.Acquire(nil, "", time.Minute)
+	require.NoError(t, err)
+	clk.Advance(2 * time.Minute)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { s.RunSweeper(ctx, 5*time.Millisecond); close(done) }()
+	require.Eventually(t, func() bool { return s.Stats().Leases == 0 }, 5*time.Second, 5*time.Millisecond, "the expired lease was never swept")
+	cancel()
+	<-done
 	checkInvariants(t, s)
 }

@@ -77,18 +77,7 @@ func run() error {
 	// answer 503 index_loading until the index is loaded.
 	go func() { _ = refresher.Run(ctx) }()
 	go srv.RunReports(ctx)
-	go func() {
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				store.Sweep()
-			}
-		}
-	}()
+	go store.RunSweeper(ctx, time.Second)
 
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {

@@ -38,19 +38,7 @@ func (s *Stack) StartDiscovery(t testing.TB) *Discovery {
 	done := make(chan struct{}, 3)
 	go func() { _ = ref.Run(ctx); done <- struct{}{} }()
 	go func() { srv.RunReports(ctx); done <- struct{}{} }()
-	go func() {
-		defer func() { done <- struct{}{} }()
-		tk := time.NewTicker(200 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tk.C:
-				store.Sweep()
-			}
-		}
-	}()
+	go func() { store.RunSweeper(ctx, 200*time.Millisecond); done <- struct{}{} }()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 5 * time.Second}
