@@ -37,7 +37,7 @@ func run() error {
 		leaderElect  = flag.Bool("leader-elect", false, "elect a leader, so only one replica reconciles")
 		leNamespace  = flag.String("leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's)")
 	)
-	tuning := tuningFlags()
+	tuning := tuningFlags(flag.CommandLine)
 	flag.Parse()
 	handler := telemetry.LogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	log := slog.New(handler)
@@ -101,7 +101,7 @@ func run() error {
 // tuningFlags registers the workflow timings. They are handed to workflows the operator
 // starts (a running workflow keeps its own); 0 keeps the default. Shorter timings recover
 // faster from a dead worker at the price of more Temporal traffic; fault tests use them.
-func tuningFlags() *workflows.Tuning {
+func tuningFlags(fs *flag.FlagSet) *workflows.Tuning {
 	t := &workflows.Tuning{}
 	def := workflows.Tuning{}.WithDefaults()
 	for _, f := range []struct {
@@ -119,7 +119,7 @@ func tuningFlags() *workflows.Tuning {
 		{"tuning-wait-running-max", &t.WaitRunningMax, def.WaitRunningMax, "bound of one wait for an instance to run"},
 		{"tuning-drift-interval", &t.DriftInterval, def.DriftInterval, "how often the monitor checks that the instance still exists"},
 	} {
-		flag.DurationVar(f.v, f.name, 0, fmt.Sprintf("%s (0: %s)", f.help, f.d))
+		fs.DurationVar(f.v, f.name, 0, fmt.Sprintf("%s (0: %s)", f.help, f.d))
 	}
 	return t
 }
