@@ -285,6 +285,12 @@ func (sys *system) apply(t *testing.T, b batch, down string) (later batch) {
 func (sys *system) converge(t *testing.T) {
 	waitFor(t, sys.cfg.settle, "the desired state", sys.divergence)
 	sys.replaced = map[string]string{}
+	var list v1alpha1.ProxyList
+	require.NoError(t, sys.s.Kube.Client.List(context.Background(), &list, client.InNamespace(sys.ns)))
+	sys.instances = map[string]string{}
+	for _, p := range list.Items {
+		sys.instances[p.Name] = p.Status.InstanceName
+	}
 }
 
 // divergence says how the system differs from the desired state ("" when it does not).
@@ -299,9 +305,13 @@ func (sys *system) divergence() string {
 	}
 	var problems []string
 	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	uids := map[string]string{}
+	uids := map[string]string{} // Ready wanted Proxies, by UID
+	wanted := map[string]bool{} // every wanted Proxy that exists, by UID
 	for _, name := range sortedNames(sys.want) {
 		p, ok := got[name]
+		if ok {
+			wanted[string(p.UID)] = true
+		}
 		switch {
 		case !ok:
 			add("%s is missing", name)
@@ -333,15 +343,11 @@ func (sys *system) divergence() string {
 		}
 	}
 	for uid, insts := range byUID {
-		if _, ok := uids[uid]; !ok && !sys.pendingUID(got, uid) {
+		if !wanted[uid] {
 			add("instances %v belong to no Proxy (uid %s)", insts, uid)
 		}
 	}
 	if len(problems) == 0 {
-		sys.instances = map[string]string{}
-		for name := range sys.want {
-			sys.instances[name] = got[name].Status.InstanceName
-		}
 		return ""
 	}
 	sort.Strings(problems)
@@ -349,17 +355,6 @@ func (sys *system) divergence() string {
 		problems = append(problems[:8], fmt.Sprintf("and %d more", len(problems)-8))
 	}
 	return strings.Join(problems, "; ")
-}
-
-// pendingUID: the instance belongs to a wanted Proxy that is not Ready yet (already
-// reported above).
-func (sys *system) pendingUID(got map[string]*v1alpha1.Proxy, uid string) bool {
-	for name := range sys.want {
-		if p, ok := got[name]; ok && string(p.UID) == uid {
-			return true
-		}
-	}
-	return false
 }
 
 // ban leases the cooled Proxy for bannedTarget and reports it banned, then waits until its

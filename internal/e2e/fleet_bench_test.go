@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -17,7 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/proxyfleet/proxyfleet/internal/stack"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
 // idleWorkflow receives signals and does nothing else: the cheapest thing a
@@ -81,28 +80,16 @@ func BenchmarkProvisionFleet(b *testing.B) {
 		ns := s.Namespace(b)
 		start := time.Now()
 		cpu0 := takeCPUSample()
-		var g errgroup.Group
-		g.SetLimit(16)
-		for i := range n {
-			g.Go(func() error {
-				p := s.LocalProxy(ns, fmt.Sprintf("fleet-%04d", i))
-				p.Spec.HealthCheck.Interval, p.Spec.HealthCheck.Timeout = "10s", "5s"
-				return s.Kube.Client.Create(ctx, p)
-			})
-		}
-		require.NoError(b, g.Wait())
+		names := applyFleet(b, s, ns, "fleet", n, func(_ int, p *v1alpha1.Proxy) {
+			p.Spec.HealthCheck.Interval, p.Spec.HealthCheck.Timeout = "10s", "5s"
+		})
 		applied := time.Since(start)
 
 		waitAllReady(b, s, ns, n, 30*time.Minute)
 		all := time.Since(start)
 		cpu := takeCPUSample().since(cpu0)
 
-		var events int64
-		for i := range n {
-			d, err := s.Temporal.Client.DescribeWorkflow(ctx, workflows.ProxyWorkflowID(ns, fmt.Sprintf("fleet-%04d", i)), "")
-			require.NoError(b, err)
-			events += d.RawResponse.GetWorkflowExecutionInfo().GetHistoryLength()
-		}
+		events := fleetHistory(b, s, ns, names)
 		readyRate := float64(n) / all.Seconds()
 		b.ReportMetric(all.Seconds(), "s-until-all-ready")
 		b.ReportMetric(applied.Seconds(), "s-to-apply")

@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 	enumspb "go.temporal.io/api/enums/v1"
 	historypb "go.temporal.io/api/history/v1"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/discovery"
@@ -162,20 +161,14 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 	s := stack.Start(b, stack.Options{Tuning: tuning})
 	ctx := context.Background()
 	ns := s.Namespace(b)
-	var g errgroup.Group
-	g.SetLimit(16)
-	for i := range n {
-		g.Go(func() error {
-			p := tagged(s.LocalProxy(ns, fmt.Sprintf("lease-%04d", i)), ns)
-			if i%10 == 0 {
-				p.Spec.Attributes["flap"] = "yes" // a tenth of the fleet
-			}
-			p.Spec.HealthCheck.Interval, p.Spec.HealthCheck.Timeout = v1alpha1.Duration(interval.String()), v1alpha1.Duration(timeout.String())
-			p.Spec.HealthCheck.FailureThreshold = threshold
-			return s.Kube.Client.Create(ctx, p)
-		})
-	}
-	require.NoError(b, g.Wait())
+	names := applyFleet(b, s, ns, "lease", n, func(i int, p *v1alpha1.Proxy) {
+		tagged(p, ns)
+		if i%10 == 0 {
+			p.Spec.Attributes["flap"] = "yes" // a tenth of the fleet
+		}
+		p.Spec.HealthCheck.Interval, p.Spec.HealthCheck.Timeout = v1alpha1.Duration(interval.String()), v1alpha1.Duration(timeout.String())
+		p.Spec.HealthCheck.FailureThreshold = threshold
+	})
 	instances := map[string]string{}
 	for name, p := range waitAllReady(b, s, ns, n, 30*time.Minute) {
 		instances[name] = p.Status.InstanceName
@@ -199,16 +192,7 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 
 	for b.Loop() {
 		// What the fleet costs with nobody leasing, then with the crawlers on a stable fleet.
-		events := func() int64 {
-			var total int64
-			for i := range n {
-				d, err := s.Temporal.Client.DescribeWorkflow(ctx, workflows.ProxyWorkflowID(ns, fmt.Sprintf("lease-%04d", i)), "")
-				require.NoError(b, err)
-				total += d.RawResponse.GetWorkflowExecutionInfo().GetHistoryLength()
-			}
-			return total
-		}
-		ev0 := events()
+		ev0 := fleetHistory(b, s, ns, names)
 		cpu0 := takeCPUSample()
 		idleFor := 10 * time.Second
 		time.Sleep(idleFor)
@@ -219,7 +203,7 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 		selectors := []map[string]string{selector, selector, selector, {"run": ns, "flap": "yes"}}
 		base := crawl(d.URL, d.Token, selectors, crawlers, 20*time.Second)
 		cpu2 := takeCPUSample()
-		ev2 := events()
+		ev2 := fleetHistory(b, s, ns, names)
 		b.Logf("history events while the fleet was idle and then crawled (stable health): %d", ev2-ev0)
 		b.Logf("CPU (cores) with the fleet idle: %s", cpu1.since(cpu0).cores(idleFor))
 		b.Logf("CPU (cores) with the crawlers on a stable fleet: %s", cpu2.since(cpu1).cores(base.took))
@@ -227,7 +211,7 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 		// A tenth of the fleet flaps, each proxy on its own phase of the cycle.
 		var flapping []string
 		for i := 0; i < n; i += 10 {
-			flapping = append(flapping, fmt.Sprintf("lease-%04d", i))
+			flapping = append(flapping, names[i]) // the ones applyFleet marked flap=yes
 		}
 		var mu sync.Mutex
 		windows := map[string][]flapWindow{}

@@ -2,16 +2,19 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows"
 )
 
 // waitAllReady watches the namespace's Proxies until n of them are Ready and returns them.
@@ -55,4 +58,36 @@ func waitAllReady(tb testing.TB, s *stack.Stack, ns string, n int, within time.D
 		// The watch ended (timeout or a compaction): list again, unless time is up.
 		require.NoError(tb, ctx.Err(), "only %d of %d Proxies Ready within %s", len(ready), n, within)
 	}
+}
+
+// applyFleet creates n local Proxies named prefix-0000, prefix-0001…, 16 at a time, as a
+// user applying a fleet would; shape adjusts each before it is created. It returns their
+// names in order.
+func applyFleet(tb testing.TB, s *stack.Stack, ns, prefix string, n int, shape func(i int, p *v1alpha1.Proxy)) []string {
+	tb.Helper()
+	names := make([]string, n)
+	var g errgroup.Group
+	g.SetLimit(16)
+	for i := range n {
+		names[i] = fmt.Sprintf("%s-%04d", prefix, i)
+		g.Go(func() error {
+			p := s.LocalProxy(ns, names[i])
+			if shape != nil {
+				shape(i, p)
+			}
+			return s.Kube.Client.Create(context.Background(), p)
+		})
+	}
+	require.NoError(tb, g.Wait())
+	return names
+}
+
+// fleetHistory sums the history events of the named Proxies' workflows.
+func fleetHistory(b *testing.B, s *stack.Stack, ns string, names []string) int64 {
+	b.Helper()
+	var total int64
+	for _, name := range names {
+		total += historyLength(b, s.Temporal.Client, workflows.ProxyWorkflowID(ns, name))
+	}
+	return total
 }
