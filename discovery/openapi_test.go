@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"mime"
@@ -263,20 +262,11 @@ func (s *specServer) lease(t *testing.T, ttl time.Duration) string {
 }
 
 func (s *specServer) serve(method, path, body, token string) *httptest.ResponseRecorder {
-	var r io.Reader
-	if body != "" {
-		r = strings.NewReader(body)
-	}
-	req := httptest.NewRequest(method, path, r)
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
+	auth := ""
 	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+		auth = "Bearer " + token
 	}
-	rec := httptest.NewRecorder()
-	s.handler.ServeHTTP(rec, req)
-	return rec
+	return serve(s.handler, method, path, body, auth)
 }
 
 var ginParam = regexp.MustCompile(`:([A-Za-z0-9_]+)`)

@@ -149,6 +149,12 @@ func (h *harness) do(method, path, body string) *httptest.ResponseRecorder {
 
 func (h *harness) doAuth(method, path, body, auth string) *httptest.ResponseRecorder {
 	h.t.Helper()
+	return serve(h.handler, method, path, body, auth)
+}
+
+// serve sends one request to handler: a JSON body when body is set, an Authorization
+// header when auth is.
+func serve(handler http.Handler, method, path, body, auth string) *httptest.ResponseRecorder {
 	var r io.Reader
 	if body != "" {
 		r = strings.NewReader(body)
@@ -161,7 +167,7 @@ func (h *harness) doAuth(method, path, body, auth string) *httptest.ResponseReco
 		req.Header.Set("Authorization", auth)
 	}
 	rec := httptest.NewRecorder()
-	h.handler.ServeHTTP(rec, req)
+	handler.ServeHTTP(rec, req)
 	return rec
 }
 
