@@ -18,8 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.temporal.io/sdk/client"
-	"go.temporal.io/sdk/interceptor"
-	tlog "go.temporal.io/sdk/log"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/internal/cmdline"
@@ -48,13 +46,11 @@ func run() error {
 		return fmt.Errorf("tracing: %w", err)
 	}
 	defer func() { _ = stopTracing(context.Background()) }()
-	tracing, err := telemetry.TemporalInterceptor()
+	opts, err := temporal.ClientOptions(log)
 	if err != nil {
 		return err
 	}
-
-	tc, err := client.NewLazyClient(client.Options{HostPort: temporal.Address, Namespace: temporal.Namespace,
-		Logger: tlog.NewStructuredLogger(log), Interceptors: []interceptor.ClientInterceptor{tracing}})
+	tc, err := client.NewLazyClient(opts)
 	if err != nil {
 		return err
 	}

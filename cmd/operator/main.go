@@ -12,8 +12,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"go.temporal.io/sdk/client"
-	"go.temporal.io/sdk/interceptor"
-	tlog "go.temporal.io/sdk/log"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -65,16 +63,12 @@ func run() error {
 		return fmt.Errorf("tracing: %w", err)
 	}
 	defer func() { _ = stopTracing(context.Background()) }()
-	tracing, err := telemetry.TemporalInterceptor()
+	opts, err := temporal.ClientOptions(log)
 	if err != nil {
 		return err
 	}
 	// Lazy: the operator starts while Temporal is down; reconciles retry until it is back.
-	tc, err := client.NewLazyClient(client.Options{
-		HostPort: temporal.Address, Namespace: temporal.Namespace,
-		Logger:       tlog.NewStructuredLogger(log),
-		Interceptors: []interceptor.ClientInterceptor{tracing},
-	})
+	tc, err := client.NewLazyClient(opts)
 	if err != nil {
 		return err
 	}

@@ -21,8 +21,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.temporal.io/sdk/client"
-	"go.temporal.io/sdk/interceptor"
-	tlog "go.temporal.io/sdk/log"
 	"go.temporal.io/sdk/worker"
 	ctrl "sigs.k8s.io/controller-runtime"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
@@ -85,10 +83,6 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	tracing, err := telemetry.TemporalInterceptor()
-	if err != nil {
-		return err
-	}
 
 	reg := provider.Registry{}
 	for _, name := range strings.Split(*providers, ",") {
@@ -114,12 +108,12 @@ func run() error {
 	}
 
 	reg = provider.InstrumentAll(reg, provider.NewMetrics(promReg))
-	c, err := client.Dial(client.Options{
-		HostPort: temporal.Address, Namespace: temporal.Namespace,
-		Logger:         tlog.NewStructuredLogger(log),
-		MetricsHandler: sdkMetrics,
-		Interceptors:   []interceptor.ClientInterceptor{tracing},
-	})
+	copts, err := temporal.ClientOptions(log)
+	if err != nil {
+		return err
+	}
+	copts.MetricsHandler = sdkMetrics
+	c, err := client.Dial(copts)
 	if err != nil {
 		return fmt.Errorf("connect to Temporal at %s: %w", temporal.Address, err)
 	}

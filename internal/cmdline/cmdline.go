@@ -7,7 +7,14 @@ package cmdline
 import (
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
+
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/interceptor"
+	tlog "go.temporal.io/sdk/log"
+
+	"github.com/proxyfleet/proxyfleet/internal/telemetry"
 )
 
 // Env returns the environment variable key, or def when it is unset or empty.
@@ -29,6 +36,21 @@ func TemporalFlags() *Temporal {
 	flag.StringVar(&t.Address, "temporal-address", Env("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port (env TEMPORAL_ADDRESS)")
 	flag.StringVar(&t.Namespace, "temporal-namespace", Env("TEMPORAL_NAMESPACE", "default"), "Temporal namespace (env TEMPORAL_NAMESPACE)")
 	return t
+}
+
+// ClientOptions are the Temporal client options every binary starts from: these flags, the
+// process's logger, and the tracing interceptor (it traces nothing unless OTEL_* variables
+// set tracing up).
+func (t *Temporal) ClientOptions(log *slog.Logger) (client.Options, error) {
+	tracing, err := telemetry.TemporalInterceptor()
+	if err != nil {
+		return client.Options{}, err
+	}
+	return client.Options{
+		HostPort: t.Address, Namespace: t.Namespace,
+		Logger:       tlog.NewStructuredLogger(log),
+		Interceptors: []interceptor.ClientInterceptor{tracing},
+	}, nil
 }
 
 // Main runs the command and exits non-zero, naming it, if it fails.
