@@ -40,7 +40,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 const (
@@ -176,7 +176,7 @@ func flagValue(args []string, name string) (string, bool) {
 func wantSearchAttributes(t *testing.T) map[string]string {
 	t.Helper()
 	want := map[string]string{}
-	for key := range workflows.SearchAttributes().GetUntypedValues() {
+	for key := range contract.SearchAttributes().GetUntypedValues() {
 		want[key.GetName()] = key.GetValueType().String()
 	}
 	require.Len(t, want, 4)
@@ -492,7 +492,7 @@ func checkSearchAttributeJob(t *testing.T, job batchv1.Job, cm corev1.ConfigMap)
 	checkContainerBasics(t, job.Name, c)
 	script := strings.Join(append(slices.Clone(c.Command), c.Args...), "\n")
 	assert.Equal(t, wantSearchAttributes(t), registeredSearchAttributes(t, script),
-		"the Job registers other search attributes than workflows.SearchAttributes()")
+		"the Job registers other search attributes than contract.SearchAttributes()")
 	assert.Contains(t, script, `--address "$TEMPORAL_ADDRESS"`)
 	assert.Contains(t, script, "already exists", "a second run must not fail")
 	checkVariableRefs(t, job.Name, c, cm)
@@ -627,7 +627,7 @@ func TestComposeMatchesBinaries(t *testing.T) {
 		setup := compose.Services["temporal-setup"]
 		script := strings.Join(append(words(setup.Entrypoint), words(setup.Command)...), " ")
 		assert.Equal(t, wantSearchAttributes(t), registeredSearchAttributes(t, script),
-			"temporal-setup registers other search attributes than workflows.SearchAttributes()")
+			"temporal-setup registers other search attributes than contract.SearchAttributes()")
 	})
 
 	// commands holds each project service's command, checked against its binary.

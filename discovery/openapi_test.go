@@ -26,7 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // The tests in this file hold openapi.yaml to the server: the same routes, the same
@@ -39,7 +39,7 @@ type specSignaler struct{}
 
 var _ discovery.Signaler = specSignaler{}
 
-func (specSignaler) Report(context.Context, string, string, workflows.ReportSignal) error { return nil }
+func (specSignaler) Report(context.Context, string, string, contract.ReportSignal) error { return nil }
 
 // specDoc is openapi.yaml as generic maps, the way JSON decodes it.
 type specDoc map[string]any

@@ -11,8 +11,7 @@ import (
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/converter"
 
-	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // Lister is the part of the Temporal client the refresher uses.
@@ -91,7 +90,7 @@ func (r *Refresher) Run(ctx context.Context) error {
 func (r *Refresher) Full(ctx context.Context) error {
 	r.defaults()
 	start := time.Now()
-	query := fmt.Sprintf("WorkflowId STARTS_WITH %q AND ExecutionStatus = 'Running'", workflows.ProxyWorkflowIDPrefix)
+	query := contract.RunningProxiesQuery
 	var all []Proxy
 	var high time.Time
 	n, err := r.list(ctx, query, func(p Proxy, running bool, updated time.Time) {
@@ -124,8 +123,7 @@ func (r *Refresher) Incremental(ctx context.Context) error {
 	r.defaults()
 	start := time.Now()
 	since := r.watermark.Add(-r.Overlap)
-	query := fmt.Sprintf("WorkflowId STARTS_WITH %q AND ProxyUpdatedAt > %q",
-		workflows.ProxyWorkflowIDPrefix, since.UTC().Format(time.RFC3339Nano))
+	query := contract.ProxiesUpdatedSinceQuery(since)
 	high := r.watermark
 	// One workflow ID can have a closed run and a running one (a Proxy deleted and created
 	// again, or continue-as-new): the running run wins, whatever order they are listed in.
@@ -185,7 +183,7 @@ func (r *Refresher) list(ctx context.Context, query string, fn func(p Proxy, run
 				continue
 			}
 			if p.Namespace == "" {
-				p.Namespace, p.Name, _ = workflows.ParseProxyWorkflowID(ex.GetExecution().GetWorkflowId())
+				p.Namespace, p.Name, _ = contract.ParseProxyWorkflowID(ex.GetExecution().GetWorkflowId())
 			}
 			fn(p, ex.GetStatus() == enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated)
 		}
@@ -202,26 +200,22 @@ var dc = converter.GetDefaultDataConverter()
 // are skipped: they have nothing to offer.
 func decode(memo *commonpb.Memo, sa *commonpb.SearchAttributes) (Proxy, time.Time, bool) {
 	var updated time.Time
-	if f := sa.GetIndexedFields()["ProxyUpdatedAt"]; f != nil {
+	if f := sa.GetIndexedFields()[contract.SearchAttrUpdatedAt.GetName()]; f != nil {
 		_ = dc.FromPayload(f, &updated)
 	}
-	payload := memo.GetFields()[workflows.MemoKey]
+	payload := memo.GetFields()[contract.MemoKey]
 	if payload == nil {
 		return Proxy{}, updated, false
 	}
-	var m workflows.ProxyMemo
+	var m contract.ProxyMemo
 	if err := dc.FromPayload(payload, &m); err != nil {
 		return Proxy{}, updated, false
 	}
-	attrs := make(map[string]string, len(m.Attributes))
-	for k, v := range m.Attributes {
-		attrs[k] = string(v)
-	}
 	return Proxy{
 		Name: m.Name, Namespace: m.Namespace, UID: m.UID, IP: m.IP, Port: m.Port,
-		Attributes: attrs, LatencyMillis: m.LatencyMillis,
-		Healthy: m.Healthy && m.Phase == v1alpha1.PhaseReady && m.IP != "",
-		Phase:   string(m.Phase), MaxLeases: int(m.MaxLeases), Provider: m.Provider,
+		Attributes: m.Attributes, LatencyMillis: m.LatencyMillis,
+		Healthy: m.Healthy && m.IP != "",
+		Phase:   m.Phase, MaxLeases: int(m.MaxLeases), Provider: m.Provider,
 		Cooldowns: m.Cooldowns,
 	}, updated, true
 }

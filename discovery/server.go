@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/contrib/instrumentation/github.com/gin-gonic/gin/otelgin"
 
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // Config configures the API.
@@ -55,7 +55,7 @@ func (c *Config) defaults() {
 
 // Signaler forwards reports to the proxies' workflows, which keep cooldowns durably.
 type Signaler interface {
-	Report(ctx context.Context, namespace, name string, sig workflows.ReportSignal) error
+	Report(ctx context.Context, namespace, name string, sig contract.ReportSignal) error
 }
 
 // TemporalSignaler signals ProxyWorkflows.
@@ -66,8 +66,8 @@ type TemporalSignaler struct {
 }
 
 // Report implements Signaler.
-func (t TemporalSignaler) Report(ctx context.Context, namespace, name string, sig workflows.ReportSignal) error {
-	return t.Client.SignalWorkflow(ctx, workflows.ProxyWorkflowID(namespace, name), "", workflows.SignalReport, sig)
+func (t TemporalSignaler) Report(ctx context.Context, namespace, name string, sig contract.ReportSignal) error {
+	return t.Client.SignalWorkflow(ctx, contract.ProxyWorkflowID(namespace, name), "", contract.SignalReport, sig)
 }
 
 // Server is the discovery API.
@@ -83,7 +83,7 @@ type Server struct {
 
 type pendingReport struct {
 	namespace, name string
-	sig             workflows.ReportSignal
+	sig             contract.ReportSignal
 }
 
 // NewServer builds the API. reg may be nil (no metrics).
@@ -588,10 +588,10 @@ func (s *Server) report(c *gin.Context) {
 	}
 	var window time.Duration
 	switch req.Result {
-	case workflows.ReportOK:
-	case workflows.ReportRateLimited:
+	case contract.ReportOK:
+	case contract.ReportRateLimited:
 		window = s.cfg.CooldownRateLimited
-	case workflows.ReportBanned:
+	case contract.ReportBanned:
 		window = s.cfg.CooldownBanned
 	default:
 		s.fail(c, apiErr(codeInvalidResult, "result must be ok, rate_limited or banned, got %q", req.Result))
@@ -616,7 +616,7 @@ func (s *Server) report(c *gin.Context) {
 		s.store.Cooldown(l.ProxyID, target, until)
 		select {
 		case s.reports <- pendingReport{namespace: l.Proxy.Namespace, name: l.Proxy.Name,
-			sig: workflows.ReportSignal{Target: target, Result: req.Result, Until: until.UTC()}}:
+			sig: contract.ReportSignal{Target: target, Result: req.Result, Until: until.UTC()}}:
 		default:
 			s.metrics.reportSignalFailures.Inc()
 			s.log.Warn("report queue full; the local cooldown applies but is not made durable", "proxy", l.ProxyID)

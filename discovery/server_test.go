@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 const (
@@ -47,12 +47,12 @@ func (c *testClock) Advance(d time.Duration) {
 
 // fakeSignaler stands in for Temporal.
 type fakeSignaler struct {
-	report func(ctx context.Context, namespace, name string, sig workflows.ReportSignal) error
+	report func(ctx context.Context, namespace, name string, sig contract.ReportSignal) error
 }
 
 var _ discovery.Signaler = (*fakeSignaler)(nil)
 
-func (f *fakeSignaler) Report(ctx context.Context, namespace, name string, sig workflows.ReportSignal) error {
+func (f *fakeSignaler) Report(ctx context.Context, namespace, name string, sig contract.ReportSignal) error {
 	return f.report(ctx, namespace, name, sig)
 }
 
@@ -77,7 +77,7 @@ func (b *syncBuffer) String() string {
 // forwarded is one report the Signaler was given.
 type forwarded struct {
 	namespace, name string
-	sig             workflows.ReportSignal
+	sig             contract.ReportSignal
 }
 
 type harness struct {
@@ -112,7 +112,7 @@ func newLoadingHarness(t *testing.T, cfg discovery.Config) *harness {
 		reg:     prometheus.NewRegistry(),
 	}
 	h.store.SetClock(h.clock.Now)
-	sig := &fakeSignaler{report: func(_ context.Context, namespace, name string, sig workflows.ReportSignal) error {
+	sig := &fakeSignaler{report: func(_ context.Context, namespace, name string, sig contract.ReportSignal) error {
 		h.signals <- forwarded{namespace, name, sig}
 		return nil
 	}}
@@ -647,11 +647,11 @@ func TestReportSignalsAndCoolsDown(t *testing.T) {
 		blockedTarget string // a target the proxy must now be refused for
 		freeTarget    string // a target it is still offered for ("" = none)
 	}{
-		{"banned for the reported target", "news.example", "shop.example", workflows.ReportBanned,
+		{"banned for the reported target", "news.example", "shop.example", contract.ReportBanned,
 			"shop.example", 30 * time.Minute, "shop.example", "news.example"},
-		{"rate limited for the lease's target", "news.example", "", workflows.ReportRateLimited,
+		{"rate limited for the lease's target", "news.example", "", contract.ReportRateLimited,
 			"news.example", 5 * time.Minute, "news.example", "shop.example"},
-		{"no target anywhere: every target", "", "", workflows.ReportBanned,
+		{"no target anywhere: every target", "", "", contract.ReportBanned,
 			"", 30 * time.Minute, "any.example", ""},
 	}
 	for _, tc := range tests {

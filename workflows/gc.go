@@ -11,13 +11,8 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
-
-// GCScheduleID is the fixed ID of the Schedule that runs GCWorkflow.
-const GCScheduleID = "proxy-gc"
-
-// GCWorkflowID is the ID of the workflows the Schedule starts (Temporal appends the time).
-const GCWorkflowID = "proxy-gc"
 
 // GCInput configures one sweep.
 type GCInput struct {
@@ -129,8 +124,8 @@ func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 	var live activities.LiveUIDs
 	liveIn := activities.LiveInput{
 		Namespaces:    in.Namespaces,
-		WorkflowQuery: fmt.Sprintf("WorkflowId STARTS_WITH %q AND ExecutionStatus = 'Running'", ProxyWorkflowIDPrefix),
-		MemoKey:       MemoKey,
+		WorkflowQuery: contract.RunningProxiesQuery,
+		MemoKey:       contract.MemoKey,
 	}
 	if err := workflow.ExecuteActivity(actx, a.ListLiveUIDs, liveIn).Get(ctx, &live); err != nil {
 		// Without a complete live set every instance looks orphaned: never guess.

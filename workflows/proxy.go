@@ -15,28 +15,8 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
-
-// ProxyMemo is what discovery reads from each running ProxyWorkflow through ListWorkflow,
-// without a query per proxy. It is upserted whenever one of its fields changes.
-type ProxyMemo struct {
-	Name          string                             `json:"name"`
-	Namespace     string                             `json:"namespace"`
-	UID           string                             `json:"uid"`
-	Phase         v1alpha1.Phase                     `json:"phase"`
-	Healthy       bool                               `json:"healthy"`
-	IP            string                             `json:"ip,omitempty"`
-	Port          int32                              `json:"port,omitempty"`
-	Attributes    map[string]v1alpha1.AttributeValue `json:"attributes,omitempty"`
-	LatencyMillis int64                              `json:"latencyMillis,omitempty"`
-	MaxLeases     int32                              `json:"maxLeases,omitempty"`
-	Provider      string                             `json:"provider,omitempty"`
-	// Cooldowns maps a target ("" for every target) to when the proxy may serve it again.
-	Cooldowns map[string]time.Time `json:"cooldowns,omitempty"`
-}
-
-// MemoKey is the memo field holding ProxyMemo.
-const MemoKey = "proxy"
 
 var a *activities.Activities
 
@@ -48,10 +28,10 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 		in:     in,
 		tuning: in.Tuning.WithDefaults(),
 		log:    workflow.GetLogger(ctx),
-		specCh: workflow.GetSignalChannel(ctx, SignalSpec),
-		delCh:  workflow.GetSignalChannel(ctx, SignalDelete),
-		replCh: workflow.GetSignalChannel(ctx, SignalReplace),
-		repCh:  workflow.GetSignalChannel(ctx, SignalReport),
+		specCh: workflow.GetSignalChannel(ctx, contract.SignalSpec),
+		delCh:  workflow.GetSignalChannel(ctx, contract.SignalDelete),
+		replCh: workflow.GetSignalChannel(ctx, contract.SignalReplace),
+		repCh:  workflow.GetSignalChannel(ctx, contract.SignalReport),
 		now:    func() time.Time { return workflow.Now(ctx) },
 		state:  in.State,
 		wfID:   workflow.GetInfo(ctx).WorkflowExecution.ID,
@@ -59,7 +39,7 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 	if w.state == nil {
 		w.state = &ProxyState{}
 	}
-	if err := workflow.SetQueryHandler(ctx, QueryState, func() (*ProxyState, error) { return w.state, nil }); err != nil {
+	if err := workflow.SetQueryHandler(ctx, contract.QueryState, func() (*ProxyState, error) { return w.state, nil }); err != nil {
 		return err
 	}
 	return w.run(ctx)
@@ -81,7 +61,7 @@ type proxyWorkflow struct {
 	interrupt bool
 	// published and memo remember what was last written, so nothing is written twice.
 	published *v1alpha1.ProxyStatus
-	memo      *ProxyMemo
+	memo      *contract.ProxyMemo
 	saPhase   v1alpha1.Phase
 	saHealthy *bool
 }
@@ -191,17 +171,17 @@ func (w *proxyWorkflow) addSignals(sel workflow.Selector) {
 		w.onSpec(sig)
 	})
 	sel.AddReceive(w.delCh, func(c workflow.ReceiveChannel, _ bool) {
-		var sig DeleteSignal
+		var sig contract.DeleteSignal
 		c.ReceiveAsync(&sig)
 		w.onDelete(sig)
 	})
 	sel.AddReceive(w.repCh, func(c workflow.ReceiveChannel, _ bool) {
-		var sig ReportSignal
+		var sig contract.ReportSignal
 		c.ReceiveAsync(&sig)
 		w.onReport(sig)
 	})
 	sel.AddReceive(w.replCh, func(c workflow.ReceiveChannel, _ bool) {
-		var sig ReplaceSignal
+		var sig contract.ReplaceSignal
 		c.ReceiveAsync(&sig)
 		w.onReplace(sig)
 	})
@@ -211,9 +191,9 @@ func (w *proxyWorkflow) addSignals(sel workflow.Selector) {
 func (w *proxyWorkflow) drainSignals() {
 	for {
 		var spec SpecSignal
-		var del DeleteSignal
-		var repl ReplaceSignal
-		var rep ReportSignal
+		var del contract.DeleteSignal
+		var repl contract.ReplaceSignal
+		var rep contract.ReportSignal
 		switch {
 		case w.specCh.ReceiveAsync(&spec):
 			w.onSpec(spec)
@@ -262,7 +242,7 @@ func (w *proxyWorkflow) onSpec(sig SpecSignal) {
 	w.interrupt = true
 }
 
-func (w *proxyWorkflow) onDelete(sig DeleteSignal) {
+func (w *proxyWorkflow) onDelete(sig contract.DeleteSignal) {
 	s := w.state
 	if s.UID != "" && sig.UID != "" && sig.UID != s.UID {
 		return // a delete for an older object with this name
@@ -274,7 +254,7 @@ func (w *proxyWorkflow) onDelete(sig DeleteSignal) {
 	}
 }
 
-func (w *proxyWorkflow) onReplace(sig ReplaceSignal) {
+func (w *proxyWorkflow) onReplace(sig contract.ReplaceSignal) {
 	s := w.state
 	if s.Deleting || s.Spec == nil || s.Spec.EffectiveMode() == v1alpha1.ModeExternal {
 		w.log.Info("replace signal ignored: nothing to replace", "reason", sig.Reason)
@@ -292,9 +272,9 @@ func (w *proxyWorkflow) onReplace(sig ReplaceSignal) {
 // onReport records a crawler's report: a cooldown for the target (durable here, so it
 // survives discovery restarts and reaches every replica through the memo), and for bans the
 // distinct targets banned within lifecycle.banWindow, which may call for a replacement.
-func (w *proxyWorkflow) onReport(sig ReportSignal) {
+func (w *proxyWorkflow) onReport(sig contract.ReportSignal) {
 	s := w.state
-	if s.Spec == nil || s.Deleting || (sig.Result != ReportBanned && sig.Result != ReportRateLimited) {
+	if s.Spec == nil || s.Deleting || (sig.Result != contract.ReportBanned && sig.Result != contract.ReportRateLimited) {
 		return
 	}
 	now := w.now()
@@ -308,7 +288,7 @@ func (w *proxyWorkflow) onReport(sig ReportSignal) {
 	if until.After(s.Cooldowns[sig.Target]) {
 		s.Cooldowns[sig.Target] = until
 	}
-	if sig.Result == ReportBanned {
+	if sig.Result == contract.ReportBanned {
 		if s.Bans == nil {
 			s.Bans = map[string]time.Time{}
 		}
@@ -877,15 +857,15 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 		return nil
 	}
 	err := workflow.UpsertTypedSearchAttributes(ctx,
-		SearchAttrPhase.ValueSet(string(st.Phase)),
-		SearchAttrProvider.ValueSet(w.providerName()),
-		SearchAttrHealthy.ValueSet(healthy),
-		SearchAttrUpdatedAt.ValueSet(workflow.Now(ctx).UTC()),
+		contract.SearchAttrPhase.ValueSet(string(st.Phase)),
+		contract.SearchAttrProvider.ValueSet(w.providerName()),
+		contract.SearchAttrHealthy.ValueSet(healthy),
+		contract.SearchAttrUpdatedAt.ValueSet(workflow.Now(ctx).UTC()),
 	)
 	if err != nil {
 		return err
 	}
-	if err := workflow.UpsertMemo(ctx, map[string]any{MemoKey: memo}); err != nil {
+	if err := workflow.UpsertMemo(ctx, map[string]any{contract.MemoKey: memo}); err != nil {
 		return err
 	}
 	w.memo, w.saPhase, w.saHealthy, w.memoDirty = &memo, st.Phase, &healthy, false
@@ -903,16 +883,21 @@ func (w *proxyWorkflow) providerName() string {
 	return string(s.Spec.Provider)
 }
 
-func (w *proxyWorkflow) memoOf(st v1alpha1.ProxyStatus) ProxyMemo {
+func (w *proxyWorkflow) memoOf(st v1alpha1.ProxyStatus) contract.ProxyMemo {
 	s := w.state
-	m := ProxyMemo{
-		Name: w.in.Name, Namespace: w.in.Namespace, UID: s.UID, Phase: st.Phase,
+	m := contract.ProxyMemo{
+		Name: w.in.Name, Namespace: w.in.Namespace, UID: s.UID, Phase: string(st.Phase),
 		Healthy: st.Phase == v1alpha1.PhaseReady, IP: st.IP, Port: st.Port,
 		LatencyMillis: st.LatencyMillis, Provider: w.providerName(),
 	}
 	if s.Spec != nil {
 		m.MaxLeases = s.Spec.MaxLeases
-		m.Attributes = s.Spec.Attributes
+		for _, k := range sortedKeys(s.Spec.Attributes) {
+			if m.Attributes == nil {
+				m.Attributes = make(map[string]string, len(s.Spec.Attributes))
+			}
+			m.Attributes[k] = string(s.Spec.Attributes[k])
+		}
 	}
 	now := w.now()
 	for _, target := range sortedKeys(s.Cooldowns) {

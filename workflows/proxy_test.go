@@ -23,6 +23,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // fakeProvider is an in-memory provider that records the order of operations, so tests can
@@ -230,11 +231,11 @@ func (h *harness) signalAt(d time.Duration, name string, arg any) {
 }
 
 func (h *harness) specAt(d time.Duration, gen int64, spec v1alpha1.ProxySpec) {
-	h.signalAt(d, SignalSpec, SpecSignal{UID: h.uid, Generation: gen, Spec: spec})
+	h.signalAt(d, contract.SignalSpec, SpecSignal{UID: h.uid, Generation: gen, Spec: spec})
 }
 
 func (h *harness) run(tuning Tuning) {
-	h.env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: ProxyWorkflowID("ns", "p")})
+	h.env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: contract.ProxyWorkflowID("ns", "p")})
 	h.env.ExecuteWorkflow(ProxyWorkflow, ProxyWorkflowInput{Namespace: "ns", Name: "p", Installation: "test", Tuning: tuning})
 }
 
@@ -296,7 +297,7 @@ func (h *harness) requireCompleted() {
 func TestFirstCreateThenDelete(t *testing.T) {
 	h := newHarness(t)
 	h.specAt(0, 1, h.spec())
-	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.checkAt(30*time.Minute, func() {
 		// While steady: Ready, provisioned with the instance's address.
 		s := h.lastStatus()
@@ -307,10 +308,10 @@ func TestFirstCreateThenDelete(t *testing.T) {
 		assert.Equal(t, metav1.ConditionTrue, condition(s, v1alpha1.ConditionProvisioned).Status)
 		assert.Equal(t, metav1.ConditionTrue, condition(s, v1alpha1.ConditionReady).Status)
 		assert.Equal(t, int64(1), s.ObservedGeneration)
-		assert.Equal(t, ProxyWorkflowID("ns", "p"), s.WorkflowID)
+		assert.Equal(t, contract.ProxyWorkflowID("ns", "p"), s.WorkflowID)
 		assert.Equal(t, []string{InstanceName(h.uid, 1)}, h.prov.names())
 
-		v, err := h.env.QueryWorkflow(QueryState)
+		v, err := h.env.QueryWorkflow(contract.QueryState)
 		require.NoError(t, err)
 		var st ProxyState
 		require.NoError(t, v.Get(&st))
@@ -332,7 +333,7 @@ func TestAdoptAfterCrash(t *testing.T) {
 	h.prov.createErrs = []error{errors.New("worker lost")}
 	h.prov.applyDespiteError = true
 	h.specAt(0, 1, h.spec())
-	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.checkAt(30*time.Minute, func() {
 		assert.Equal(t, []string{InstanceName(h.uid, 1)}, h.prov.names(), "exactly one instance")
 		assert.Equal(t, v1alpha1.PhaseReady, h.lastStatus().Phase)
@@ -360,7 +361,7 @@ func TestSpecChangeReplacesMakeBeforeBreak(t *testing.T) {
 	h := newHarness(t)
 	h.specAt(0, 1, h.spec())
 	h.specAt(20*time.Minute, 2, h.spec(func(s *v1alpha1.ProxySpec) { s.Port = 8080 }))
-	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.checkAt(40*time.Minute, func() {
 		assert.Equal(t, []string{InstanceName(h.uid, 2)}, h.prov.names())
 		s := h.lastStatus()
@@ -382,7 +383,7 @@ func TestAttributeChangeDoesNotReplace(t *testing.T) {
 		s.Attributes = map[string]v1alpha1.AttributeValue{"region": "eu"}
 		s.MaxLeases = 9
 	}))
-	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())
 	h.requireCompleted()
 	assert.Equal(t, []string{"create " + InstanceName(h.uid, 1), "delete " + InstanceName(h.uid, 1)}, h.prov.ops)
@@ -391,8 +392,8 @@ func TestAttributeChangeDoesNotReplace(t *testing.T) {
 func TestReplaceSignal(t *testing.T) {
 	h := newHarness(t)
 	h.specAt(0, 1, h.spec())
-	h.signalAt(20*time.Minute, SignalReplace, ReplaceSignal{Reason: "manual"})
-	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(20*time.Minute, contract.SignalReplace, contract.ReplaceSignal{Reason: "manual"})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())
 	h.requireCompleted()
 	h.makeBeforeBreak(1, 2)
@@ -409,7 +410,7 @@ func TestMaxAgeReplaces(t *testing.T) {
 	h.checkAt(15*time.Minute, func() {
 		assert.Equal(t, []string{InstanceName(h.uid, 2)}, h.prov.names(), "replaced once maxAge passed")
 	})
-	h.signalAt(16*time.Minute, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(16*time.Minute, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())
 	h.requireCompleted()
 	h.makeBeforeBreak(1, 2)
@@ -421,7 +422,7 @@ func TestDeleteWhileProvisioning(t *testing.T) {
 	// The instance never gets an address; the wait is long.
 	h.env.OnActivity(acts.WaitRunning, mock.Anything, mock.Anything).After(time.Hour).Return(activities.WaitResult{}, nil)
 	h.specAt(0, 1, h.spec())
-	h.signalAt(5*time.Minute, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(5*time.Minute, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())
 	h.requireCompleted()
 	assert.Equal(t, []string{"create " + InstanceName(h.uid, 1), "delete " + InstanceName(h.uid, 1)}, h.prov.ops)
@@ -435,8 +436,8 @@ func TestExternalModeMakesNoProviderCalls(t *testing.T) {
 		Mode: v1alpha1.ModeExternal, Endpoint: &v1alpha1.Endpoint{Host: "proxy.partner.example", Port: 8080},
 		HealthCheck: h.spec().HealthCheck, MaxLeases: 4,
 	})
-	h.signalAt(10*time.Minute, SignalReplace, ReplaceSignal{Reason: "manual"})
-	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(10*time.Minute, contract.SignalReplace, contract.ReplaceSignal{Reason: "manual"})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.checkAt(30*time.Minute, func() {
 		s := h.lastStatus()
 		assert.Equal(t, v1alpha1.PhaseReady, s.Phase)
@@ -455,7 +456,7 @@ func TestQuotaIsAWaitNotAFailure(t *testing.T) {
 	quota := provider.QuotaError(errors.New("quota CPUS exceeded in us-central1"))
 	h.prov.createErrs = []error{quota, quota}
 	h.specAt(0, 1, h.spec())
-	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())
 	h.requireCompleted()
 
@@ -492,7 +493,7 @@ func TestPermanentErrorLatchesUntilNewGeneration(t *testing.T) {
 	h.checkAt(55*time.Minute, func() {
 		assert.Equal(t, v1alpha1.PhaseReady, h.lastStatus().Phase, "a new generation recovers")
 	})
-	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())
 	h.requireCompleted()
 	creates := 0
@@ -513,7 +514,7 @@ func TestStaleGenerationIgnored(t *testing.T) {
 		assert.Equal(t, int32(3128), h.lastStatus().Port)
 		assert.Equal(t, int64(2), h.lastStatus().ObservedGeneration)
 	})
-	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())
 	h.requireCompleted()
 	assert.Equal(t, []string{"create " + InstanceName(h.uid, 1), "delete " + InstanceName(h.uid, 1)}, h.prov.ops)
@@ -522,11 +523,11 @@ func TestStaleGenerationIgnored(t *testing.T) {
 func TestDeleteForOtherUIDIgnored(t *testing.T) {
 	h := newHarness(t)
 	h.specAt(0, 1, h.spec())
-	h.signalAt(10*time.Minute, SignalDelete, DeleteSignal{UID: "someone-else"})
+	h.signalAt(10*time.Minute, contract.SignalDelete, contract.DeleteSignal{UID: "someone-else"})
 	h.checkAt(20*time.Minute, func() {
 		assert.Equal(t, []string{InstanceName(h.uid, 1)}, h.prov.names())
 	})
-	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())
 	h.requireCompleted()
 }
@@ -564,7 +565,7 @@ func TestContinueAsNewKeepsState(t *testing.T) {
 	h2.prov = h.prov
 	acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderLocal: h.prov}, Installation: "test"}
 	h2.env.RegisterActivity(acts)
-	h2.signalAt(10*time.Minute, SignalDelete, DeleteSignal{UID: h.uid})
+	h2.signalAt(10*time.Minute, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	next.Tuning.HistoryLimit = 0
 	h2.env.ExecuteWorkflow(ProxyWorkflow, next)
 	h2.requireCompleted()
@@ -576,7 +577,7 @@ func TestUnhealthyVerdictPublished(t *testing.T) {
 	h := newHarness(t)
 	h.healthy = false
 	h.specAt(0, 1, h.spec())
-	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.checkAt(30*time.Minute, func() {
 		s := h.lastStatus()
 		assert.Equal(t, v1alpha1.PhaseUnhealthy, s.Phase)
@@ -602,7 +603,7 @@ func TestUnhealthyReplacedAfterGrace(t *testing.T) {
 	h.checkAt(7*time.Minute, func() {
 		assert.Equal(t, []string{InstanceName(h.uid, 2)}, h.prov.names(), "replaced once unhealthy for the grace")
 	})
-	h.signalAt(8*time.Minute, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(8*time.Minute, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())
 	h.requireCompleted()
 	h.makeBeforeBreak(1, 2)
@@ -612,7 +613,7 @@ func TestUnhealthyWithoutGraceIsNotReplaced(t *testing.T) {
 	h := newHarness(t)
 	h.healthy = false
 	h.specAt(0, 1, h.spec())
-	h.signalAt(3*time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(3*time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())
 	h.requireCompleted()
 	assert.Equal(t, []string{"create " + InstanceName(h.uid, 1), "delete " + InstanceName(h.uid, 1)}, h.prov.ops)
@@ -644,7 +645,7 @@ func TestLostInstanceIsRecreated(t *testing.T) {
 		assert.Equal(t, []string{InstanceName(h.uid, 2)}, h.prov.names())
 		assert.Equal(t, v1alpha1.PhaseReady, h.lastStatus().Phase)
 	})
-	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())
 	h.requireCompleted()
 	assert.Contains(t, h.phases(), v1alpha1.PhaseUnhealthy, "a lost instance shows as Unhealthy while it is recreated")
@@ -652,7 +653,7 @@ func TestLostInstanceIsRecreated(t *testing.T) {
 
 func (h *harness) queryState() ProxyState {
 	h.t.Helper()
-	v, err := h.env.QueryWorkflow(QueryState)
+	v, err := h.env.QueryWorkflow(contract.QueryState)
 	require.NoError(h.t, err)
 	var st ProxyState
 	require.NoError(h.t, v.Get(&st))
@@ -665,8 +666,8 @@ func TestReportsKeepCooldownsAndReplaceWhenBannedWidely(t *testing.T) {
 	h.specAt(0, 1, h.spec(func(s *v1alpha1.ProxySpec) {
 		s.Lifecycle = &v1alpha1.Lifecycle{BanReplaceTargets: &two}
 	}))
-	h.signalAt(10*time.Minute, SignalReport, ReportSignal{Target: "shop.example", Result: ReportRateLimited})
-	h.signalAt(11*time.Minute, SignalReport, ReportSignal{Target: "news.example", Result: ReportBanned})
+	h.signalAt(10*time.Minute, contract.SignalReport, contract.ReportSignal{Target: "shop.example", Result: contract.ReportRateLimited})
+	h.signalAt(11*time.Minute, contract.SignalReport, contract.ReportSignal{Target: "news.example", Result: contract.ReportBanned})
 	h.checkAt(12*time.Minute, func() {
 		st := h.queryState()
 		assert.Len(t, st.Cooldowns, 2, "both targets cool down")
@@ -674,14 +675,14 @@ func TestReportsKeepCooldownsAndReplaceWhenBannedWidely(t *testing.T) {
 		assert.Equal(t, []string{InstanceName(h.uid, 1)}, h.prov.names(), "one ban is below the limit")
 		assert.Equal(t, int32(0), h.lastStatus().Replacements)
 	})
-	h.signalAt(13*time.Minute, SignalReport, ReportSignal{Target: "shop.example", Result: ReportBanned})
+	h.signalAt(13*time.Minute, contract.SignalReport, contract.ReportSignal{Target: "shop.example", Result: contract.ReportBanned})
 	h.checkAt(20*time.Minute, func() {
 		assert.Equal(t, []string{InstanceName(h.uid, 2)}, h.prov.names(), "banned on 2 targets: replaced")
 		st := h.queryState()
 		assert.Empty(t, st.Cooldowns, "a new address starts clean")
 		assert.Empty(t, st.Bans)
 	})
-	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())
 	h.requireCompleted()
 	h.makeBeforeBreak(1, 2)
@@ -696,10 +697,10 @@ func TestCooldownsExpireAndBansAgeOut(t *testing.T) {
 	}))
 	h.checkAt(10*time.Minute, func() {})
 	h.env.RegisterDelayedCallback(func() {
-		h.env.SignalWorkflow(SignalReport, ReportSignal{Target: "a.example", Result: ReportBanned, Until: h.env.Now().Add(2 * time.Minute)})
+		h.env.SignalWorkflow(contract.SignalReport, contract.ReportSignal{Target: "a.example", Result: contract.ReportBanned, Until: h.env.Now().Add(2 * time.Minute)})
 	}, 10*time.Minute)
 	// The second ban comes after the first left the window: no replacement.
-	h.signalAt(20*time.Minute, SignalReport, ReportSignal{Target: "b.example", Result: ReportBanned})
+	h.signalAt(20*time.Minute, contract.SignalReport, contract.ReportSignal{Target: "b.example", Result: contract.ReportBanned})
 	h.checkAt(21*time.Minute, func() {
 		st := h.queryState()
 		assert.Len(t, st.Bans, 1)
@@ -707,7 +708,7 @@ func TestCooldownsExpireAndBansAgeOut(t *testing.T) {
 		assert.False(t, stillCooling, "a.example's cooldown ended at its until")
 		assert.Equal(t, []string{InstanceName(h.uid, 1)}, h.prov.names())
 	})
-	h.signalAt(time.Hour, SignalDelete, DeleteSignal{UID: h.uid})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())
 	h.requireCompleted()
 }

@@ -42,32 +42,6 @@ type SpecSignal struct {
 	Spec          v1alpha1.ProxySpec `json:"spec"`
 }
 
-// DeleteSignal asks the workflow to delete the instance of the Proxy with this UID and end.
-type DeleteSignal struct {
-	UID string `json:"uid"`
-}
-
-// ReplaceSignal asks for a make-before-break replacement, e.g. from the temporal CLI:
-// --name replace --input '{"reason":"manual"}'.
-type ReplaceSignal struct {
-	Reason string `json:"reason"`
-}
-
-// ReportSignal is a crawler's verdict on a proxy for one target site, forwarded by
-// discovery. banned and rate_limited put the proxy in cooldown for the target until Until.
-type ReportSignal struct {
-	Target string    `json:"target"`
-	Result string    `json:"result"`
-	Until  time.Time `json:"until"`
-}
-
-// Report results.
-const (
-	ReportOK          = "ok"
-	ReportRateLimited = "rate_limited"
-	ReportBanned      = "banned"
-)
-
 // DefaultCooldown applies when a report carries no end time.
 const DefaultCooldown = 10 * time.Minute
 

@@ -21,6 +21,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/internal/telemetry"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
 	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 func main() { cmdline.Main("operator", run) }
@@ -28,7 +29,7 @@ func main() { cmdline.Main("operator", run) }
 func run() error {
 	temporal := cmdline.TemporalFlags()
 	var (
-		taskQueue    = flag.String("task-queue", cmdline.Env("TASK_QUEUE", workflows.TaskQueue), "task queue of the workflows it starts (env TASK_QUEUE)")
+		taskQueue    = flag.String("task-queue", cmdline.Env("TASK_QUEUE", contract.TaskQueue), "task queue of the workflows it starts (env TASK_QUEUE)")
 		installation = flag.String("installation", cmdline.Env("PROXYFLEET_INSTALLATION", "default"), "installation id handed to new workflows (env PROXYFLEET_INSTALLATION)")
 		metricsAddr  = flag.String("metrics-bind-address", "127.0.0.1:8080", "address of /metrics")
 		probeAddr    = flag.String("health-probe-bind-address", "127.0.0.1:8081", "address of /healthz and /readyz")

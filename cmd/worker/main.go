@@ -36,6 +36,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
 	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 func main() { cmdline.Main("worker", run) }
@@ -43,7 +44,7 @@ func main() { cmdline.Main("worker", run) }
 func run() error {
 	temporal := cmdline.TemporalFlags()
 	var (
-		taskQueue    = flag.String("task-queue", cmdline.Env("TASK_QUEUE", workflows.TaskQueue), "task queue (env TASK_QUEUE)")
+		taskQueue    = flag.String("task-queue", cmdline.Env("TASK_QUEUE", contract.TaskQueue), "task queue (env TASK_QUEUE)")
 		installation = flag.String("installation", cmdline.Env("PROXYFLEET_INSTALLATION", "default"), "installation id put on every instance (env PROXYFLEET_INSTALLATION)")
 		providers    = flag.String("providers", cmdline.Env("PROXYFLEET_PROVIDERS", "local,kubernetes"), "comma-separated providers to enable: gcp, kubernetes, local (env PROXYFLEET_PROVIDERS)")
 		gcpProject   = flag.String("gcp-project", cmdline.Env("GOOGLE_CLOUD_PROJECT", ""), "default GCP project for the gcp provider; credentials come from Application Default Credentials (env GOOGLE_CLOUD_PROJECT)")
@@ -160,7 +161,7 @@ func run() error {
 			Input: workflows.GCInput{Installation: *installation, Providers: names, MinAge: *gcMinAge, DryRun: *gcDryRun,
 				Namespaces: nss, AllowPartialView: *gcPartial}})
 		if err != nil {
-			return fmt.Errorf("create or update the %s schedule: %w", workflows.GCScheduleID, err)
+			return fmt.Errorf("create or update the %s schedule: %w", contract.GCScheduleID, err)
 		}
 	}
 	log.Info("worker started", "taskQueue", *taskQueue, "providers", *providers, "installation", *installation, "http", ln.Addr().String())

@@ -21,19 +21,19 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 const testToken = "s3cret"
 
 // fakeSignaler stands in for the proxies' workflows.
 type fakeSignaler struct {
-	report func(namespace, name string, sig workflows.ReportSignal) error
+	report func(namespace, name string, sig contract.ReportSignal) error
 }
 
 var _ discovery.Signaler = (*fakeSignaler)(nil)
 
-func (f *fakeSignaler) Report(_ context.Context, namespace, name string, sig workflows.ReportSignal) error {
+func (f *fakeSignaler) Report(_ context.Context, namespace, name string, sig contract.ReportSignal) error {
 	if f.report == nil {
 		return nil
 	}
@@ -43,20 +43,20 @@ func (f *fakeSignaler) Report(_ context.Context, namespace, name string, sig wor
 // signals records what the server forwards to the workflows.
 type signals struct {
 	mu  sync.Mutex
-	got []workflows.ReportSignal
+	got []contract.ReportSignal
 }
 
-func (s *signals) record(_, _ string, sig workflows.ReportSignal) error {
+func (s *signals) record(_, _ string, sig contract.ReportSignal) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.got = append(s.got, sig)
 	return nil
 }
 
-func (s *signals) list() []workflows.ReportSignal {
+func (s *signals) list() []contract.ReportSignal {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]workflows.ReportSignal(nil), s.got...)
+	return append([]contract.ReportSignal(nil), s.got...)
 }
 
 type fixture struct {

@@ -23,6 +23,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 func TestMain(m *testing.M) {
@@ -271,8 +272,8 @@ func (sys *system) apply(t *testing.T, b batch, down string) (later batch) {
 	} else {
 		for _, name := range b.repl {
 			sys.replaced[name] = sys.instances[name]
-			require.NoError(t, sys.s.Temporal.Client.SignalWorkflow(ctx, workflows.ProxyWorkflowID(sys.ns, name), "",
-				workflows.SignalReplace, workflows.ReplaceSignal{Reason: "chaos"}))
+			require.NoError(t, sys.s.Temporal.Client.SignalWorkflow(ctx, contract.ProxyWorkflowID(sys.ns, name), "",
+				contract.SignalReplace, contract.ReplaceSignal{Reason: "chaos"}))
 			sys.creates++
 			sys.deletes++
 		}
@@ -373,7 +374,7 @@ func (sys *system) ban(t *testing.T) {
 	require.NoError(t, sys.crawler.Report(ctx, l.ID, dclient.ResultBanned, ""))
 	require.NoError(t, sys.crawler.Release(ctx, l.ID))
 	waitFor(t, 30*time.Second, "the cooldown in the workflow", func() string {
-		v, err := sys.s.Temporal.Client.QueryWorkflow(ctx, workflows.ProxyWorkflowID(sys.ns, "cooled"), "", workflows.QueryState)
+		v, err := sys.s.Temporal.Client.QueryWorkflow(ctx, contract.ProxyWorkflowID(sys.ns, "cooled"), "", contract.QueryState)
 		if err != nil {
 			return err.Error()
 		}

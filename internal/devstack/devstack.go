@@ -31,7 +31,7 @@ import (
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // Config says where things are and where they listen.
@@ -105,7 +105,7 @@ func (s *stack) start(ctx context.Context) error {
 		ClientOptions:    &client.Options{HostPort: fmt.Sprintf("127.0.0.1:%d", cfg.TemporalPort), Namespace: "default", Logger: tlog.NewStructuredLogger(quiet)},
 		EnableUI:         true,
 		UIPort:           fmt.Sprint(cfg.UIPort),
-		SearchAttributes: workflows.SearchAttributes(),
+		SearchAttributes: contract.SearchAttributes(),
 		LogLevel:         "warn",
 		Stdout:           tlogFile, Stderr: tlogFile,
 	})
@@ -288,5 +288,5 @@ proxyfleet is running. Logs: %s
 (The fetch line uses local-1's port; a lease answers with the proxy's url. Local proxies
 reach loopback targets only.) Press Ctrl-C to stop everything.
 READY
-`, rel(s.logs), c.UIPort, rel(s.kubecfg), lease, s.firstPort, c.DaemonPort, c.TemporalPort, workflows.ProxyWorkflowID("default", "local-1"))
+`, rel(s.logs), c.UIPort, rel(s.kubecfg), lease, s.firstPort, c.DaemonPort, c.TemporalPort, contract.ProxyWorkflowID("default", "local-1"))
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // waitAllReady watches the namespace's Proxies until n of them are Ready and returns them.
@@ -87,7 +87,7 @@ func fleetHistory(b *testing.B, s *stack.Stack, ns string, names []string) int64
 	b.Helper()
 	var total int64
 	for _, name := range names {
-		total += historyLength(b, s.Temporal.Client, workflows.ProxyWorkflowID(ns, name))
+		total += historyLength(b, s.Temporal.Client, contract.ProxyWorkflowID(ns, name))
 	}
 	return total
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // TestScheduledGCDeletesExactlyTheOrphans plants instances outside any Proxy, with the
@@ -74,10 +75,10 @@ func TestScheduledGCDeletesExactlyTheOrphans(t *testing.T) {
 		Providers: []v1alpha1.Provider{v1alpha1.ProviderKubernetes, v1alpha1.ProviderLocal},
 	}}
 	// The schedule is one per namespace: start from none, whatever earlier tests left.
-	_ = sc.GetHandle(ctx, workflows.GCScheduleID).Delete(ctx)
+	_ = sc.GetHandle(ctx, contract.GCScheduleID).Delete(ctx)
 	require.NoError(t, schedules.EnsureGC(ctx, sc, opts))
 	require.NoError(t, schedules.EnsureGC(ctx, sc, opts), "creating the schedule again is an update")
-	h := sc.GetHandle(ctx, workflows.GCScheduleID)
+	h := sc.GetHandle(ctx, contract.GCScheduleID)
 	t.Cleanup(func() { _ = h.Delete(context.Background()) })
 	for range 2 {
 		require.NoError(t, h.Trigger(ctx, client.ScheduleTriggerOptions{Overlap: enums.SCHEDULE_OVERLAP_POLICY_SKIP}))

@@ -21,7 +21,7 @@ import (
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // flapWindow is a span during which a proxy refused every request.
@@ -399,7 +399,7 @@ func leaseDiag(b *testing.B, s *stack.Stack, ns string, names []string, windows 
 	ctx := context.Background()
 	var toMonitor, toStarted, toWFT, toSeen []time.Duration
 	for _, name := range names {
-		it := s.Temporal.Client.GetWorkflowHistory(ctx, workflows.ProxyWorkflowID(ns, name), "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		it := s.Temporal.Client.GetWorkflowHistory(ctx, contract.ProxyWorkflowID(ns, name), "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
 		var evs []*historypb.HistoryEvent
 		for it.HasNext() {
 			e, err := it.Next()

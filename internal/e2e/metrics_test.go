@@ -24,6 +24,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 func freeAddr(t *testing.T) string {
@@ -105,7 +106,7 @@ func TestEachBinaryExportsItsMetrics(t *testing.T) {
 	process(t, "worker", env, append(temporalFlags, "--providers", "local", "--local-daemon", s.DaemonURL, "--http-address", workerHTTP)...)
 	process(t, "discovery", []string{"DISCOVERY_TOKEN=secret-token"}, "--temporal-address", s.Temporal.HostPort,
 		"--temporal-namespace", s.Temporal.Namespace, "--listen", discoveryAddr, "--refresh-interval", "200ms")
-	h := s.Temporal.Client.ScheduleClient().GetHandle(ctx, workflows.GCScheduleID)
+	h := s.Temporal.Client.ScheduleClient().GetHandle(ctx, contract.GCScheduleID)
 	t.Cleanup(func() { _ = h.Delete(context.Background()) })
 
 	ns := s.Namespace(t)

@@ -24,7 +24,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 func TestMain(m *testing.M) {
@@ -47,7 +47,7 @@ func TestProxyLifecycle(t *testing.T) {
 	require.NotNil(t, prov)
 	assert.Equal(t, metav1.ConditionTrue, prov.Status)
 	assert.Equal(t, "127.0.0.1", p.Status.IP)
-	assert.Equal(t, workflows.ProxyWorkflowID(ns, "web-1"), p.Status.WorkflowID)
+	assert.Equal(t, contract.ProxyWorkflowID(ns, "web-1"), p.Status.WorkflowID)
 	assert.Contains(t, p.Finalizers, v1alpha1.Finalizer)
 	body, err := s.Fetch(p.Status.IP, p.Status.Port, "/through-the-proxy")
 	require.NoError(t, err)
@@ -71,8 +71,8 @@ func TestProxyLifecycle(t *testing.T) {
 	second := p.Status.InstanceName
 	out, err := exec.Command(s.Temporal.Binary, "workflow", "signal",
 		"--address", s.Temporal.HostPort, "--namespace", s.Temporal.Namespace,
-		"--workflow-id", workflows.ProxyWorkflowID(ns, "web-1"),
-		"--name", workflows.SignalReplace, "--input", `{"reason":"manual"}`).CombinedOutput()
+		"--workflow-id", contract.ProxyWorkflowID(ns, "web-1"),
+		"--name", contract.SignalReplace, "--input", `{"reason":"manual"}`).CombinedOutput()
 	require.NoError(t, err, string(out))
 	p = s.WaitFor(t, ns, "web-1", time.Minute, "replaced after the CLI signal", func(p *v1alpha1.Proxy) bool {
 		return stack.Ready(p) && p.Status.InstanceName != second && len(s.InstancesOf(p.UID)) == 1
@@ -88,10 +88,10 @@ func TestProxyLifecycle(t *testing.T) {
 
 	// The workflow ends by itself, right after it released the finalizer.
 	require.Eventually(t, func() bool {
-		desc, err := s.Temporal.Client.DescribeWorkflow(ctx, workflows.ProxyWorkflowID(ns, "web-1"), "")
+		desc, err := s.Temporal.Client.DescribeWorkflow(ctx, contract.ProxyWorkflowID(ns, "web-1"), "")
 		return err == nil && desc.Status == enums.WORKFLOW_EXECUTION_STATUS_COMPLETED
 	}, 30*time.Second, 50*time.Millisecond, "the workflow did not complete after deleting")
-	recordHistory(t, s, workflows.ProxyWorkflowID(ns, "web-1"), "lifecycle.json")
+	recordHistory(t, s, contract.ProxyWorkflowID(ns, "web-1"), "lifecycle.json")
 }
 
 // assertMakeBeforeBreak checks the daemon's log: the new instance was created before the
@@ -127,7 +127,7 @@ func TestDeleteWhileProvisioning(t *testing.T) {
 	require.NoError(t, s.Kube.Client.Delete(ctx, p))
 	s.WaitGone(t, ns, "slow", time.Minute)
 	assert.Empty(t, s.InstancesOf(p.UID))
-	recordHistory(t, s, workflows.ProxyWorkflowID(ns, "slow"), "delete-while-provisioning.json")
+	recordHistory(t, s, contract.ProxyWorkflowID(ns, "slow"), "delete-while-provisioning.json")
 }
 
 // TestCloudInitSecretNeverInHistory puts a canary in a cloud-init Secret, provisions a Proxy
@@ -159,7 +159,7 @@ func TestCloudInitSecretNeverInHistory(t *testing.T) {
 	needles := [][]byte{[]byte(canary), []byte(base64.StdEncoding.EncodeToString([]byte(canary)))}
 	histories := 0
 	resp, err := s.Temporal.Client.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{
-		Query: fmt.Sprintf("WorkflowId STARTS_WITH %q", workflows.ProxyWorkflowIDPrefix+ns+"/"),
+		Query: fmt.Sprintf("WorkflowId STARTS_WITH %q", contract.ProxyWorkflowIDPrefix+ns+"/"),
 	})
 	require.NoError(t, err)
 	for _, ex := range resp.Executions {
@@ -179,5 +179,5 @@ func TestCloudInitSecretNeverInHistory(t *testing.T) {
 
 	require.NoError(t, s.Kube.Client.Delete(ctx, p))
 	s.WaitGone(t, ns, "booted", time.Minute)
-	recordHistory(t, s, workflows.ProxyWorkflowID(ns, "booted"), "cloud-init-rotation.json")
+	recordHistory(t, s, contract.ProxyWorkflowID(ns, "booted"), "cloud-init-rotation.json")
 }

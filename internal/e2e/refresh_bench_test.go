@@ -15,7 +15,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // fakeProxyWorkflow publishes what a Ready ProxyWorkflow publishes (memo and search
@@ -23,16 +23,16 @@ import (
 // them cost the dev server little, which is what a refresh benchmark needs.
 func fakeProxyWorkflow(ctx workflow.Context, ns, name string) error {
 	publish := func(latency int64) error {
-		m := workflows.ProxyMemo{Name: name, Namespace: ns, UID: name, Phase: v1alpha1.PhaseReady, Healthy: true,
+		m := contract.ProxyMemo{Name: name, Namespace: ns, UID: name, Phase: string(v1alpha1.PhaseReady), Healthy: true,
 			IP: "127.0.0.1", Port: 3128, LatencyMillis: latency, MaxLeases: 4,
-			Attributes: map[string]v1alpha1.AttributeValue{"region": "bench"}}
-		if err := workflow.UpsertMemo(ctx, map[string]any{workflows.MemoKey: m}); err != nil {
+			Attributes: map[string]string{"region": "bench"}}
+		if err := workflow.UpsertMemo(ctx, map[string]any{contract.MemoKey: m}); err != nil {
 			return err
 		}
 		return workflow.UpsertTypedSearchAttributes(ctx,
-			workflows.SearchAttrPhase.ValueSet(string(v1alpha1.PhaseReady)),
-			workflows.SearchAttrHealthy.ValueSet(true),
-			workflows.SearchAttrUpdatedAt.ValueSet(workflow.Now(ctx).UTC()))
+			contract.SearchAttrPhase.ValueSet(string(v1alpha1.PhaseReady)),
+			contract.SearchAttrHealthy.ValueSet(true),
+			contract.SearchAttrUpdatedAt.ValueSet(workflow.Now(ctx).UTC()))
 	}
 	if err := publish(10); err != nil {
 		return err
@@ -65,7 +65,7 @@ func BenchmarkIndexRefresh(b *testing.B) {
 	g.SetLimit(32)
 	for i := range n {
 		name := fmt.Sprintf("p-%04d", i)
-		ids[i] = workflows.ProxyWorkflowID(ns, name)
+		ids[i] = contract.ProxyWorkflowID(ns, name)
 		g.Go(func() error {
 			_, err := env.Client.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: ids[i], TaskQueue: queue}, fakeProxyWorkflow, ns, name)
 			return err

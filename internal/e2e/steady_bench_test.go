@@ -18,7 +18,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities/probe"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // naiveProbe is the baseline design: one probe activity per interval, with a timer between.
@@ -95,7 +95,7 @@ func BenchmarkSteadyStateHistory(b *testing.B) {
 		}
 		var ids []string
 		for i := range n {
-			ids = append(ids, workflows.ProxyWorkflowID(ns, fmt.Sprintf("steady-%02d", i)))
+			ids = append(ids, contract.ProxyWorkflowID(ns, fmt.Sprintf("steady-%02d", i)))
 		}
 		start, naiveStart, t0 := count(ids), count(naiveIDs), time.Now()
 		time.Sleep(window) // the measurement window itself, not synchronisation

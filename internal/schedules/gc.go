@@ -14,6 +14,7 @@ import (
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // GCOptions configure the "proxy-gc" schedule.
@@ -31,11 +32,11 @@ func EnsureGC(ctx context.Context, sc client.ScheduleClient, opts GCOptions) err
 		opts.Every = 10 * time.Minute
 	}
 	if opts.TaskQueue == "" {
-		opts.TaskQueue = workflows.TaskQueue
+		opts.TaskQueue = contract.TaskQueue
 	}
 	spec := client.ScheduleSpec{Intervals: []client.ScheduleIntervalSpec{{Every: opts.Every}}}
 	action := &client.ScheduleWorkflowAction{
-		ID:                       workflows.GCWorkflowID,
+		ID:                       contract.GCWorkflowID,
 		Workflow:                 workflows.GCWorkflow,
 		Args:                     []any{opts.Input},
 		TaskQueue:                opts.TaskQueue,
@@ -43,7 +44,7 @@ func EnsureGC(ctx context.Context, sc client.ScheduleClient, opts GCOptions) err
 		StaticSummary:            fmt.Sprintf("Orphan sweep of installation %s", opts.Input.Installation),
 	}
 	_, err := sc.Create(ctx, client.ScheduleOptions{
-		ID:      workflows.GCScheduleID,
+		ID:      contract.GCScheduleID,
 		Spec:    spec,
 		Action:  action,
 		Overlap: enums.SCHEDULE_OVERLAP_POLICY_SKIP,
@@ -52,7 +53,7 @@ func EnsureGC(ctx context.Context, sc client.ScheduleClient, opts GCOptions) err
 	if !errors.Is(err, temporal.ErrScheduleAlreadyRunning) {
 		return err
 	}
-	return sc.GetHandle(ctx, workflows.GCScheduleID).Update(ctx, client.ScheduleUpdateOptions{
+	return sc.GetHandle(ctx, contract.GCScheduleID).Update(ctx, client.ScheduleUpdateOptions{
 		DoUpdate: func(in client.ScheduleUpdateInput) (*client.ScheduleUpdate, error) {
 			s := in.Description.Schedule
 			s.Spec = &spec

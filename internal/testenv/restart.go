@@ -26,7 +26,7 @@ import (
 	"go.temporal.io/sdk/log"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // devServer is a Temporal dev server run as a child process on a database file, so it can
@@ -87,7 +87,7 @@ func newDevServer(bin, dir string, out io.Writer) (*devServer, error) {
 	args := []string{"server", "start-dev", "--ip", "127.0.0.1", "--headless",
 		"--port", strconv.Itoa(ports[0]), "--http-port", strconv.Itoa(ports[1]), "--metrics-port", strconv.Itoa(ports[2]),
 		"--db-filename", filepath.Join(dir, "temporal.sqlite"), "--log-level", "error"}
-	for sa := range workflows.SearchAttributes().GetUntypedValues() {
+	for sa := range contract.SearchAttributes().GetUntypedValues() {
 		args = append(args, "--search-attribute", sa.GetName()+"="+sa.GetValueType().String())
 	}
 	return &devServer{

@@ -29,7 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/proxyfleet/proxyfleet/operator/controller"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // Options says which servers a test package needs.
@@ -202,7 +202,7 @@ func startTemporal(root string) (*testsuite.DevServer, *TemporalEnv, error) {
 			Namespace: namespace,
 			Logger:    log.NewStructuredLogger(quietLogger()),
 		},
-		SearchAttributes: workflows.SearchAttributes(),
+		SearchAttributes: contract.SearchAttributes(),
 		LogLevel:         "error",
 		Stdout:           out,
 		Stderr:           out,

@@ -19,7 +19,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 func TestMain(m *testing.M) {
@@ -30,10 +30,10 @@ func TestMain(m *testing.M) {
 // then waits for a signal so the test can query it while it is running.
 func upsertWorkflow(ctx workflow.Context, phase string) error {
 	err := workflow.UpsertTypedSearchAttributes(ctx,
-		workflows.SearchAttrPhase.ValueSet(phase),
-		workflows.SearchAttrProvider.ValueSet("local"),
-		workflows.SearchAttrHealthy.ValueSet(true),
-		workflows.SearchAttrUpdatedAt.ValueSet(workflow.Now(ctx).UTC()),
+		contract.SearchAttrPhase.ValueSet(phase),
+		contract.SearchAttrProvider.ValueSet("local"),
+		contract.SearchAttrHealthy.ValueSet(true),
+		contract.SearchAttrUpdatedAt.ValueSet(workflow.Now(ctx).UTC()),
 	)
 	if err != nil {
 		return err
@@ -55,7 +55,7 @@ func TestTemporalSearchAttributes(t *testing.T) {
 	require.NoError(t, w.Start())
 	defer w.Stop()
 
-	id := workflows.ProxyWorkflowID("testenv", "sa")
+	id := contract.ProxyWorkflowID("testenv", "sa")
 	run, err := env.Client.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: id, TaskQueue: queue}, upsertWorkflow, "Ready")
 	require.NoError(t, err)
 

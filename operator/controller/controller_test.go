@@ -26,6 +26,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
 	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 func TestMain(m *testing.M) {
@@ -155,7 +156,7 @@ func TestTemporalOutageLosesNothing(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond, "no Warning event while Temporal was down")
 
 	tc.setDown(false)
-	id := workflows.ProxyWorkflowID(ns, "outage")
+	id := contract.ProxyWorkflowID(ns, "outage")
 	require.Eventually(t, func() bool {
 		_, err := testenv.Temporal(t).Client.DescribeWorkflow(ctx, id, "")
 		return err == nil
@@ -199,7 +200,7 @@ func TestSecretRotationSignalsAgain(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond, "rotation should re-send the spec")
 	last := tc.signals()[len(tc.signals())-1]
 	assert.Equal(t, p.Generation, last.Generation, "same generation: only the Secret changed")
-	_ = testenv.Temporal(t).Client.TerminateWorkflow(ctx, workflows.ProxyWorkflowID(ns, "rotating"), "", "test done")
+	_ = testenv.Temporal(t).Client.TerminateWorkflow(ctx, contract.ProxyWorkflowID(ns, "rotating"), "", "test done")
 }
 
 // TestDeleteWithoutWorkflowReleases: a Proxy whose workflow never existed (nothing was ever

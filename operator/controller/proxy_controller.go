@@ -33,6 +33,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // Temporal is the part of the Temporal client the controller uses.
@@ -68,7 +69,7 @@ type ProxyReconciler struct {
 	Events   events.EventRecorder
 	// Installation is this deployment's id, handed to new workflows.
 	Installation string
-	// TaskQueue defaults to workflows.TaskQueue.
+	// TaskQueue defaults to contract.TaskQueue.
 	TaskQueue string
 	// Tuning is passed to new workflows (tests shorten timings).
 	Tuning workflows.Tuning
@@ -167,7 +168,7 @@ func (r *ProxyReconciler) taskQueue() string {
 	if r.TaskQueue != "" {
 		return r.TaskQueue
 	}
-	return workflows.TaskQueue
+	return contract.TaskQueue
 }
 
 func (r *ProxyReconciler) signalSpec(ctx context.Context, p *v1alpha1.Proxy) error {
@@ -177,7 +178,7 @@ func (r *ProxyReconciler) signalSpec(ctx context.Context, p *v1alpha1.Proxy) err
 		SecretVersion: r.secretVersion(ctx, p),
 		Spec:          p.Spec,
 	}
-	id := workflows.ProxyWorkflowID(p.Namespace, p.Name)
+	id := contract.ProxyWorkflowID(p.Namespace, p.Name)
 	provider := string(p.Spec.Provider)
 	if p.Spec.EffectiveMode() == v1alpha1.ModeExternal {
 		provider = "external"
@@ -187,10 +188,10 @@ func (r *ProxyReconciler) signalSpec(ctx context.Context, p *v1alpha1.Proxy) err
 		TaskQueue:             r.taskQueue(),
 		WorkflowIDReusePolicy: enums.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
 		StaticSummary:         fmt.Sprintf("Proxy %s/%s (%s)", p.Namespace, p.Name, provider),
-		TypedSearchAttributes: workflows.InitialSearchAttributes(provider),
+		TypedSearchAttributes: contract.InitialSearchAttributes(provider),
 	}
 	in := workflows.ProxyWorkflowInput{Namespace: p.Namespace, Name: p.Name, Installation: r.Installation, Tuning: r.Tuning}
-	if _, err := r.Temporal.SignalWithStartWorkflow(ctx, id, workflows.SignalSpec, sig, opts, workflows.ProxyWorkflow, in); err != nil {
+	if _, err := r.Temporal.SignalWithStartWorkflow(ctx, id, contract.SignalSpec, sig, opts, workflows.ProxyWorkflow, in); err != nil {
 		r.warn(p, "Signal", "cannot reach Temporal to hand over generation %d: %v (retrying)", p.Generation, err)
 		return err
 	}
@@ -215,8 +216,8 @@ func (r *ProxyReconciler) reconcileDelete(ctx context.Context, p *v1alpha1.Proxy
 	if !controllerutil.ContainsFinalizer(p, v1alpha1.Finalizer) {
 		return reconcile.Result{}, nil
 	}
-	id := workflows.ProxyWorkflowID(p.Namespace, p.Name)
-	err := r.Temporal.SignalWorkflow(ctx, id, "", workflows.SignalDelete, workflows.DeleteSignal{UID: string(p.UID)})
+	id := contract.ProxyWorkflowID(p.Namespace, p.Name)
+	err := r.Temporal.SignalWorkflow(ctx, id, "", contract.SignalDelete, contract.DeleteSignal{UID: string(p.UID)})
 	var notFound *serviceerror.NotFound
 	switch {
 	case errors.As(err, &notFound):

@@ -1,10 +1,4 @@
-// Package workflows holds the Temporal workflows that own each Proxy's life and the orphan
-// sweep. Workflow code here is deterministic and does no I/O: everything that touches the
-// world is an activity in package activities.
-//
-// This file is the one place where the names shared by the controller, the worker, discovery
-// and the tests are defined: task queue, workflow IDs, signals, queries, search attributes.
-package workflows
+package contract
 
 import (
 	"fmt"
@@ -12,11 +6,16 @@ import (
 	"time"
 
 	"go.temporal.io/sdk/temporal"
-	"go.temporal.io/sdk/worker"
 )
 
 // TaskQueue is where every workflow and activity of the project runs.
 const TaskQueue = "proxies"
+
+// Workflow type names, as registered by the worker and shown in the Web UI and CLI.
+const (
+	ProxyWorkflowType = "ProxyWorkflow"
+	GCWorkflowType    = "GCWorkflow"
+)
 
 // Signal and query names of ProxyWorkflow.
 const (
@@ -26,6 +25,12 @@ const (
 	SignalReport  = "report"
 	QueryState    = "state"
 )
+
+// GCScheduleID is the fixed ID of the Schedule that runs GCWorkflow.
+const GCScheduleID = "proxy-gc"
+
+// GCWorkflowID is the ID of the workflows the Schedule starts (Temporal appends the time).
+const GCWorkflowID = "proxy-gc"
 
 // Search attributes upserted by ProxyWorkflow. They must be registered on the namespace
 // before the first workflow runs (the dev server takes them as --search-attribute flags).
@@ -80,14 +85,13 @@ func ParseProxyWorkflowID(id string) (namespace, name string, err error) {
 	return namespace, name, nil
 }
 
-// WorkerOptions are the options every worker of these workflows starts from. Pollers scale
-// with the server's feedback: a fleet's health verdicts and status changes arrive in bursts
-// of workflow tasks, and two fixed pollers (the SDK default) queued them for over a second
-// under load, which is time a failed proxy stays leasable.
-func WorkerOptions() worker.Options {
-	autoscale := worker.NewPollerBehaviorAutoscaling(worker.PollerBehaviorAutoscalingOptions{})
-	return worker.Options{
-		WorkflowTaskPollerBehavior: autoscale,
-		ActivityTaskPollerBehavior: autoscale,
-	}
+// RunningProxiesQuery selects every running ProxyWorkflow. Discovery's full pass and the
+// orphan sweep both read the fleet with it, so they agree on what "live" means.
+var RunningProxiesQuery = fmt.Sprintf("WorkflowId STARTS_WITH %q AND ExecutionStatus = 'Running'", ProxyWorkflowIDPrefix)
+
+// ProxiesUpdatedSinceQuery selects ProxyWorkflows, running or closed, whose memo changed
+// after since: discovery's incremental pass.
+func ProxiesUpdatedSinceQuery(since time.Time) string {
+	return fmt.Sprintf("WorkflowId STARTS_WITH %q AND %s > %q",
+		ProxyWorkflowIDPrefix, SearchAttrUpdatedAt.GetName(), since.UTC().Format(time.RFC3339Nano))
 }
