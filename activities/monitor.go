@@ -76,11 +76,11 @@ type monitorProgress struct {
 // interval. It returns only when something is worth writing down, so a stable proxy adds
 // nothing to workflow history. It heartbeats after every probe.
 func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResult, error) {
-	interval, err := in.HealthCheck.Interval.ParseDuration(10 * time.Second)
+	interval, err := in.HealthCheck.EffectiveInterval()
 	if err != nil {
 		return MonitorResult{}, classify("monitor", err)
 	}
-	timeout, err := in.HealthCheck.Timeout.ParseDuration(5 * time.Second)
+	timeout, err := in.HealthCheck.EffectiveTimeout()
 	if err != nil {
 		return MonitorResult{}, classify("monitor", err)
 	}
@@ -93,11 +93,8 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 			st, resumed = prev, true
 		}
 	}
-	th := thresholds{
-		success: max(int(in.HealthCheck.SuccessThreshold), 1),
-		failure: max(int(in.HealthCheck.FailureThreshold), 1),
-		latency: orDefault(in.LatencyEvery, 10*time.Minute),
-	}
+	success, failure := in.HealthCheck.EffectiveThresholds()
+	th := thresholds{success: success, failure: failure, latency: orDefault(in.LatencyEvery, 10*time.Minute)}
 	var prv provider.Provider
 	var providerID string
 	if in.Instance != nil {
@@ -127,7 +124,7 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 
 		res := a.prober().Probe(ctx, probe.Request{
 			Proxy: in.Target, URL: in.HealthCheck.URL, Timeout: timeout,
-			ExpectedStatus: int(in.HealthCheck.ExpectedStatus),
+			ExpectedStatus: in.HealthCheck.EffectiveExpectedStatus(),
 		})
 		if ctx.Err() != nil {
 			return MonitorResult{}, ctx.Err()

@@ -40,15 +40,9 @@ type Refresher struct {
 }
 
 func (r *Refresher) defaults() {
-	if r.Interval <= 0 {
-		r.Interval = time.Second
-	}
-	if r.FullEvery <= 0 {
-		r.FullEvery = 5 * time.Minute
-	}
-	if r.Overlap <= 0 {
-		r.Overlap = 5 * time.Second
-	}
+	orDefault(&r.Interval, DefaultRefreshInterval)
+	orDefault(&r.FullEvery, DefaultFullResyncInterval)
+	orDefault(&r.Overlap, 5*time.Second)
 	if r.PageSize <= 0 {
 		r.PageSize = 1000
 	}

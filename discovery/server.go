@@ -35,21 +35,31 @@ type Config struct {
 	BodyLimit int64
 }
 
+// Defaults of Config and of the refresher; cmd/discovery's flags default to them too.
+const (
+	DefaultTTL                 = 5 * time.Minute
+	DefaultMaxTTL              = time.Hour
+	DefaultCooldownRateLimited = 5 * time.Minute
+	DefaultCooldownBanned      = 30 * time.Minute
+	DefaultBodyLimit           = 64 << 10
+	DefaultRefreshInterval     = time.Second
+	DefaultFullResyncInterval  = 5 * time.Minute
+)
+
 func (c *Config) defaults() {
-	if c.DefaultTTL <= 0 {
-		c.DefaultTTL = 5 * time.Minute
-	}
-	if c.MaxTTL <= 0 {
-		c.MaxTTL = time.Hour
-	}
-	if c.CooldownRateLimited <= 0 {
-		c.CooldownRateLimited = 5 * time.Minute
-	}
-	if c.CooldownBanned <= 0 {
-		c.CooldownBanned = 30 * time.Minute
-	}
+	orDefault(&c.DefaultTTL, DefaultTTL)
+	orDefault(&c.MaxTTL, DefaultMaxTTL)
+	orDefault(&c.CooldownRateLimited, DefaultCooldownRateLimited)
+	orDefault(&c.CooldownBanned, DefaultCooldownBanned)
 	if c.BodyLimit <= 0 {
-		c.BodyLimit = 64 << 10
+		c.BodyLimit = DefaultBodyLimit
+	}
+}
+
+// orDefault sets a zero or negative duration to def.
+func orDefault(d *time.Duration, def time.Duration) {
+	if *d <= 0 {
+		*d = def
 	}
 }
 

@@ -14,12 +14,20 @@ import (
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
+// GC defaults: the worker's --gc-interval and --gc-min-age, and what a zero value means.
+const (
+	// DefaultGCInterval is how often the proxy-gc schedule sweeps.
+	DefaultGCInterval = 10 * time.Minute
+	// DefaultGCMinAge spares instances younger than this.
+	DefaultGCMinAge = 10 * time.Minute
+)
+
 // GCInput configures one sweep.
 type GCInput struct {
 	Installation string              `json:"installation"`
 	Providers    []v1alpha1.Provider `json:"providers"`
 	// MinAge spares instances younger than this: they may be mid-create, before their
-	// workflow has recorded them (default 10m).
+	// workflow has recorded them (0: DefaultGCMinAge).
 	MinAge time.Duration `json:"minAge"`
 	// DryRun reports what would be deleted without deleting.
 	DryRun bool `json:"dryRun,omitempty"`
@@ -107,7 +115,7 @@ func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 	defer recordGC(ctx, &res)
 	minAge := in.MinAge
 	if minAge <= 0 {
-		minAge = 10 * time.Minute
+		minAge = DefaultGCMinAge
 	}
 	if len(in.Namespaces) > 0 && !in.AllowPartialView {
 		res.Skipped = true

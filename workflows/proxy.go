@@ -761,8 +761,8 @@ func (w *proxyWorkflow) monitorInput() (activities.MonitorInput, bool) {
 }
 
 func monitorHeartbeatTimeout(in activities.MonitorInput) time.Duration {
-	interval, _ := in.HealthCheck.Interval.ParseDuration(10 * time.Second)
-	timeout, _ := in.HealthCheck.Timeout.ParseDuration(5 * time.Second)
+	interval, _ := in.HealthCheck.EffectiveInterval()
+	timeout, _ := in.HealthCheck.EffectiveTimeout()
 	return 2*interval + timeout + 10*time.Second
 }
 
@@ -877,10 +877,7 @@ func (w *proxyWorkflow) providerName() string {
 	if s.Spec == nil {
 		return ""
 	}
-	if s.Spec.EffectiveMode() == v1alpha1.ModeExternal {
-		return "external"
-	}
-	return string(s.Spec.Provider)
+	return s.Spec.ProviderLabel()
 }
 
 func (w *proxyWorkflow) memoOf(st v1alpha1.ProxyStatus) contract.ProxyMemo {

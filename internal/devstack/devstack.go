@@ -29,8 +29,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
+	"github.com/proxyfleet/proxyfleet/operator/api"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
-	"github.com/proxyfleet/proxyfleet/operator/controller"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -114,7 +114,7 @@ func (s *stack) start(ctx context.Context) error {
 	}
 
 	step("etcd and kube-apiserver with the Proxy CRD")
-	scheme := controller.NewScheme()
+	scheme := api.NewScheme()
 	s.kube = &envtest.Environment{
 		BinaryAssetsDirectory: s.bin("k8s"),
 		CRDDirectoryPaths:     []string{filepath.Join(cfg.Root, "deploy", "crd")},

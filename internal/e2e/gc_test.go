@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
-	"go.temporal.io/sdk/worker"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -93,10 +92,8 @@ func TestScheduledGCDeletesExactlyTheOrphans(t *testing.T) {
 		return true
 	}, 30*time.Second, 100*time.Millisecond, "the schedule never started a sweep")
 
-	w := worker.New(s.Temporal.Client, gcQueue, worker.Options{})
-	w.RegisterWorkflow(workflows.GCWorkflow)
-	w.RegisterActivity(s.Activities())
-	require.NoError(t, w.Start())
+	w := s.NewWorker(t, gcQueue)
+	require.NoError(t, w.Start(ctx))
 	defer w.Stop()
 	var res workflows.GCResult
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)

@@ -19,7 +19,7 @@ import (
 
 // GCOptions configure the "proxy-gc" schedule.
 type GCOptions struct {
-	// Every is the sweep interval (default 10m).
+	// Every is the sweep interval (0: workflows.DefaultGCInterval).
 	Every     time.Duration
 	TaskQueue string
 	Input     workflows.GCInput
@@ -29,7 +29,7 @@ type GCOptions struct {
 // triggers at once give one sweep.
 func EnsureGC(ctx context.Context, sc client.ScheduleClient, opts GCOptions) error {
 	if opts.Every <= 0 {
-		opts.Every = 10 * time.Minute
+		opts.Every = workflows.DefaultGCInterval
 	}
 	if opts.TaskQueue == "" {
 		opts.TaskQueue = contract.TaskQueue

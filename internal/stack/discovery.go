@@ -3,7 +3,6 @@ package stack
 import (
 	"context"
 	"net"
-	"net/http"
 	"testing"
 	"time"
 
@@ -23,39 +22,39 @@ type Discovery struct {
 // Stop ends the server (tests that restart discovery call it before starting another).
 func (d *Discovery) Stop() { d.stop() }
 
-// StartDiscovery runs discovery in-process as cmd/discovery wires it, reading the index from
-// the stack's Temporal server with test-sized intervals.
+// StartDiscovery runs discovery in-process as cmd/discovery does (discovery.Service), reading
+// the index from the stack's Temporal server with test-sized intervals, and returns once
+// its index is loaded.
 func (s *Stack) StartDiscovery(t testing.TB) *Discovery {
 	t.Helper()
 	const token = "test-token"
-	store := discovery.NewStore(30 * time.Minute)
-	srv := discovery.NewServer(discovery.Config{Token: token}, store,
-		discovery.TemporalSignaler{Client: s.Temporal.Client}, quietLog(), nil)
-	ref := &discovery.Refresher{Client: s.Temporal.Client, Namespace: s.Temporal.Namespace, Store: store,
-		Interval: 200 * time.Millisecond, FullEvery: time.Minute, Log: quietLog()}
-	ctx, cancel := context.WithCancel(context.Background())
-	require.NoError(t, ref.Full(ctx), "first full index load")
-	done := make(chan struct{}, 3)
-	go func() { _ = ref.Run(ctx); done <- struct{}{} }()
-	go func() { srv.RunReports(ctx); done <- struct{}{} }()
-	go func() { store.RunSweeper(ctx, 200*time.Millisecond); done <- struct{}{} }()
+	svc := discovery.NewService(discovery.ServiceConfig{
+		API:             discovery.Config{Token: token},
+		Namespace:       s.Temporal.Namespace,
+		RefreshInterval: 200 * time.Millisecond, FullResyncInterval: time.Minute, SweepInterval: 200 * time.Millisecond,
+	}, s.Temporal.Client, quietLog(), nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = hs.Serve(ln) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = svc.Serve(ctx, ln) }()
 	stopped := false
-	d := &Discovery{URL: "http://" + ln.Addr().String(), Token: token, Store: store}
+	d := &Discovery{URL: "http://" + ln.Addr().String(), Token: token, Store: svc.Store}
 	d.stop = func() {
 		if stopped {
 			return
 		}
 		stopped = true
-		_ = hs.Close()
 		cancel()
-		for range 3 {
-			<-done
-		}
+		<-done
 	}
 	t.Cleanup(d.stop)
+	deadline := time.Now().Add(30 * time.Second)
+	for !svc.Store.Loaded() {
+		if time.Now().After(deadline) {
+			t.Fatal("discovery did not load its index from Temporal within 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	return d
 }

@@ -22,7 +22,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/require"
 	tclient "go.temporal.io/sdk/client"
-	"go.temporal.io/sdk/worker"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -32,11 +31,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
-	kubeprovider "github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/activities/provider/registry"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
+	"github.com/proxyfleet/proxyfleet/internal/worker"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
 	"github.com/proxyfleet/proxyfleet/workflows"
@@ -196,28 +195,26 @@ func (s *Stack) startManager(t testing.TB) {
 	})
 }
 
-// Activities returns the worker's activities as cmd/worker wires them.
-func (s *Stack) Activities() *activities.Activities {
-	return &activities.Activities{
-		Providers: provider.InstrumentAll(provider.Registry{
-			v1alpha1.ProviderLocal:      s.Local,
-			v1alpha1.ProviderKubernetes: &kubeprovider.Provider{Client: s.Kube.Client},
-		}, nil),
-		Kube:         s.Kube.Client,
-		Installation: s.Installation,
-		Temporal:     s.Temporal.Client,
-		Log:          quietLog(),
-	}
+// NewWorker builds a worker on queue exactly as cmd/worker does (internal/worker), with
+// the stack's local daemon and cluster as its providers, and no proxy-gc schedule.
+func (s *Stack) NewWorker(t testing.TB, queue string) *worker.Worker {
+	t.Helper()
+	w, err := worker.New(context.Background(), worker.Config{
+		TaskQueue: queue, Installation: s.Installation,
+		Providers: registry.Config{
+			Enabled:        []v1alpha1.Provider{v1alpha1.ProviderLocal, v1alpha1.ProviderKubernetes},
+			LocalDaemonURL: s.DaemonURL,
+		},
+	}, s.Temporal.Client, s.Kube.Client, quietLog(), nil)
+	require.NoError(t, err)
+	return w
 }
 
 // StartWorker runs an in-process worker on the stack's task queue.
 func (s *Stack) StartWorker(t testing.TB) {
 	t.Helper()
-	w := worker.New(s.Temporal.Client, s.TaskQueue, workflows.WorkerOptions())
-	w.RegisterWorkflow(workflows.ProxyWorkflow)
-	w.RegisterWorkflow(workflows.GCWorkflow)
-	w.RegisterActivity(s.Activities())
-	require.NoError(t, w.Start())
+	w := s.NewWorker(t, s.TaskQueue)
+	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(w.Stop)
 }
 
@@ -247,7 +244,7 @@ func (s *Stack) LocalProxy(ns, name string) *v1alpha1.Proxy {
 				URL: s.Target.URL + "/healthz", Interval: "1s", Timeout: "500ms",
 				SuccessThreshold: 2, FailureThreshold: 3, ExpectedStatus: 200,
 			},
-			MaxLeases: 4,
+			MaxLeases: v1alpha1.DefaultMaxLeases,
 		},
 	}
 }

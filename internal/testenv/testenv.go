@@ -28,7 +28,7 @@ import (
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/proxyfleet/proxyfleet/operator/controller"
+	"github.com/proxyfleet/proxyfleet/operator/api"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -258,7 +258,7 @@ func startKube(root string) (*envtest.Environment, *KubeEnv, error) {
 			return nil, nil, fmt.Errorf("%s is missing from %s: run `make tools`", b, assets)
 		}
 	}
-	scheme := controller.NewScheme()
+	scheme := api.NewScheme()
 	te := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     []string{filepath.Join(root, "deploy", "crd")},

@@ -51,11 +51,7 @@ func (c ProxyCollector) Collect(ch chan<- prometheus.Metric) {
 			phase = v1alpha1.PhasePending
 		}
 		counts[phase]++
-		provider := string(p.Spec.Provider)
-		if p.Spec.EffectiveMode() == v1alpha1.ModeExternal {
-			provider = "external"
-		}
-		ch <- prometheus.MustNewConstMetric(infoDesc, prometheus.GaugeValue, 1, p.Namespace, p.Name, string(phase), provider)
+		ch <- prometheus.MustNewConstMetric(infoDesc, prometheus.GaugeValue, 1, p.Namespace, p.Name, string(phase), p.Spec.ProviderLabel())
 		if meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionQuotaExceeded) {
 			quota++
 		}

@@ -179,16 +179,12 @@ func (r *ProxyReconciler) signalSpec(ctx context.Context, p *v1alpha1.Proxy) err
 		Spec:          p.Spec,
 	}
 	id := contract.ProxyWorkflowID(p.Namespace, p.Name)
-	provider := string(p.Spec.Provider)
-	if p.Spec.EffectiveMode() == v1alpha1.ModeExternal {
-		provider = "external"
-	}
 	opts := client.StartWorkflowOptions{
 		ID:                    id,
 		TaskQueue:             r.taskQueue(),
 		WorkflowIDReusePolicy: enums.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE,
-		StaticSummary:         fmt.Sprintf("Proxy %s/%s (%s)", p.Namespace, p.Name, provider),
-		TypedSearchAttributes: contract.InitialSearchAttributes(provider),
+		StaticSummary:         fmt.Sprintf("Proxy %s/%s (%s)", p.Namespace, p.Name, p.Spec.ProviderLabel()),
+		TypedSearchAttributes: contract.InitialSearchAttributes(p.Spec.ProviderLabel()),
 	}
 	in := workflows.ProxyWorkflowInput{Namespace: p.Namespace, Name: p.Name, Installation: r.Installation, Tuning: r.Tuning}
 	if _, err := r.Temporal.SignalWithStartWorkflow(ctx, id, contract.SignalSpec, sig, opts, workflows.ProxyWorkflow, in); err != nil {

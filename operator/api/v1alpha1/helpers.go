@@ -20,6 +20,58 @@ const (
 	DefaultBanWindow = time.Hour
 )
 
+// Health-check defaults. The schema applies the same values to every Proxy the API server
+// stores (the +kubebuilder:default markers on HealthCheck; a test checks they agree); code
+// applies them to specs built without it, such as a workflow's input in a unit test.
+const (
+	DefaultHealthCheckInterval = 10 * time.Second
+	DefaultHealthCheckTimeout  = 5 * time.Second
+	DefaultSuccessThreshold    = 2
+	DefaultFailureThreshold    = 3
+	DefaultExpectedStatus      = 200
+	// DefaultMaxLeases is spec.maxLeases when it is not set.
+	DefaultMaxLeases = 4
+)
+
+// ProviderLabelExternal is ProviderLabel for External proxies, which have no provider.
+const ProviderLabelExternal = "external"
+
+// ProviderLabel names where the proxy runs in metrics, search attributes and discovery's
+// memo: its provider, or "external".
+func (s *ProxySpec) ProviderLabel() string {
+	if s.EffectiveMode() == ModeExternal {
+		return ProviderLabelExternal
+	}
+	return string(s.Provider)
+}
+
+// EffectiveInterval is the probe interval, with the default when unset.
+func (h HealthCheck) EffectiveInterval() (time.Duration, error) {
+	return h.Interval.ParseDuration(DefaultHealthCheckInterval)
+}
+
+// EffectiveTimeout is the probe timeout, with the default when unset.
+func (h HealthCheck) EffectiveTimeout() (time.Duration, error) {
+	return h.Timeout.ParseDuration(DefaultHealthCheckTimeout)
+}
+
+// EffectiveThresholds are the success and failure thresholds, with defaults when unset.
+func (h HealthCheck) EffectiveThresholds() (success, failure int) {
+	return orDefault(int(h.SuccessThreshold), DefaultSuccessThreshold), orDefault(int(h.FailureThreshold), DefaultFailureThreshold)
+}
+
+// EffectiveExpectedStatus is the status the target must answer, with the default when unset.
+func (h HealthCheck) EffectiveExpectedStatus() int {
+	return orDefault(int(h.ExpectedStatus), DefaultExpectedStatus)
+}
+
+func orDefault(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
 // ParseDuration parses a Duration validated by the schema. An empty value yields def.
 func (d Duration) ParseDuration(def time.Duration) (time.Duration, error) {
 	if d == "" {

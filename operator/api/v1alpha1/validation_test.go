@@ -123,12 +123,17 @@ healthCheck: {url: "http://127.0.0.1:1/"}
 	var p v1alpha1.Proxy
 	require.NoError(t, k.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "minimal"}, &p))
 	assert.Equal(t, v1alpha1.ModeManaged, p.Spec.Mode)
-	assert.Equal(t, v1alpha1.Duration("10s"), p.Spec.HealthCheck.Interval)
-	assert.Equal(t, v1alpha1.Duration("5s"), p.Spec.HealthCheck.Timeout)
-	assert.Equal(t, int32(2), p.Spec.HealthCheck.SuccessThreshold)
-	assert.Equal(t, int32(3), p.Spec.HealthCheck.FailureThreshold)
-	assert.Equal(t, int32(200), p.Spec.HealthCheck.ExpectedStatus)
-	assert.Equal(t, int32(4), p.Spec.MaxLeases)
+	// The schema's defaults are the ones code applies to specs built without the API server.
+	interval, err := p.Spec.HealthCheck.Interval.ParseDuration(0)
+	require.NoError(t, err)
+	assert.Equal(t, v1alpha1.DefaultHealthCheckInterval, interval)
+	timeout, err := p.Spec.HealthCheck.Timeout.ParseDuration(0)
+	require.NoError(t, err)
+	assert.Equal(t, v1alpha1.DefaultHealthCheckTimeout, timeout)
+	assert.EqualValues(t, v1alpha1.DefaultSuccessThreshold, p.Spec.HealthCheck.SuccessThreshold)
+	assert.EqualValues(t, v1alpha1.DefaultFailureThreshold, p.Spec.HealthCheck.FailureThreshold)
+	assert.EqualValues(t, v1alpha1.DefaultExpectedStatus, p.Spec.HealthCheck.ExpectedStatus)
+	assert.EqualValues(t, v1alpha1.DefaultMaxLeases, p.Spec.MaxLeases)
 	assert.Equal(t, v1alpha1.DefaultSquidImage, p.Spec.Kubernetes.Image)
 	assert.Equal(t, v1alpha1.DefaultManagedPort, p.Spec.EffectivePort())
 }

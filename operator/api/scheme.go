@@ -1,4 +1,8 @@
-package controller
+// Package api is the Proxy API: its versions live in subpackages (v1alpha1), and NewScheme
+// gives every Kubernetes client of the project the same view of them and of the built-in
+// kinds. It is kept apart from v1alpha1 so that importing the types alone does not pull in
+// client-go's scheme of every built-in API group.
+package api
 
 import (
 	"k8s.io/apimachinery/pkg/runtime"

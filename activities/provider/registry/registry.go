@@ -1,0 +1,103 @@
+// Package registry builds the provider registry a worker runs with. It is the one place that
+// knows every provider package, so the worker binary and the test stack enable providers the
+// same way and a provider added here is available to both.
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/gcp"
+	"github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+// Available lists the providers this build can enable, in the order help text shows them.
+var Available = []v1alpha1.Provider{v1alpha1.ProviderGCP, v1alpha1.ProviderKubernetes, v1alpha1.ProviderLocal}
+
+// Config says which providers to enable and what each needs.
+type Config struct {
+	// Enabled lists providers by spec.provider name.
+	Enabled []v1alpha1.Provider
+	// GCP configures the gcp provider; its DefaultProject is required when gcp is enabled.
+	GCP gcp.Config
+	// LocalDaemonURL is the control API of localproxyd, for the local provider.
+	LocalDaemonURL string
+	// Kube is the cluster the kubernetes provider runs Squid pods in.
+	Kube client.Client
+	// Metrics counts and times every provider call; nil records none.
+	Metrics *provider.Metrics
+}
+
+// ParseNames parses a comma-separated list of provider names, such as the worker's
+// --providers flag. Empty entries are ignored; unknown names are an error naming them.
+func ParseNames(s string) ([]v1alpha1.Provider, error) {
+	var out []v1alpha1.Provider
+	for _, name := range strings.Split(s, ",") {
+		p := v1alpha1.Provider(strings.TrimSpace(name))
+		switch {
+		case p == "":
+		case !slices.Contains(Available, p):
+			return nil, fmt.Errorf("provider %q is not available in this build (available: %s)", p, names(Available))
+		case !slices.Contains(out, p):
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+func names(ps []v1alpha1.Provider) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = string(p)
+	}
+	return strings.Join(s, ", ")
+}
+
+// Build returns the enabled providers, each instrumented, and a function that releases what
+// they hold (the GCP client's connections).
+func Build(ctx context.Context, cfg Config) (provider.Registry, func(), error) {
+	reg := provider.Registry{}
+	var closers []func()
+	closeAll := func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	for _, name := range cfg.Enabled {
+		switch name {
+		case v1alpha1.ProviderLocal:
+			reg[name] = local.NewProvider(cfg.LocalDaemonURL)
+		case v1alpha1.ProviderKubernetes:
+			if cfg.Kube == nil {
+				closeAll()
+				return nil, nil, errors.New("the kubernetes provider needs a Kubernetes client")
+			}
+			reg[name] = &kubernetes.Provider{Client: cfg.Kube}
+		case v1alpha1.ProviderGCP:
+			if cfg.GCP.DefaultProject == "" {
+				// Without it the sweeper would list nothing and leaks would go unnoticed.
+				closeAll()
+				return nil, nil, errors.New("the gcp provider needs a default project (--gcp-project or GOOGLE_CLOUD_PROJECT)")
+			}
+			g, err := gcp.New(ctx, cfg.GCP)
+			if err != nil {
+				closeAll()
+				return nil, nil, fmt.Errorf("gcp provider: %w", err)
+			}
+			closers = append(closers, func() { _ = g.Close() })
+			reg[name] = g
+		default:
+			closeAll()
+			return nil, nil, fmt.Errorf("provider %q is not available in this build (available: %s)", name, names(Available))
+		}
+	}
+	return provider.InstrumentAll(reg, cfg.Metrics), closeAll, nil
+}

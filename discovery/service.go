@@ -1,0 +1,91 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ServiceConfig configures a whole discovery process.
+type ServiceConfig struct {
+	// API configures the HTTP API (token, TTLs, cooldowns).
+	API Config
+	// Namespace is the Temporal namespace the proxies' workflows run in.
+	Namespace string
+	// RefreshInterval and FullResyncInterval pace the index refresher (see Refresher).
+	RefreshInterval, FullResyncInterval time.Duration
+	// SweepInterval is how often expired leases are freed (default 1s).
+	SweepInterval time.Duration
+}
+
+// Temporal is the part of the Temporal client discovery uses: it lists workflows for the
+// index and signals reports to them.
+type Temporal interface {
+	Lister
+	SignalWorkflow(ctx context.Context, workflowID, runID, signalName string, arg any) error
+}
+
+// Service is discovery assembled: the lease store, the API over it, the refresher that
+// keeps its index in step with Temporal, the sweeper of expired leases and the loop that
+// forwards reports to workflows. cmd/discovery and the test stack both run one, so tests
+// exercise the wiring production runs.
+type Service struct {
+	Store     *Store
+	Server    *Server
+	Refresher *Refresher
+	sweep     time.Duration
+}
+
+// NewService assembles discovery. Metrics go to reg when it is not nil.
+func NewService(cfg ServiceConfig, tc Temporal, log *slog.Logger, reg prometheus.Registerer) *Service {
+	cfg.API.defaults()
+	if cfg.SweepInterval <= 0 {
+		cfg.SweepInterval = time.Second
+	}
+	// A lease stays known after it ends for as long as a report about it can still matter:
+	// the longest cooldown a report can start.
+	store := NewStore(max(cfg.API.CooldownRateLimited, cfg.API.CooldownBanned))
+	srv := NewServer(cfg.API, store, TemporalSignaler{Client: tc}, log, reg)
+	ref := &Refresher{Client: tc, Namespace: cfg.Namespace, Store: store,
+		Interval: cfg.RefreshInterval, FullEvery: cfg.FullResyncInterval, Log: log, Observe: srv.ObserveRefresh}
+	return &Service{Store: store, Server: srv, Refresher: ref, sweep: cfg.SweepInterval}
+}
+
+// Serve runs the refresher, the report loop and the sweeper, and serves the API on ln until
+// ctx ends; then it stops accepting, gives requests in flight up to 10s, and returns once
+// every loop has stopped.
+//
+// It does not wait for the first index load: /healthz answers at once (the process is
+// alive even when Temporal is not), while /readyz, listings and acquires answer 503
+// index_loading until the index is loaded.
+func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	loops := make(chan struct{}, 3)
+	go func() { _ = s.Refresher.Run(ctx); loops <- struct{}{} }()
+	go func() { s.Server.RunReports(ctx); loops <- struct{}{} }()
+	go func() { s.Store.RunSweeper(ctx, s.sweep); loops <- struct{}{} }()
+
+	hs := &http.Server{Handler: s.Server.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	shutdown := make(chan error, 1)
+	go func() {
+		<-ctx.Done()
+		sctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		shutdown <- hs.Shutdown(sctx)
+	}()
+	err := hs.Serve(ln)
+	cancel()
+	if errors.Is(err, http.ErrServerClosed) {
+		err = <-shutdown
+	}
+	for range 3 {
+		<-loops
+	}
+	return err
+}

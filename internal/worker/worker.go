@@ -1,0 +1,191 @@
+// Package worker wires the worker process: the providers, the activities, the Temporal
+// worker that hosts ProxyWorkflow and GCWorkflow, and the orphan-sweep schedule. cmd/worker
+// runs it with Run; the test stack builds the same Worker with New, so tests exercise the
+// wiring production runs.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.temporal.io/sdk/client"
+	sdkworker "go.temporal.io/sdk/worker"
+	ctrl "sigs.k8s.io/controller-runtime"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/proxyfleet/proxyfleet/activities"
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/registry"
+	"github.com/proxyfleet/proxyfleet/internal/cmdline"
+	"github.com/proxyfleet/proxyfleet/internal/schedules"
+	"github.com/proxyfleet/proxyfleet/operator/api"
+	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
+)
+
+// Config is everything the worker is told, from flags or a test.
+type Config struct {
+	// TaskQueue defaults to contract.TaskQueue.
+	TaskQueue string
+	// Installation is this deployment's id, put on every instance as an ownership label.
+	Installation string
+	// Providers says which providers to enable; New fills in its Kube client and metrics.
+	Providers registry.Config
+	// MaxConcurrentActivities bounds activity slots (0: the SDK's default). Each proxy's
+	// monitor holds one for its whole life.
+	MaxConcurrentActivities int
+	// GC configures the proxy-gc schedule.
+	GC GCConfig
+}
+
+// GCConfig configures the orphan-sweep schedule the worker creates or updates at start.
+type GCConfig struct {
+	// Every is the sweep interval; 0 leaves the schedule alone.
+	Every time.Duration
+	// MinAge spares younger instances (0: workflows.DefaultGCMinAge).
+	MinAge time.Duration
+	// DryRun reports orphans without deleting them.
+	DryRun bool
+	// Namespaces, when set, are the only namespaces the worker can see Proxies in; the
+	// sweep then refuses to run unless AllowPartialView is set.
+	Namespaces       []string
+	AllowPartialView bool
+}
+
+// Worker is a configured Temporal worker, not yet started.
+type Worker struct {
+	cfg        Config
+	temporal   client.Client
+	activities *activities.Activities
+	sdk        sdkworker.Worker
+	release    func()
+}
+
+// New builds the worker: the providers cfg enables, the activities over them, and a
+// Temporal worker on cfg.TaskQueue with every workflow and activity registered. Metrics go
+// to reg when it is not nil. Stop releases what New acquired.
+func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Client, log *slog.Logger, reg prometheus.Registerer) (*Worker, error) {
+	if err := ValidateInstallation(cfg.Installation); err != nil {
+		return nil, err
+	}
+	if cfg.TaskQueue == "" {
+		cfg.TaskQueue = contract.TaskQueue
+	}
+	pcfg := cfg.Providers
+	pcfg.Kube = kube
+	var actMetrics *activities.Metrics
+	if reg != nil {
+		pcfg.Metrics = provider.NewMetrics(reg)
+		actMetrics = activities.NewMetrics(reg)
+	}
+	providers, release, err := registry.Build(ctx, pcfg)
+	if err != nil {
+		return nil, err
+	}
+	acts := &activities.Activities{Providers: providers, Kube: kube, Installation: cfg.Installation,
+		Temporal: tc, Metrics: actMetrics, Log: log}
+	opts := workflows.WorkerOptions()
+	opts.MaxConcurrentActivityExecutionSize = cfg.MaxConcurrentActivities
+	w := sdkworker.New(tc, cfg.TaskQueue, opts)
+	workflows.Register(w, acts)
+	return &Worker{cfg: cfg, temporal: tc, activities: acts, sdk: w, release: release}, nil
+}
+
+// Activities are the activities the worker runs, for tests that host them on a worker of
+// their own.
+func (w *Worker) Activities() *activities.Activities { return w.activities }
+
+// Start starts polling, then creates or updates the proxy-gc schedule when GC.Every is set.
+func (w *Worker) Start(ctx context.Context) error {
+	if err := w.sdk.Start(); err != nil {
+		return err
+	}
+	if w.cfg.GC.Every <= 0 {
+		return nil
+	}
+	in := workflows.GCInput{Installation: w.cfg.Installation, Providers: slices.Sorted(maps.Keys(w.activities.Providers)),
+		MinAge: w.cfg.GC.MinAge, DryRun: w.cfg.GC.DryRun, Namespaces: w.cfg.GC.Namespaces, AllowPartialView: w.cfg.GC.AllowPartialView}
+	err := schedules.EnsureGC(ctx, w.temporal.ScheduleClient(), schedules.GCOptions{Every: w.cfg.GC.Every, TaskQueue: w.cfg.TaskQueue, Input: in})
+	if err != nil {
+		w.sdk.Stop()
+		return fmt.Errorf("create or update the %s schedule: %w", contract.GCScheduleID, err)
+	}
+	return nil
+}
+
+// Stop stops polling, waits for running activities to return, and releases the providers.
+func (w *Worker) Stop() {
+	w.sdk.Stop()
+	w.release()
+}
+
+// ValidateInstallation checks an installation id: it becomes a label value on GCP and in
+// Kubernetes, and the orphan sweep trusts it, so it must be a valid, non-empty one.
+func ValidateInstallation(s string) error {
+	ok := s != "" && len(s) <= 63
+	for _, r := range s {
+		ok = ok && (r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_')
+	}
+	if !ok {
+		return fmt.Errorf("installation %q: use 1-63 lowercase letters, digits, '-' or '_'", s)
+	}
+	return nil
+}
+
+// Run is the worker process: it connects to Kubernetes (in-cluster or kubeconfig) and
+// Temporal, serves /metrics and /healthz on httpAddr, and runs the worker until ctx ends.
+func Run(ctx context.Context, p *cmdline.Process, tf *cmdline.Temporal, cfg Config, httpAddr string) error {
+	kcfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("kubernetes config: %w", err)
+	}
+	// Not a cached client: Secrets are read once per use and never kept.
+	kube, err := ctrlclient.New(kcfg, ctrlclient.Options{Scheme: api.NewScheme()})
+	if err != nil {
+		return err
+	}
+	reg := cmdline.NewMetrics()
+	tc, err := tf.Dial(p, false, reg)
+	if err != nil {
+		return err
+	}
+	defer tc.Close()
+	w, err := New(ctx, cfg, tc, kube, p.Log, reg)
+	if err != nil {
+		return err
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	ln, err := net.Listen("tcp", httpAddr)
+	if err != nil {
+		w.release()
+		return fmt.Errorf("--http-address: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+
+	if err := w.Start(ctx); err != nil {
+		w.release()
+		return err
+	}
+	p.Log.Info("worker started", "taskQueue", w.cfg.TaskQueue, "providers", fmt.Sprint(cfg.Providers.Enabled),
+		"installation", cfg.Installation, "http", ln.Addr().String())
+	<-ctx.Done()
+	w.Stop()
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return nil
+	}
+	return ctx.Err()
+}

@@ -1,0 +1,70 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/go-logr/logr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/proxyfleet/proxyfleet/operator/api"
+	"github.com/proxyfleet/proxyfleet/workflows"
+)
+
+// Options configure the operator process.
+type Options struct {
+	// Installation, TaskQueue and Tuning are handed to the workflows the controller starts.
+	Installation string
+	TaskQueue    string
+	Tuning       workflows.Tuning
+	// MetricsAddress serves /metrics; HealthProbeAddress serves /healthz and /readyz.
+	MetricsAddress, HealthProbeAddress string
+	// LeaderElection lets only one replica reconcile, through a Lease named
+	// "proxyfleet-operator" in LeaderElectionNamespace (default: the pod's).
+	LeaderElection          bool
+	LeaderElectionNamespace string
+}
+
+// Run is the operator process: it connects to Kubernetes (in-cluster or kubeconfig) and
+// runs the controller in a controller-runtime manager until ctx ends. tc may be a lazy
+// client: reconciles that cannot reach Temporal retry until it is back.
+func Run(ctx context.Context, opts Options, tc Temporal, logs slog.Handler) error {
+	ctrl.SetLogger(logr.FromSlogHandler(logs))
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("kubernetes config: %w", err)
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                  api.NewScheme(),
+		Cache:                   CacheOptions(),
+		Metrics:                 metricsserver.Options{BindAddress: opts.MetricsAddress},
+		HealthProbeBindAddress:  opts.HealthProbeAddress,
+		LeaderElection:          opts.LeaderElection,
+		LeaderElectionID:        "proxyfleet-operator",
+		LeaderElectionNamespace: opts.LeaderElectionNamespace,
+	})
+	if err != nil {
+		return err
+	}
+	r := &ProxyReconciler{
+		Client: mgr.GetClient(), Temporal: tc, Events: mgr.GetEventRecorder("proxyfleet-operator"),
+		Installation: opts.Installation, TaskQueue: opts.TaskQueue, Tuning: opts.Tuning,
+	}
+	if err := r.SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
+	// The process-wide registry is the manager's /metrics; one operator per process.
+	ctrlmetrics.Registry.MustRegister(ProxyCollector{Reader: mgr.GetClient()})
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	slog.New(logs).Info("operator starting", "taskQueue", r.taskQueue(), "leaderElect", opts.LeaderElection)
+	return mgr.Start(ctx)
+}
