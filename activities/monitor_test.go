@@ -17,13 +17,14 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/probe"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
 // monitorEnv runs Monitor for real: a local daemon with real forward proxies and a target.
 type monitorEnv struct {
 	testsuite.WorkflowTestSuite
-	daemon *local.Daemon
+	daemon *localproxy.Daemon
 	prov   *local.Provider
 	target string
 	acts   *activities.Activities
@@ -32,7 +33,7 @@ type monitorEnv struct {
 func newMonitorEnv(t *testing.T) *monitorEnv {
 	t.Helper()
 	m := &monitorEnv{}
-	d, err := local.NewDaemon(local.DaemonOptions{})
+	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = d.Close() })
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

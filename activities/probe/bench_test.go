@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/proxyfleet/proxyfleet/activities/probe"
-	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 )
 
 // BenchmarkProbe measures how many probes per second one process sustains through a real
@@ -42,7 +42,7 @@ func BenchmarkProbe(b *testing.B) {
 
 func forwardProxyB(b *testing.B) string {
 	b.Helper()
-	fp := &local.ForwardProxy{}
+	fp := &localproxy.ForwardProxy{}
 	srv := newServer(fp)
 	b.Cleanup(srv.Close)
 	return srv.Listener.Addr().String()

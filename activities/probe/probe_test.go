@@ -16,6 +16,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities/probe"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 )
 
 // servers returns loopback targets: an http one, an https one with a CA the probe is told
@@ -49,7 +50,7 @@ func newServer(h http.Handler) *httptest.Server { return httptest.NewServer(h) }
 // forwardProxy runs the project's real forward proxy on loopback with a fault.
 func forwardProxy(t *testing.T, fault local.Fault) string {
 	t.Helper()
-	fp := &local.ForwardProxy{}
+	fp := &localproxy.ForwardProxy{}
 	fp.SetFault(fault)
 	srv := httptest.NewServer(fp)
 	t.Cleanup(func() {
@@ -115,7 +116,7 @@ func TestProbe(t *testing.T) {
 // proxy that stopped accepting connections.
 func TestProbeDoesNotReuseConnections(t *testing.T) {
 	httpURL, _, _, _, _ := servers(t)
-	fp := &local.ForwardProxy{}
+	fp := &localproxy.ForwardProxy{}
 	var conns atomic.Int64
 	srv := httptest.NewUnstartedServer(fp)
 	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {

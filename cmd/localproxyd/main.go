@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 )
 
 func main() {
@@ -39,7 +39,7 @@ func run() error {
 	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
 		return fmt.Errorf("--listen must be a loopback address, got %q", host)
 	}
-	d, err := local.NewDaemon(local.DaemonOptions{StateFile: *stateFile, ProvisionDelay: *delay, AllowRemote: *allowRemote, Log: log})
+	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{StateFile: *stateFile, ProvisionDelay: *delay, AllowRemote: *allowRemote, Log: log})
 	if err != nil {
 		return err
 	}

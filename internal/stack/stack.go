@@ -34,6 +34,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/activities/provider/registry"
+	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/internal/worker"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
@@ -64,7 +65,7 @@ type Stack struct {
 	Temporal *testenv.TemporalEnv
 
 	// Daemon runs the local instances; DaemonURL is its control API.
-	Daemon    *local.Daemon
+	Daemon    *localproxy.Daemon
 	DaemonURL string
 	Local     *local.Provider
 	// Target is a plain HTTP server on loopback to probe and fetch through proxies.
@@ -122,7 +123,7 @@ func Start(t testing.TB, opts Options) *Stack {
 	log := quietLog()
 
 	// Local instances.
-	d, err := local.NewDaemon(local.DaemonOptions{
+	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{
 		ProvisionDelay: opts.ProvisionDelay, Log: log,
 		OnChange: func(op, name string, live int) {
 			s.mu.Lock()

@@ -1,9 +1,4 @@
-// Package local is the provider for running a fleet on one machine: a small host daemon
-// (cmd/localproxyd) runs real forward proxies on 127.0.0.1, and Provider drives it over a
-// JSON control API. Instances live in the daemon, not the worker, so they outlive worker
-// restarts exactly as cloud instances do; a thousand of them cost a thousand idle
-// listeners.
-package local
+package localproxy
 
 import (
 	"context"
@@ -21,32 +16,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 )
-
-// Instance states reported by the daemon.
-const (
-	StateProvisioning = "Provisioning"
-	StateRunning      = "Running"
-	StateStopped      = "Stopped"
-)
-
-// InstanceInfo is the control API's view of an instance.
-type InstanceInfo struct {
-	Name      string            `json:"name"`
-	State     string            `json:"state"`
-	IP        string            `json:"ip"`
-	Port      int               `json:"port"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	CreatedAt time.Time         `json:"createdAt"`
-	Fault     Fault             `json:"fault,omitempty"`
-}
-
-// CreateRequest is the body of PUT /v1/instances/{name}.
-type CreateRequest struct {
-	Labels map[string]string `json:"labels,omitempty"`
-	// CreatedAt back-dates an instance (tests of the orphan sweeper's minimum age).
-	CreatedAt *time.Time `json:"createdAt,omitempty"`
-}
 
 // DaemonOptions configure a Daemon.
 type DaemonOptions struct {
@@ -74,7 +46,7 @@ type Daemon struct {
 }
 
 type instance struct {
-	info     InstanceInfo
+	info     local.InstanceInfo
 	proxy    *ForwardProxy
 	server   *http.Server
 	listener net.Listener
@@ -99,7 +71,7 @@ func NewDaemon(opts DaemonOptions) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read state: %w", err)
 	}
-	var saved []InstanceInfo
+	var saved []local.InstanceInfo
 	if err := json.Unmarshal(raw, &saved); err != nil {
 		return nil, fmt.Errorf("parse state %s: %w", opts.StateFile, err)
 	}
@@ -109,11 +81,11 @@ func NewDaemon(opts DaemonOptions) (*Daemon, error) {
 		inst := &instance{info: info, proxy: &ForwardProxy{AllowRemote: opts.AllowRemote}}
 		inst.proxy.SetFault(info.Fault)
 		d.instances[info.Name] = inst
-		if info.State != StateStopped {
+		if info.State != local.StateStopped {
 			// Come back on the same port, so addresses recorded elsewhere stay true.
 			if err := d.listen(inst, info.Port); err != nil {
 				d.log.Warn("instance could not listen on its old port; marked stopped", "instance", info.Name, "port", info.Port, "error", err)
-				inst.info.State = StateStopped
+				inst.info.State = local.StateStopped
 			}
 		}
 	}
@@ -130,7 +102,7 @@ func (d *Daemon) listen(inst *instance, port int) error {
 	inst.server = &http.Server{Handler: inst.proxy, ReadHeaderTimeout: 30 * time.Second}
 	inst.info.IP = "127.0.0.1"
 	inst.info.Port = ln.Addr().(*net.TCPAddr).Port
-	inst.info.State = StateRunning
+	inst.info.State = local.StateRunning
 	srv := inst.server
 	go func() { _ = srv.Serve(ln) }()
 	return nil
@@ -152,18 +124,18 @@ func (d *Daemon) stopLocked(inst *instance) {
 		_ = inst.server.Close()
 		inst.server, inst.listener = nil, nil
 	}
-	inst.proxy.SetFault(FaultNone) // releases hung requests
+	inst.proxy.SetFault(local.FaultNone) // releases hung requests
 }
 
 // Create starts an instance, or returns the existing one: creating is idempotent.
-func (d *Daemon) Create(name string, req CreateRequest) (InstanceInfo, bool, error) {
+func (d *Daemon) Create(name string, req local.CreateRequest) (local.InstanceInfo, bool, error) {
 	if !nameRE.MatchString(name) {
-		return InstanceInfo{}, false, fmt.Errorf("invalid instance name %q", name)
+		return local.InstanceInfo{}, false, fmt.Errorf("invalid instance name %q", name)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return InstanceInfo{}, false, errors.New("daemon is shutting down")
+		return local.InstanceInfo{}, false, errors.New("daemon is shutting down")
 	}
 	if inst, ok := d.instances[name]; ok {
 		return inst.info, false, nil
@@ -173,24 +145,24 @@ func (d *Daemon) Create(name string, req CreateRequest) (InstanceInfo, bool, err
 		created = req.CreatedAt.UTC()
 	}
 	inst := &instance{
-		info:  InstanceInfo{Name: name, Labels: req.Labels, CreatedAt: created, State: StateProvisioning},
+		info:  local.InstanceInfo{Name: name, Labels: req.Labels, CreatedAt: created, State: local.StateProvisioning},
 		proxy: &ForwardProxy{AllowRemote: d.opts.AllowRemote},
 	}
 	if d.opts.ProvisionDelay > 0 {
 		inst.ready = time.AfterFunc(d.opts.ProvisionDelay, func() {
 			d.mu.Lock()
 			defer d.mu.Unlock()
-			if cur, ok := d.instances[name]; !ok || cur != inst || inst.info.State != StateProvisioning {
+			if cur, ok := d.instances[name]; !ok || cur != inst || inst.info.State != local.StateProvisioning {
 				return
 			}
 			if err := d.listen(inst, 0); err != nil {
 				d.log.Error("instance failed to listen", "instance", name, "error", err)
-				inst.info.State = StateStopped
+				inst.info.State = local.StateStopped
 			}
 			_ = d.saveLocked()
 		})
 	} else if err := d.listen(inst, 0); err != nil {
-		return InstanceInfo{}, false, err
+		return local.InstanceInfo{}, false, err
 	}
 	d.instances[name] = inst
 	d.changed("create", name)
@@ -199,12 +171,12 @@ func (d *Daemon) Create(name string, req CreateRequest) (InstanceInfo, bool, err
 }
 
 // Get returns an instance.
-func (d *Daemon) Get(name string) (InstanceInfo, bool) {
+func (d *Daemon) Get(name string) (local.InstanceInfo, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	inst, ok := d.instances[name]
 	if !ok {
-		return InstanceInfo{}, false
+		return local.InstanceInfo{}, false
 	}
 	return inst.info, true
 }
@@ -226,30 +198,30 @@ func (d *Daemon) Delete(name string) (bool, error) {
 
 // Kill stops an instance's listener but keeps its record, as a crashed VM would be: the
 // provider then reports it Stopped.
-func (d *Daemon) Kill(name string) (InstanceInfo, bool, error) {
+func (d *Daemon) Kill(name string) (local.InstanceInfo, bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	inst, ok := d.instances[name]
 	if !ok {
-		return InstanceInfo{}, false, nil
+		return local.InstanceInfo{}, false, nil
 	}
 	d.stopLocked(inst)
-	inst.info.State = StateStopped
+	inst.info.State = local.StateStopped
 	return inst.info, true, d.saveLocked()
 }
 
-// SetFault makes an instance misbehave (or behave again with FaultNone).
-func (d *Daemon) SetFault(name string, f Fault) (InstanceInfo, bool, error) {
+// SetFault makes an instance misbehave (or behave again with local.FaultNone).
+func (d *Daemon) SetFault(name string, f local.Fault) (local.InstanceInfo, bool, error) {
 	switch f {
-	case FaultNone, FaultAuth, FaultBadGateway, FaultHang:
+	case local.FaultNone, local.FaultAuth, local.FaultBadGateway, local.FaultHang:
 	default:
-		return InstanceInfo{}, false, fmt.Errorf("unknown fault %q (want auth, badgateway, hang or none)", f)
+		return local.InstanceInfo{}, false, fmt.Errorf("unknown fault %q (want auth, badgateway, hang or none)", f)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	inst, ok := d.instances[name]
 	if !ok {
-		return InstanceInfo{}, false, nil
+		return local.InstanceInfo{}, false, nil
 	}
 	inst.proxy.SetFault(f)
 	inst.info.Fault = f
@@ -257,10 +229,10 @@ func (d *Daemon) SetFault(name string, f Fault) (InstanceInfo, bool, error) {
 }
 
 // List returns the instances whose labels include every pair in match, by name.
-func (d *Daemon) List(match map[string]string) []InstanceInfo {
+func (d *Daemon) List(match map[string]string) []local.InstanceInfo {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := []InstanceInfo{}
+	out := []local.InstanceInfo{}
 	for _, inst := range d.instances {
 		ok := true
 		for k, v := range match {
@@ -297,7 +269,7 @@ func (d *Daemon) saveLocked() error {
 	if d.opts.StateFile == "" {
 		return nil
 	}
-	infos := make([]InstanceInfo, 0, len(d.instances))
+	infos := make([]local.InstanceInfo, 0, len(d.instances))
 	for _, inst := range d.instances {
 		infos = append(infos, inst.info)
 	}
@@ -331,7 +303,7 @@ func (d *Daemon) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("PUT /v1/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
-		var req CreateRequest
+		var req local.CreateRequest
 		if r.ContentLength != 0 {
 			if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&req); err != nil {
 				writeError(w, http.StatusBadRequest, "invalid body: "+err.Error())
@@ -380,7 +352,7 @@ func (d *Daemon) Handler() http.Handler {
 	})
 	mux.HandleFunc("POST /v1/instances/{name}/fault", func(w http.ResponseWriter, r *http.Request) {
 		var body struct {
-			Fault Fault `json:"fault"`
+			Fault local.Fault `json:"fault"`
 		}
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<12)).Decode(&body); err != nil {
 			writeError(w, http.StatusBadRequest, "invalid body: "+err.Error())
@@ -396,7 +368,7 @@ func (d *Daemon) Handler() http.Handler {
 	return mux
 }
 
-func respondChange(w http.ResponseWriter, r *http.Request, info InstanceInfo, ok bool, err error) {
+func respondChange(w http.ResponseWriter, r *http.Request, info local.InstanceInfo, ok bool, err error) {
 	switch {
 	case err != nil:
 		writeError(w, http.StatusInternalServerError, err.Error())
@@ -417,7 +389,9 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, map[string]string{"error": msg})
 }
 
-// Serve runs the control API on addr (which must be a loopback address) until ctx ends.
+// Serve runs the control API on ln until ctx ends; the instances keep running until Close.
+// Callers listen on loopback: the API has no authentication (cmd/localproxyd refuses
+// anything else).
 func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	go func() {

@@ -1,4 +1,4 @@
-package local
+package localproxy
 
 import (
 	"context"
@@ -9,20 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
-)
 
-// Fault makes an instance misbehave on purpose, so health checks can be tested against a
-// real proxy that fails in a known way.
-type Fault string
-
-const (
-	FaultNone Fault = ""
-	// FaultAuth answers every request with 407 Proxy Authentication Required.
-	FaultAuth Fault = "auth"
-	// FaultBadGateway answers every request with 502 Bad Gateway.
-	FaultBadGateway Fault = "badgateway"
-	// FaultHang accepts connections and never answers.
-	FaultHang Fault = "hang"
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 )
 
 // ForwardProxy is an HTTP forward proxy: absolute-URI requests are forwarded, CONNECT opens
@@ -35,8 +23,8 @@ type ForwardProxy struct {
 	DialTimeout time.Duration
 
 	mu    sync.RWMutex
-	fault Fault
-	// hung holds connections parked by FaultHang until the fault is cleared or the proxy
+	fault local.Fault
+	// hung holds connections parked by local.FaultHang until the fault is cleared or the proxy
 	// is closed.
 	hung chan struct{}
 
@@ -45,21 +33,21 @@ type ForwardProxy struct {
 }
 
 // SetFault changes how the proxy behaves from the next request on.
-func (p *ForwardProxy) SetFault(f Fault) {
+func (p *ForwardProxy) SetFault(f local.Fault) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.hung == nil {
 		p.hung = make(chan struct{})
 	}
-	if p.fault == FaultHang && f != FaultHang {
+	if p.fault == local.FaultHang && f != local.FaultHang {
 		close(p.hung)
 		p.hung = make(chan struct{})
 	}
 	p.fault = f
 }
 
-// Fault returns the current fault.
-func (p *ForwardProxy) Fault() Fault {
+// local.Fault returns the current fault.
+func (p *ForwardProxy) Fault() local.Fault {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	return p.fault
@@ -114,14 +102,14 @@ func (p *ForwardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fault, hung := p.fault, p.hung
 	p.mu.RUnlock()
 	switch fault {
-	case FaultAuth:
+	case local.FaultAuth:
 		w.Header().Set("Proxy-Authenticate", `Basic realm="proxyfleet-local"`)
 		http.Error(w, "proxy authentication required", http.StatusProxyAuthRequired)
 		return
-	case FaultBadGateway:
+	case local.FaultBadGateway:
 		http.Error(w, "bad gateway (injected fault)", http.StatusBadGateway)
 		return
-	case FaultHang:
+	case local.FaultHang:
 		select {
 		case <-hung:
 		case <-r.Context().Done():
