@@ -1,4 +1,8 @@
-# The commands a developer and CI run. `make tools` first: everything else uses bin/.
+# The commands a developer and CI run. Every target that needs a pinned tool (bin/) builds
+# the missing ones first (hack/tools/install.sh: a few minutes per tool on a cold machine,
+# under a second when they are cached), so `make dev` and `make test` work on a fresh clone
+# in either order. PROXYFLEET_TOOLS_CACHE moves the tool cache (default
+# ~/.cache/proxyfleet-tools).
 SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
 
@@ -11,7 +15,7 @@ PKGS      ?= ./...
 # Generated files: `make check-generated` fails when they differ from what the sources give.
 GENERATED := deploy/crd deploy/rbac operator/api/v1alpha1/zz_generated.deepcopy.go
 
-.PHONY: all tools build dev test-e2e generate check-generated lint fmt vet test help bench chaos chaos-short fuzz record-histories
+.PHONY: all tools build dev test-e2e generate generate-files check-generated lint fmt vet test help bench chaos chaos-short fuzz record-histories
 
 all: generate lint test
 
@@ -31,16 +35,24 @@ dev: tools build ## run the whole system on 127.0.0.1 (Web UI, API server, proxi
 test-e2e: tools build ## run `make dev` as a user would and drive it with the printed commands
 	$(GOTEST) -count=1 -tags devstack -timeout 20m ./internal/devstack/
 
-generate: ## regenerate deepcopy, the CRD and RBAC from the Go sources
+define GENERATE
 	$(BIN)/controller-gen object paths=./operator/api/...
 	$(BIN)/controller-gen crd paths=./operator/api/... output:crd:artifacts:config=deploy/crd
 	$(BIN)/controller-gen rbac:roleName=proxyfleet-operator paths=./operator/... output:rbac:artifacts:config=deploy/rbac/operator
 	$(BIN)/controller-gen rbac:roleName=proxyfleet-worker paths=./activities/... output:rbac:artifacts:config=deploy/rbac/worker
+endef
 
-check-generated: ## fail when generated files are stale (compares against a fresh generation)
+generate: tools ## regenerate deepcopy, the CRD and RBAC from the Go sources
+	$(GENERATE)
+
+# generate without the tools check, for targets that have just made it.
+generate-files:
+	$(GENERATE)
+
+check-generated: tools ## fail when generated files are stale (compares against a fresh generation)
 	@snap=$$(mktemp -d); trap 'rm -rf "$$snap"' EXIT; \
 	tar -cf "$$snap/before.tar" $(GENERATED); \
-	$(MAKE) --no-print-directory generate >/dev/null; \
+	$(MAKE) --no-print-directory generate-files >/dev/null; \
 	mkdir "$$snap/before" && tar -xf "$$snap/before.tar" -C "$$snap/before"; \
 	if ! diff -r "$$snap/before/deploy/crd" deploy/crd >/dev/null || \
 	   ! diff -r "$$snap/before/deploy/rbac" deploy/rbac >/dev/null || \
@@ -54,20 +66,21 @@ fmt: ## gofmt the tree
 vet:
 	$(GO) vet $(PKGS)
 
-lint: check-generated vet ## gofmt, go vet, workflowcheck, staticcheck, generated files
+lint: tools check-generated vet ## gofmt, go vet, workflowcheck, staticcheck, generated files
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(BIN)/workflowcheck ./workflows/...
 	$(BIN)/staticcheck $(PKGS)
 	$(GO) vet -tags chaos,devstack ./internal/chaos/ ./internal/devstack/
 	$(BIN)/staticcheck -tags chaos,devstack ./internal/chaos/ ./internal/devstack/
 
-E2E_PKG := ./internal/e2e
+E2E_PKG   ?= ./internal/e2e
+E2E_FLAGS ?= -count=1 -timeout 30m
 
-test: check-generated vet ## vet, unit and integration tests (-race), then end-to-end tests on the real stack
+test: tools check-generated vet ## vet, unit and integration tests (-race), then end-to-end tests on the real stack
 	$(GOTEST) $(TEST_FLAGS) $$($(GO) list $(PKGS) | grep -v '/internal/e2e$$')
-	$(GOTEST) -count=1 -timeout 30m $(E2E_PKG)
+	$(GOTEST) $(E2E_FLAGS) $(E2E_PKG)
 
-bench: ## benchmarks with the figures reported in docs/benchmarks.md (minutes; not part of make test)
+bench: tools ## benchmarks with the figures reported in docs/benchmarks.md (minutes; not part of make test)
 	$(GO) test ./discovery ./activities/probe -run '^$$' -bench . -benchtime 20000x
 	$(GO) test ./internal/e2e -run '^$$' -bench . -benchtime 1x -timeout 60m
 
@@ -83,5 +96,5 @@ fuzz: ## run every fuzz target for FUZZTIME each (their seed corpora also run in
 	$(GO) test ./discovery -run '^$$' -fuzz '^FuzzDecodeLeaseRequest$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./discovery -run '^$$' -fuzz '^FuzzParseQuerySelector$$' -fuzztime $(FUZZTIME)
 
-record-histories: ## re-record workflows/testdata from real runs (after a deliberate workflow change)
+record-histories: tools ## re-record workflows/testdata from real runs (after a deliberate workflow change)
 	RECORD_HISTORIES=1 $(GO) test ./internal/e2e -run 'TestProxyLifecycle|TestDeleteWhileProvisioning|TestCloudInitSecretNeverInHistory' -count=1
