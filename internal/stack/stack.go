@@ -1,7 +1,3 @@
-// Package stack assembles the running system inside a test process, on top of the real
-// servers from testenv: a local proxy daemon, a target web server, the controller (in a
-// controller-runtime manager) and a Temporal worker, all on 127.0.0.1. End-to-end tests,
-// benchmarks and fault tests share it, so each tests the same wiring cmd/ uses.
 package stack
 
 import (

@@ -1,7 +1,3 @@
-// Package kubernetes is the pod provider: each instance is one Squid pod in the cluster the
-// worker talks to, created, read, deleted and listed through the Kubernetes API and nothing
-// else. Like every provider it never waits: the workflow discovers readiness by polling Get,
-// so no Pod watch or informer is needed.
 package kubernetes
 
 import (
