@@ -11,6 +11,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // WorkflowLister is the part of the Temporal client the sweeper uses.
@@ -37,8 +38,10 @@ type LiveUIDs struct {
 	Workflows []string `json:"workflows"`
 }
 
-// ListLiveUIDs lists both sources of liveness. Any failure fails the whole call: a partial
-// live set would make live instances look orphaned.
+// ListLiveUIDs lists both sources of liveness. A failed list fails the whole call: a partial
+// live set would make live instances look orphaned. A running workflow without a readable
+// memo (one that has not published yet) adds no UID; its Proxy object, which the finalizer
+// keeps until the workflow has deleted every instance, does.
 func (a *Activities) ListLiveUIDs(ctx context.Context, in LiveInput) (LiveUIDs, error) {
 	var live LiveUIDs
 	namespaces := in.Namespaces
@@ -74,9 +77,7 @@ func (a *Activities) ListLiveUIDs(ctx context.Context, in LiveInput) (LiveUIDs, 
 			if payload == nil {
 				continue
 			}
-			var m struct {
-				UID string `json:"uid"`
-			}
+			var m contract.ProxyMemo
 			if err := converter.GetDefaultDataConverter().FromPayload(payload, &m); err == nil && m.UID != "" {
 				live.Workflows = append(live.Workflows, m.UID)
 			}

@@ -109,7 +109,8 @@ type InstanceRef struct {
 	// Spec is the spec it was created with: deleting it after a provider or zone change
 	// must address it where it is, not where the new spec says.
 	Spec v1alpha1.ProxySpec `json:"spec"`
-	// CreatedAt is workflow time at creation, the start of lifecycle.maxAge.
+	// CreatedAt is workflow time at creation, reset when the instance is promoted: the start
+	// of lifecycle.maxAge.
 	CreatedAt time.Time `json:"createdAt"`
 	// Health is a replacement's own verdict, taken before traffic moves to it.
 	Health *activities.Health `json:"health,omitempty"`
@@ -168,7 +169,7 @@ type ProxyState struct {
 	Health activities.Health `json:"health"`
 
 	// Cooldowns maps a target ("" for all) to the end of its cooldown; Bans maps a target to
-	// when it last banned the proxy. Both are cleared when the instance is replaced.
+	// when it last banned the proxy. Both are cleared when a replacement is promoted.
 	Cooldowns map[string]time.Time `json:"cooldowns,omitempty"`
 	Bans      map[string]time.Time `json:"bans,omitempty"`
 

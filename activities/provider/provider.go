@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
@@ -91,11 +93,11 @@ type Provider interface {
 // Registry maps provider names (spec.provider) to implementations.
 type Registry map[v1alpha1.Provider]Provider
 
-// Get returns the named provider or a permanent error naming the known ones.
+// Get returns the named provider or a permanent error naming the ones configured.
 func (r Registry) Get(name v1alpha1.Provider) (Provider, error) {
 	p, ok := r[name]
 	if !ok {
-		return nil, Permanent(fmt.Errorf("provider %q is not configured on this worker", name))
+		return nil, Permanent(fmt.Errorf("provider %q is not configured on this worker (configured: %v)", name, slices.Sorted(maps.Keys(r))))
 	}
 	return p, nil
 }

@@ -4,28 +4,19 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 
+	"github.com/proxyfleet/proxyfleet/internal/cmdline"
 	"github.com/proxyfleet/proxyfleet/internal/devstack"
 )
 
 func main() {
 	root, _ := os.Getwd()
-	state := flag.String("state-dir", filepath.Join(root, ".state"), "where logs and the kubeconfig go")
-	proxies := flag.Int("proxies", 3, "sample local Proxies to apply")
-	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := devstack.Run(ctx, devstack.Config{
-		Root: root, StateDir: *state, Out: os.Stdout, Proxies: *proxies,
-		TemporalPort: 7233, UIPort: 8233, DiscoveryPort: 8090, DaemonPort: 8089,
+	cfg := devstack.Config{Root: root, Out: os.Stdout, TemporalPort: 7233, UIPort: 8233, DiscoveryPort: 8090, DaemonPort: 8089}
+	flag.StringVar(&cfg.StateDir, "state-dir", filepath.Join(root, ".state"), "where logs and the kubeconfig go")
+	flag.IntVar(&cfg.Proxies, "proxies", 3, "sample local Proxies to apply")
+	cmdline.Main("devstack", func(ctx context.Context, _ *cmdline.Process) error {
+		return devstack.Run(ctx, cfg)
 	})
-	if err != nil && ctx.Err() == nil {
-		fmt.Fprintln(os.Stderr, "devstack:", err)
-		os.Exit(1)
-	}
 }

@@ -7,54 +7,48 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
+	"github.com/proxyfleet/proxyfleet/internal/cmdline"
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 )
 
 func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "localproxyd:", err)
-		os.Exit(1)
-	}
+	listen := flag.String("listen", "127.0.0.1:8089", "control API address (loopback only)")
+	var opts localproxy.DaemonOptions
+	flag.StringVar(&opts.StateFile, "state-file", "", "file that keeps instances across restarts (empty: memory only)")
+	flag.DurationVar(&opts.ProvisionDelay, "provision-delay", 0, "how long new instances stay Provisioning before they listen")
+	flag.BoolVar(&opts.AllowRemote, "allow-remote", false, "let proxies reach targets beyond loopback")
+	cmdline.Main("localproxyd", func(ctx context.Context, p *cmdline.Process) error {
+		opts.Log = p.Log
+		return run(ctx, *listen, opts)
+	})
 }
 
-func run() error {
-	listen := flag.String("listen", "127.0.0.1:8089", "control API address (loopback only)")
-	stateFile := flag.String("state-file", "", "file that keeps instances across restarts (empty: memory only)")
-	delay := flag.Duration("provision-delay", 0, "how long new instances stay Provisioning before they listen")
-	allowRemote := flag.Bool("allow-remote", false, "let proxies reach targets beyond loopback")
-	flag.Parse()
-
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	host, _, err := net.SplitHostPort(*listen)
+func run(ctx context.Context, listen string, opts localproxy.DaemonOptions) error {
+	host, _, err := net.SplitHostPort(listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
+	// The control API has no authentication: it must not be reachable from elsewhere.
 	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
 		return fmt.Errorf("--listen must be a loopback address, got %q", host)
 	}
-	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{StateFile: *stateFile, ProvisionDelay: *delay, AllowRemote: *allowRemote, Log: log})
+	d, err := localproxy.NewDaemon(opts)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	log.Info("localproxyd listening", "addr", ln.Addr().String(), "stateFile", *stateFile, "provisionDelay", delay.String())
+	opts.Log.Info("localproxyd listening", "addr", ln.Addr().String(), "stateFile", opts.StateFile, "provisionDelay", opts.ProvisionDelay.String())
 	// Print the bound address on stdout so a parent that passed port 0 can find it.
 	fmt.Printf("listening on %s\n", ln.Addr())
 	start := time.Now()
 	err = d.Serve(ctx, ln)
-	log.Info("localproxyd stopped", "uptime", time.Since(start).Round(time.Second).String())
+	opts.Log.Info("localproxyd stopped", "uptime", time.Since(start).Round(time.Second).String())
 	return err
 }

@@ -11,14 +11,13 @@ import (
 	"github.com/proxyfleet/proxyfleet/internal/cmdline"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
 	"github.com/proxyfleet/proxyfleet/workflows"
-	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 func main() {
 	temporal := cmdline.TemporalFlags()
 	var opts controller.Options
-	flag.StringVar(&opts.TaskQueue, "task-queue", cmdline.Env("TASK_QUEUE", contract.TaskQueue), "task queue of the workflows it starts (env TASK_QUEUE)")
-	flag.StringVar(&opts.Installation, "installation", cmdline.Env("PROXYFLEET_INSTALLATION", "default"), "installation id handed to new workflows (env PROXYFLEET_INSTALLATION)")
+	cmdline.TaskQueueVar(&opts.TaskQueue, "task queue of the workflows it starts")
+	cmdline.InstallationVar(&opts.Installation, "installation id handed to new workflows")
 	flag.StringVar(&opts.MetricsAddress, "metrics-bind-address", "127.0.0.1:8080", "address of /metrics")
 	flag.StringVar(&opts.HealthProbeAddress, "health-probe-bind-address", "127.0.0.1:8081", "address of /healthz and /readyz")
 	flag.BoolVar(&opts.LeaderElection, "leader-elect", false, "elect a leader, so only one replica reconciles")

@@ -24,6 +24,7 @@ import (
 	tlog "go.temporal.io/sdk/log"
 
 	"github.com/proxyfleet/proxyfleet/internal/telemetry"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // Env returns the environment variable key, or def when it is unset or empty.
@@ -45,6 +46,18 @@ func TemporalFlags() *Temporal {
 	flag.StringVar(&t.Address, "temporal-address", Env("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port (env TEMPORAL_ADDRESS)")
 	flag.StringVar(&t.Namespace, "temporal-namespace", Env("TEMPORAL_NAMESPACE", "default"), "Temporal namespace (env TEMPORAL_NAMESPACE)")
 	return t
+}
+
+// TaskQueueVar defines --task-queue (env TASK_QUEUE), the queue the operator starts
+// workflows on and the worker polls: both must agree.
+func TaskQueueVar(p *string, usage string) {
+	flag.StringVar(p, "task-queue", Env("TASK_QUEUE", contract.TaskQueue), usage+" (env TASK_QUEUE)")
+}
+
+// InstallationVar defines --installation (env PROXYFLEET_INSTALLATION, default "default"),
+// the id the operator hands to workflows and the worker's orphan sweep trusts.
+func InstallationVar(p *string, usage string) {
+	flag.StringVar(p, "installation", Env("PROXYFLEET_INSTALLATION", "default"), usage+" (env PROXYFLEET_INSTALLATION)")
 }
 
 // ClientOptions are the Temporal client options every binary starts from: these flags, the

@@ -40,7 +40,8 @@ import (
 
 // Options shape a Stack.
 type Options struct {
-	// Tuning is handed to workflows; zero fields get short test timings.
+	// Tuning is handed to workflows. A zero Tuning gets FastTuning(); in a partly set one,
+	// the zero fields take the workflow's production defaults.
 	Tuning workflows.Tuning
 	// ProvisionDelay keeps local instances Provisioning this long.
 	ProvisionDelay time.Duration

@@ -195,8 +195,9 @@ func (r *ProxyReconciler) signalSpec(ctx context.Context, p *v1alpha1.Proxy) err
 }
 
 // secretVersion is the resourceVersion of the referenced cloud-init Secret (from the cache,
-// which holds only labelled Secrets), or "" when there is none. It is a change detector;
-// the Secret's data never leaves the worker's activity.
+// which holds only labelled Secrets), or "" when there is none. It is a change detector:
+// only the version enters the signal and the workflow's history; the data is read and used
+// by the worker's activities alone (the operator's cache does hold labelled Secrets whole).
 func (r *ProxyReconciler) secretVersion(ctx context.Context, p *v1alpha1.Proxy) string {
 	if p.Spec.CloudInit == nil {
 		return ""

@@ -87,9 +87,9 @@ type ProxySpec struct {
 	// +optional
 	Attributes map[string]AttributeValue `json:"attributes,omitempty"`
 
-	// CloudInit points at a Secret whose data is given to a Managed instance at boot (GCP
-	// startup-script). Only a hash of it ever leaves the worker; rotating it replaces the
-	// instance. The Secret must carry the label crawl.example.com/cloud-init: "true".
+	// CloudInit points at a Secret whose data is given to a Managed instance at boot (gcp:
+	// the startup-script metadata; kubernetes: mounted as squid.conf; local: not used). Only
+	// a hash of it ever leaves the worker; rotating it replaces the instance. The Secret must carry the label crawl.example.com/cloud-init: "true".
 	// +optional
 	CloudInit *CloudInit `json:"cloudInit,omitempty"`
 
@@ -373,7 +373,8 @@ type ProxyStatus struct {
 	// Replacements counts instances replaced over the Proxy's life.
 	// +optional
 	Replacements int32 `json:"replacements,omitempty"`
-	// LatencyMillis is the latency of the last recorded probe.
+	// LatencyMillis is the median latency of the last 5 successful probes, as last
+	// recorded (latency alone is recorded at most every 10 minutes).
 	// +optional
 	LatencyMillis int64 `json:"latencyMillis,omitempty"`
 	// LastHealthCheckTime is when the last recorded probe ran. Probes that change nothing
@@ -402,7 +403,7 @@ type ProxyStatus struct {
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="IP",type=string,JSONPath=`.status.ip`
 // +kubebuilder:printcolumn:name="Healthy",type=string,JSONPath=`.status.conditions[?(@.type=="Healthy")].status`
-// +kubebuilder:printcolumn:name="Latency",type=integer,JSONPath=`.status.latencyMillis`,description="latency of the last recorded probe, in milliseconds"
+// +kubebuilder:printcolumn:name="Latency",type=integer,JSONPath=`.status.latencyMillis`,description="median latency of recent probes, in milliseconds"
 // +kubebuilder:printcolumn:name="Provider",type=string,JSONPath=`.spec.provider`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Proxy struct {
