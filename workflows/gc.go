@@ -108,8 +108,8 @@ func toSet(xs []string) map[string]bool {
 }
 
 // GCWorkflow deletes instances that carry this installation's ownership labels but belong to
-// no live Proxy. It runs from the Schedule "proxy-gc" (overlap: skip), so there is never more
-// than one sweep at a time.
+// no live Proxy. It runs from the Schedule "proxy-gc" (overlap: skip), so the schedule never
+// runs two sweeps at a time.
 func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 	res := GCResult{DryRun: in.DryRun, Deleted: []GCItem{}, Spared: []GCItem{}}
 	defer recordGC(ctx, &res)

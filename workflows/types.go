@@ -42,7 +42,7 @@ type SpecSignal struct {
 	Spec          v1alpha1.ProxySpec `json:"spec"`
 }
 
-// DefaultCooldown applies when a report carries no end time.
+// DefaultCooldown applies when a report carries no end time, or one already past.
 const DefaultCooldown = 10 * time.Minute
 
 // maxCooldowns bounds the cooldowns a workflow keeps (and puts in its memo).

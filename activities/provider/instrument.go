@@ -38,7 +38,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 // Instrument wraps p so every call is counted, timed and traced as a client span. Spans
-// carry the instance name and provider ID only: never a request's cloud-init data.
+// carry names and IDs (provider, installation, instance, result) only: never a request's
+// cloud-init data.
 func Instrument(name v1alpha1.Provider, p Provider, m *Metrics) Provider {
 	return &instrumented{name: string(name), p: p, m: m, tracer: otel.Tracer("github.com/proxyfleet/proxyfleet/activities/provider")}
 }

@@ -27,7 +27,7 @@ const (
 )
 
 // Ownership labels every instance carries. The sweeper deletes only instances that carry
-// both and whose UID belongs to no live Proxy. Values are valid GCP label values and
+// this installation's label and a UID label whose UID belongs to no live Proxy. Values are valid GCP label values and
 // Kubernetes label values.
 const (
 	LabelProxyUID     = "proxyfleet-uid"

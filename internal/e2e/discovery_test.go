@@ -13,6 +13,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // crawler is the project's Go client, scoped to this test's proxies: proxies of earlier
@@ -158,7 +159,7 @@ func queryState(t *testing.T, s *stack.Stack, ns, name string) struct {
 		Cooldowns map[string]time.Time
 		Phase     v1alpha1.Phase
 	}
-	v, err := s.Temporal.Client.QueryWorkflow(context.Background(), "proxy/"+ns+"/"+name, "", "state")
+	v, err := s.Temporal.Client.QueryWorkflow(context.Background(), contract.ProxyWorkflowID(ns, name), "", contract.QueryState)
 	require.NoError(t, err)
 	require.NoError(t, v.Get(&st))
 	return st

@@ -28,7 +28,7 @@ func idleWorkflow(ctx workflow.Context) error {
 	}
 }
 
-// BenchmarkProvisionFleet applies FLEET_N (default 1,000) local Proxies at once and reports
+// BenchmarkProvisionFleet applies FLEET_N (default 1,000) local Proxies (16 creates in flight) and reports
 // the time until all are Ready, Proxies made Ready per second, that rate as a share of the
 // dev server's raw SignalWithStart rate on an idle workflow measured in the same run
 // (target ≥ 0.2), and history events per Proxy from apply to Ready (target ≤ 40). Probes

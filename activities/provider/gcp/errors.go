@@ -27,8 +27,8 @@ const (
 var (
 	rateLimitReasons = []string{"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"}
 	quotaReasons     = []string{"quotaExceeded", "QUOTA_EXCEEDED", "dailyLimitExceeded"}
-	// resourceNotReady answers a request on an instance another operation is busy with (a
-	// delete issued again while the first one runs): waiting fixes it.
+	// busyReasons answer a request on an instance another operation is busy with
+	// (resourceNotReady: a delete issued again while the first one runs): waiting fixes it.
 	busyReasons = []string{"resourceNotReady", "resourceInUseByAnotherResource"}
 )
 
