@@ -240,8 +240,11 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*Lease, error
 	return &out, nil
 }
 
-// Renew extends a lease to ttl from now (zero: the server's default) and keeps the same
-// proxy. An expired lease cannot be renewed: the error satisfies IsLeaseGone.
+// Renew extends a lease to ttl from now (zero: the server's default). The lease stays on
+// the same proxy, but the answer carries that proxy's address as it is now, which differs
+// from the one granted if the proxy was replaced meanwhile: compare the renewal's
+// Proxy.URL with the one in use, and when it differs build a new HTTPClient from the
+// renewed Lease. An expired lease cannot be renewed: the error satisfies IsLeaseGone.
 func (c *Client) Renew(ctx context.Context, leaseID string, ttl time.Duration) (*Lease, error) {
 	var out Lease
 	if err := c.do(ctx, http.MethodPost, leasePath(leaseID, "/renew"), renewRequest{TTLSeconds: seconds(ttl)}, &out); err != nil {
@@ -251,7 +254,9 @@ func (c *Client) Renew(ctx context.Context, leaseID string, ttl time.Duration) (
 }
 
 // Release ends a lease. Releasing an unknown or already released lease is not an error, so
-// retrying a Release is safe. Report before releasing: a released lease takes no reports.
+// retrying a Release is safe. A released lease still takes reports for the server's
+// cooldown window (30 minutes by default), so a ban noticed only at the end of the work can
+// be reported after releasing.
 func (c *Client) Release(ctx context.Context, leaseID string) error {
 	return c.do(ctx, http.MethodDelete, leasePath(leaseID, ""), nil, nil)
 }
@@ -362,13 +367,15 @@ func (l *Lease) ProxyURL() *url.URL {
 //
 // Each call builds a new transport (http.DefaultTransport's settings, keep-alives on) with
 // its own connection pool, so no connection is shared between leases. Call it once per
-// lease and reuse the client: renewing keeps the same proxy, so the client stays valid for
-// the renewed lease. Keep-alive means a target may see several requests on one connection
-// (one CONNECT tunnel for https), which suits a sticky session. It also means idle
-// connections to the proxy outlive the lease for up to 90 seconds (IdleConnTimeout): when
-// you release the lease, stop using the client and call its CloseIdleConnections, so you
-// hold none of the proxy's connections once another crawler may lease it. The client has
-// no Timeout; use request contexts.
+// lease and reuse the client. It sends to the address the lease had when it was built: a
+// renewal keeps the proxy, but if the proxy was replaced meanwhile the renewed Lease's
+// Proxy.URL differs; then build a new client from the renewed Lease and close the old
+// one's idle connections. Keep-alive means a target may see several requests on one
+// connection (one CONNECT tunnel for https), which suits a sticky session. It also means
+// idle connections to the proxy outlive the lease for up to 90 seconds (IdleConnTimeout):
+// when you release the lease, stop using the client and call its CloseIdleConnections, so
+// you hold none of the proxy's connections once another crawler may lease it. The client
+// has no Timeout; use request contexts.
 func (l *Lease) HTTPClient() *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	u := l.ProxyURL()

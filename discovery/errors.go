@@ -1,0 +1,133 @@
+package discovery
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+)
+
+// Error codes of the API, mapped to HTTP statuses in exactly one place (status).
+const (
+	codeInvalid          = "invalid"
+	codeInvalidResult    = "invalid_result"
+	codeInvalidSelector  = "invalid_selector"
+	codeUnauthorized     = "unauthorized"
+	codeNotFound         = "not_found"
+	codeUnknownLease     = "unknown_lease"
+	codeLeaseExpired     = "lease_expired"
+	codeNoMatch          = "no_match"
+	codeTooLarge         = "too_large"
+	codeMethodNotAllowed = "method_not_allowed"
+	codeInternal         = "internal"
+	// codeIndexLoading: the index has not been loaded from Temporal yet (just started, or
+	// Temporal unreachable since), so an empty answer would be a lie.
+	codeIndexLoading = "index_loading"
+)
+
+func status(code string) int {
+	switch code {
+	case codeInvalid, codeInvalidResult, codeInvalidSelector:
+		return http.StatusBadRequest
+	case codeUnauthorized:
+		return http.StatusUnauthorized
+	case codeNotFound, codeUnknownLease:
+		return http.StatusNotFound
+	case codeMethodNotAllowed:
+		return http.StatusMethodNotAllowed
+	case codeNoMatch:
+		return http.StatusConflict
+	case codeLeaseExpired:
+		return http.StatusGone
+	case codeTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case codeIndexLoading:
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// APIError is the body of every error answer.
+type APIError struct {
+	Code    string `json:"error"`
+	Message string `json:"message"`
+	// NoMatch details a 409.
+	*NoMatch `json:",omitempty"`
+}
+
+func (e *APIError) Error() string { return e.Code + ": " + e.Message }
+
+func apiErr(code, format string, args ...any) *APIError {
+	return &APIError{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Operations an opError comes from.
+const (
+	opAcquire = "acquire"
+	opRenew   = "renew"
+	opReport  = "report"
+)
+
+// opError is an error of the store with the request it failed for: the API's messages name
+// the lease or the target, which the store's errors do not carry. Its text is the store's
+// error alone; what it adds is for toAPIError.
+type opError struct {
+	op      string // opAcquire, opRenew or opReport
+	leaseID string // renew and report
+	target  string // acquire
+	err     error
+}
+
+func (e *opError) Error() string { return e.err.Error() }
+func (e *opError) Unwrap() error { return e.err }
+
+// toAPIError maps err to the answer the API gives for it: an *APIError as it is (request
+// validation and DecodeJSON make those), and the store's errors (*NoMatch, ErrUnknownLease,
+// ErrLeaseExpired) worded with what their *opError names. Any other error is a bug of
+// discovery: known is false, and the answer is a bare internal error, so that nothing of
+// err reaches the client; the caller logs err.
+func toAPIError(err error) (ae *APIError, known bool) {
+	if e, ok := errors.AsType[*APIError](err); ok {
+		return e, true
+	}
+	var op opError
+	if oe, ok := errors.AsType[*opError](err); ok {
+		op = *oe
+	}
+	if nm, ok := errors.AsType[*NoMatch](err); ok {
+		return &APIError{Code: codeNoMatch, NoMatch: nm,
+			Message: fmt.Sprintf("no proxy available: %d match the selector, %d unhealthy, %d at capacity, %d in cooldown%s",
+				nm.Considered, nm.Unhealthy, nm.AtCapacity, nm.InCooldown, forTarget(op.target))}, true
+	}
+	switch {
+	case errors.Is(err, ErrUnknownLease) && op.op == opReport:
+		// Reports are taken for the cooldown window after a lease ends, so an unknown
+		// lease may also be one that ended before that window.
+		return apiErr(codeUnknownLease, "no lease %q (or it expired more than the cooldown window ago)", op.leaseID), true
+	case errors.Is(err, ErrUnknownLease):
+		return apiErr(codeUnknownLease, "no lease %q", op.leaseID), true
+	case errors.Is(err, ErrLeaseExpired):
+		return apiErr(codeLeaseExpired, "lease %q has expired; acquire a new one", op.leaseID), true
+	}
+	return apiErr(codeInternal, "internal error"), false
+}
+
+// forTarget ends a no_match message: cooldowns are counted for the target, so without one
+// only those for every target keep a proxy back.
+func forTarget(t string) string {
+	if t == "" {
+		return " (no target given: only cooldowns for every target apply)"
+	}
+	return fmt.Sprintf(" for %q", t)
+}
+
+// fail answers with err, as toAPIError maps it. An internal error is logged, never shown.
+func (s *Server) fail(c *gin.Context, err error) {
+	ae, known := toAPIError(err)
+	if !known {
+		s.log.Error("internal error", "method", c.Request.Method, "path", c.FullPath(), "error", err)
+	}
+	c.AbortWithStatusJSON(status(ae.Code), ae)
+}

@@ -1,0 +1,232 @@
+package discovery
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
+)
+
+// ProxyInfo is a proxy as the API shows it.
+type ProxyInfo struct {
+	Name          string            `json:"name"`
+	Namespace     string            `json:"namespace"`
+	URL           string            `json:"url"`
+	IP            string            `json:"ip"`
+	Port          int32             `json:"port"`
+	Attributes    map[string]string `json:"attributes"`
+	LatencyMillis int64             `json:"latencyMillis"`
+}
+
+func info(p Proxy) ProxyInfo {
+	attrs := p.Attributes
+	if attrs == nil {
+		attrs = map[string]string{}
+	}
+	return ProxyInfo{
+		Name: p.Name, Namespace: p.Namespace, IP: p.IP, Port: p.Port, Attributes: attrs, LatencyMillis: p.LatencyMillis,
+		URL: "http://" + net.JoinHostPort(p.IP, strconv.Itoa(int(p.Port))),
+	}
+}
+
+// ListedProxy is an entry of GET /v1/proxies.
+type ListedProxy struct {
+	ProxyInfo
+	Healthy      bool   `json:"healthy"`
+	Phase        string `json:"phase"`
+	ActiveLeases int    `json:"activeLeases"`
+	MaxLeases    int    `json:"maxLeases"`
+}
+
+// ProxyList is the body of GET /v1/proxies.
+type ProxyList struct {
+	Proxies []ListedProxy `json:"proxies"`
+	Count   int           `json:"count"`
+}
+
+func (s *Server) listProxies(c *gin.Context) {
+	sel, err := ParseQuerySelector(c.Request.URL.Query())
+	if err != nil {
+		s.fail(c, apiErr(codeInvalidSelector, "%v", err))
+		return
+	}
+	var healthy *bool
+	if h := c.Query("healthy"); h != "" {
+		v, err := strconv.ParseBool(h)
+		if err != nil {
+			s.fail(c, apiErr(codeInvalid, "healthy must be true or false, got %q", h))
+			return
+		}
+		healthy = &v
+	}
+	list := s.store.List(sel, healthy)
+	out := ProxyList{Proxies: make([]ListedProxy, 0, len(list)), Count: len(list)}
+	for _, p := range list {
+		out.Proxies = append(out.Proxies, ListedProxy{ProxyInfo: info(p.Proxy), Healthy: p.Healthy, Phase: p.Phase,
+			ActiveLeases: p.ActiveLeases, MaxLeases: p.MaxLeases})
+	}
+	c.JSON(http.StatusOK, out)
+}
+
+// LeaseRequest is the body of POST /v1/leases.
+type LeaseRequest struct {
+	Selector   Selector `json:"selector"`
+	TTLSeconds int      `json:"ttlSeconds"`
+	// Target is the site the crawler will visit: proxies in cooldown for it are skipped.
+	Target string `json:"target"`
+}
+
+// LeaseResponse is the body of a granted lease (201) and a renewal (200).
+type LeaseResponse struct {
+	LeaseID    string    `json:"leaseID"`
+	Proxy      ProxyInfo `json:"proxy"`
+	ExpiresAt  time.Time `json:"expiresAt"`
+	TTLSeconds int       `json:"ttlSeconds"`
+	Target     string    `json:"target,omitempty"`
+}
+
+// Validate checks a lease request and returns the TTL to grant: its ttlSeconds, or
+// cfg.DefaultTTL when it gives none. It leaves r as it is.
+func (r *LeaseRequest) Validate(cfg Config) (time.Duration, error) {
+	if err := r.Selector.Validate(); err != nil {
+		return 0, apiErr(codeInvalidSelector, "%v", err)
+	}
+	if err := validateTarget(r.Target); err != nil {
+		return 0, err
+	}
+	return ttl(r.TTLSeconds, cfg)
+}
+
+func ttl(seconds int, cfg Config) (time.Duration, error) {
+	switch {
+	case seconds < 0:
+		return 0, apiErr(codeInvalid, "ttlSeconds must be positive")
+	case seconds == 0:
+		return cfg.DefaultTTL, nil
+	// Compared in seconds: seconds*time.Second can overflow into a negative duration.
+	case int64(seconds) > int64(cfg.MaxTTL/time.Second):
+		return 0, apiErr(codeInvalid, "ttlSeconds %d exceeds the maximum of %d", seconds, int(cfg.MaxTTL/time.Second))
+	}
+	return time.Duration(seconds) * time.Second, nil
+}
+
+func validateTarget(t string) error {
+	if len(t) > 253 || strings.ContainsAny(t, " \t\r\n/") {
+		return apiErr(codeInvalid, "target must be a host name (at most 253 characters, no spaces or slashes)")
+	}
+	return nil
+}
+
+func (s *Server) acquire(c *gin.Context) {
+	start := time.Now()
+	var req LeaseRequest
+	var d time.Duration
+	err := s.decode(c, &req, true)
+	if err == nil {
+		d, err = req.Validate(s.cfg)
+	}
+	if err != nil {
+		s.metrics.leaseRequests.WithLabelValues("invalid").Inc()
+		s.fail(c, err)
+		return
+	}
+	l, err := s.store.Acquire(req.Selector, req.Target, d)
+	if err != nil {
+		if _, ok := errors.AsType[*NoMatch](err); ok {
+			s.metrics.leaseRequests.WithLabelValues("no_match").Inc()
+		}
+		s.fail(c, &opError{op: opAcquire, target: req.Target, err: err})
+		return
+	}
+	s.metrics.leaseRequests.WithLabelValues("granted").Inc()
+	s.metrics.acquireSeconds.Observe(time.Since(start).Seconds())
+	c.JSON(http.StatusCreated, leaseResponse(l, d))
+}
+
+// leaseResponse shows a lease just granted or renewed for d. The TTL is d itself, not
+// ExpiresAt minus the wall clock: ExpiresAt is on the store's clock.
+func leaseResponse(l *Lease, d time.Duration) LeaseResponse {
+	return LeaseResponse{LeaseID: l.ID, Proxy: info(l.Proxy), ExpiresAt: l.ExpiresAt.UTC(),
+		TTLSeconds: int(d / time.Second), Target: l.Target}
+}
+
+// RenewRequest is the body of POST /v1/leases/{id}/renew.
+type RenewRequest struct {
+	TTLSeconds int `json:"ttlSeconds"`
+}
+
+func (s *Server) renew(c *gin.Context) {
+	var req RenewRequest
+	if err := s.decode(c, &req, true); err != nil {
+		s.fail(c, err)
+		return
+	}
+	d, err := ttl(req.TTLSeconds, s.cfg)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	l, err := s.store.Renew(c.Param("id"), d)
+	if err != nil {
+		s.fail(c, &opError{op: opRenew, leaseID: c.Param("id"), err: err})
+		return
+	}
+	c.JSON(http.StatusOK, leaseResponse(l, d))
+}
+
+func (s *Server) release(c *gin.Context) {
+	s.store.Release(c.Param("id"))
+	c.Status(http.StatusNoContent)
+}
+
+// ReportRequest is the body of POST /v1/leases/{id}/report.
+type ReportRequest struct {
+	Result string `json:"result"`
+	// Target defaults to the lease's target; with neither, the report covers every target.
+	Target string `json:"target"`
+}
+
+func (s *Server) report(c *gin.Context) {
+	var req ReportRequest
+	if err := s.decode(c, &req, false); err != nil {
+		s.fail(c, err)
+		return
+	}
+	var window time.Duration
+	switch req.Result {
+	case contract.ReportOK:
+	case contract.ReportRateLimited:
+		window = s.cfg.CooldownRateLimited
+	case contract.ReportBanned:
+		window = s.cfg.CooldownBanned
+	default:
+		s.fail(c, apiErr(codeInvalidResult, "result must be ok, rate_limited or banned, got %q", req.Result))
+		return
+	}
+	if err := validateTarget(req.Target); err != nil {
+		s.fail(c, err)
+		return
+	}
+	l, err := s.store.Lookup(c.Param("id"))
+	if err != nil {
+		s.fail(c, &opError{op: opReport, leaseID: c.Param("id"), err: err})
+		return
+	}
+	s.metrics.reports.WithLabelValues(req.Result).Inc()
+	if window > 0 {
+		target := req.Target
+		if target == "" {
+			target = l.Target
+		}
+		until := s.store.Now().Add(window)
+		s.store.Cooldown(l.ProxyID, target, until)
+		s.forward(l, contract.ReportSignal{Target: target, Result: req.Result, Until: until.UTC()})
+	}
+	c.Status(http.StatusNoContent)
+}

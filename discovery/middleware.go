@@ -1,0 +1,155 @@
+package discovery
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+)
+
+func (s *Server) recoverPanics(c *gin.Context) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.fail(c, fmt.Errorf("panic: %v", v))
+		}
+	}()
+	c.Next()
+}
+
+func (s *Server) logRequests(c *gin.Context) {
+	start := time.Now()
+	c.Next()
+	route := c.FullPath()
+	if route == "" {
+		route = "unmatched"
+	}
+	s.metrics.observeRequest(c.Request.Method, route, c.Writer.Status(), time.Since(start))
+	if probeRoute(route) {
+		return
+	}
+	s.log.Info("request", "method", c.Request.Method, "route", route, "status", c.Writer.Status(),
+		"duration", time.Since(start).Round(time.Microsecond).String(), "remote", c.ClientIP())
+}
+
+// probeRoute reports whether route is polled by probes or Prometheus every few seconds:
+// logging or tracing each of those would drown the requests of crawlers.
+func probeRoute(route string) bool {
+	return route == "/healthz" || route == "/readyz" || route == "/metrics"
+}
+
+// retryIndexAfter is the Retry-After of index_loading answers, in seconds: short, so that
+// crawlers resume soon after the index loads, and each retry is one cheap refusal.
+const retryIndexAfter = "1"
+
+// requireIndex answers 503 index_loading until the store's index has been loaded in full.
+// Before the first full pass from Temporal, an empty listing or a no_match with considered=0
+// would be indistinguishable from a fleet without proxies, and a crawler would give up or
+// alert instead of waiting a second.
+func (s *Server) requireIndex(c *gin.Context) {
+	if !s.store.Loaded() {
+		s.indexLoading(c)
+		return
+	}
+	c.Next()
+}
+
+func (s *Server) indexLoading(c *gin.Context) {
+	c.Header("Retry-After", retryIndexAfter)
+	s.fail(c, apiErr(codeIndexLoading, "the proxy index is still loading from Temporal; retry shortly"))
+}
+
+// readyz serves GET and HEAD /readyz: 200 once the index is loaded, 503 index_loading
+// before, so a Service sends crawlers only to replicas that can lease. HEAD gets no body.
+func (s *Server) readyz(c *gin.Context) {
+	head, loaded := c.Request.Method == http.MethodHead, s.store.Loaded()
+	switch {
+	case !loaded && head:
+		c.Header("Retry-After", retryIndexAfter)
+		c.AbortWithStatus(status(codeIndexLoading))
+	case !loaded:
+		s.indexLoading(c)
+	case head:
+		c.Status(http.StatusOK)
+	default:
+		c.JSON(http.StatusOK, gin.H{"status": "ok"})
+	}
+}
+
+func (s *Server) limitBody(c *gin.Context) {
+	if c.Request.Body != nil {
+		c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, s.cfg.BodyLimit)
+	}
+	c.Next()
+}
+
+func (s *Server) authenticate(c *gin.Context) {
+	if s.cfg.Token == "" {
+		c.Next()
+		return
+	}
+	scheme, got, _ := strings.Cut(c.GetHeader("Authorization"), " ")
+	// The scheme name is case-insensitive (RFC 9110); the token is compared in constant time.
+	if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) != 1 {
+		c.Header("WWW-Authenticate", `Bearer realm="proxyfleet"`)
+		s.fail(c, apiErr(codeUnauthorized, "a valid bearer token is required"))
+		return
+	}
+	c.Next()
+}
+
+// decode reads a JSON body strictly: unknown fields, trailing data and wrong types are 400,
+// a body over the limit is 413. An empty body decodes as {} when allowEmpty.
+func (s *Server) decode(c *gin.Context, v any, allowEmpty bool) error {
+	return DecodeJSON(c.Request.Body, v, allowEmpty)
+}
+
+// DecodeJSON is the strict decoder of request bodies (exported for the fuzz target).
+func DecodeJSON(r io.Reader, v any, allowEmpty bool) error {
+	if r == nil {
+		if allowEmpty {
+			return nil
+		}
+		return apiErr(codeInvalid, "a JSON body is required")
+	}
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	var tooBig *http.MaxBytesError
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &tooBig):
+		return apiErr(codeTooLarge, "request body exceeds %d bytes", tooBig.Limit)
+	case errors.Is(err, io.EOF):
+		if allowEmpty {
+			return nil
+		}
+		return apiErr(codeInvalid, "a JSON body is required")
+	case errors.As(err, &typeErr):
+		return apiErr(codeInvalid, "field %q: want %s, got %s", typeErr.Field, typeErr.Type, typeErr.Value)
+	case errors.As(err, &syntaxErr):
+		return apiErr(codeInvalid, "malformed JSON at byte %d: %v", syntaxErr.Offset, syntaxErr)
+	case err != nil && strings.HasPrefix(err.Error(), "json: unknown field"):
+		return apiErr(codeInvalid, "%s", strings.TrimPrefix(err.Error(), "json: "))
+	case err != nil:
+		return apiErr(codeInvalid, "invalid JSON: %v", err)
+	}
+	// Anything after the object is a client bug worth reporting.
+	var extra json.RawMessage
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		if errors.As(err, &tooBig) {
+			return apiErr(codeTooLarge, "request body exceeds %d bytes", tooBig.Limit)
+		}
+		return apiErr(codeInvalid, "unexpected data after the JSON object")
+	}
+	return nil
+}
