@@ -11,7 +11,6 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
-	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // WorkflowLister is the part of the Temporal client the sweeper uses.
@@ -77,7 +76,11 @@ func (a *Activities) ListLiveUIDs(ctx context.Context, in LiveInput) (LiveUIDs, 
 			if payload == nil {
 				continue
 			}
-			var m contract.ProxyMemo
+			// Only the UID is decoded: a liveness proof must not fail on a field it does not
+			// need (the memo is contract.ProxyMemo).
+			var m struct {
+				UID string `json:"uid"`
+			}
 			if err := converter.GetDefaultDataConverter().FromPayload(payload, &m); err == nil && m.UID != "" {
 				live.Workflows = append(live.Workflows, m.UID)
 			}

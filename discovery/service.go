@@ -39,6 +39,7 @@ type Service struct {
 	Server    *Server
 	Refresher *Refresher
 	sweep     time.Duration
+	log       *slog.Logger
 }
 
 // NewService assembles discovery. Metrics go to reg when it is not nil.
@@ -53,12 +54,16 @@ func NewService(cfg ServiceConfig, tc Temporal, log *slog.Logger, reg prometheus
 	srv := NewServer(cfg.API, store, TemporalSignaler{Client: tc}, log, reg)
 	ref := &Refresher{Client: tc, Namespace: cfg.Namespace, Store: store,
 		Interval: cfg.RefreshInterval, FullEvery: cfg.FullResyncInterval, Log: log, Observe: srv.ObserveRefresh}
-	return &Service{Store: store, Server: srv, Refresher: ref, sweep: cfg.SweepInterval}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Service{Store: store, Server: srv, Refresher: ref, sweep: cfg.SweepInterval, log: log}
 }
 
 // Serve runs the refresher, the report loop and the sweeper, and serves the API on ln until
-// ctx ends; then it stops accepting, gives requests in flight up to 10s, and returns once
-// every loop has stopped.
+// ctx ends; then it stops accepting, gives requests in flight up to 10s, and returns nil
+// once every loop has stopped. Requests cut off by that bound are logged, not an error of
+// the process: it was asked to stop.
 //
 // It does not wait for the first index load: /healthz answers at once (the process is
 // alive even when Temporal is not), while /readyz, listings and acquires answer 503
@@ -82,7 +87,10 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	err := hs.Serve(ln)
 	cancel()
 	if errors.Is(err, http.ErrServerClosed) {
-		err = <-shutdown
+		err = nil
+		if serr := <-shutdown; serr != nil {
+			s.log.Warn("requests still in flight when discovery stopped were cut off", "error", serr)
+		}
 	}
 	for range 3 {
 		<-loops

@@ -48,7 +48,7 @@ type Request struct {
 	Proxy string
 	// URL is the target, http or https.
 	URL string
-	// Timeout bounds the whole probe (default 5s, the health check's default timeout).
+	// Timeout bounds the whole probe (default 5s).
 	Timeout time.Duration
 	// ExpectedStatus is the status the target must answer (default 200).
 	ExpectedStatus int

@@ -26,9 +26,9 @@ const (
 	StateDeleting State = "Deleting"
 )
 
-// Ownership labels every instance carries. The sweeper deletes only instances that carry
-// this installation's label and a UID label whose UID belongs to no live Proxy. Values are valid GCP label values and
-// Kubernetes label values.
+// Ownership labels every instance carries. The sweeper deletes only instances that carry this
+// installation's label and a UID label whose UID belongs to no live Proxy. Values are valid
+// GCP label values and Kubernetes label values.
 const (
 	LabelProxyUID     = "proxyfleet-uid"
 	LabelInstallation = "proxyfleet-installation"

@@ -32,6 +32,7 @@ func main() {
 			return err
 		}
 		defer tc.Close()
+		p.Log.Info("operator starting", "temporal", temporal.Address, "taskQueue", opts.TaskQueue, "leaderElect", opts.LeaderElection)
 		return controller.Run(ctx, opts, tc, p.LogHandler)
 	})
 }

@@ -19,7 +19,7 @@ func main() {
 	var cfg worker.Config
 	cmdline.TaskQueueVar(&cfg.TaskQueue, "task queue")
 	cmdline.InstallationVar(&cfg.Installation, "installation id put on every instance")
-	providers := flag.String("providers", cmdline.Env("PROXYFLEET_PROVIDERS", "local,kubernetes"), "comma-separated providers to enable: gcp, kubernetes, local (env PROXYFLEET_PROVIDERS)")
+	providers := flag.String("providers", cmdline.Env("PROXYFLEET_PROVIDERS", "local,kubernetes"), "comma-separated providers to enable: "+registry.Join(registry.Available)+" (env PROXYFLEET_PROVIDERS)")
 	flag.StringVar(&cfg.Providers.GCP.DefaultProject, "gcp-project", cmdline.Env("GOOGLE_CLOUD_PROJECT", ""), "default GCP project for the gcp provider; credentials come from Application Default Credentials (env GOOGLE_CLOUD_PROJECT)")
 	flag.StringVar(&cfg.Providers.LocalDaemonURL, "local-daemon", cmdline.Env("LOCAL_DAEMON_URL", "http://127.0.0.1:8089"), "control API of localproxyd, for the local provider (env LOCAL_DAEMON_URL)")
 	httpAddr := flag.String("http-address", cmdline.Env("HTTP_ADDRESS", "127.0.0.1:9090"), "address of /metrics and /healthz (env HTTP_ADDRESS)")

@@ -29,14 +29,17 @@ func TestFreshCloneBuildsItsTools(t *testing.T) {
 		t.Skip("make is not installed")
 	}
 	clone := freshClone(t)
-	cache := t.TempDir()
+	// Resolved, so it compares with the resolved links below where the temporary directory
+	// sits behind a symlink.
+	cache, err := filepath.EvalSymlinks(t.TempDir())
+	require.NoError(t, err)
 	require.NoDirExists(t, filepath.Join(clone, "bin"), "a fresh clone has no tools")
 
 	cmd := exec.Command("make", "test",
 		"PKGS=./internal/cmdline", "E2E_PKG=./internal/cmdline",
 		"TEST_FLAGS=-count=1 -run=^$$", "E2E_FLAGS=-count=1 -run=^$$")
 	cmd.Dir = clone
-	cmd.Env = append(os.Environ(), "PROXYFLEET_TOOLS_CACHE="+cache, nestedEnv+"=1")
+	cmd.Env = append(freshEnv(), "PROXYFLEET_TOOLS_CACHE="+cache, nestedEnv+"=1")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "make test on a fresh clone failed:\n%s", out)
 
@@ -52,6 +55,49 @@ func TestFreshCloneBuildsItsTools(t *testing.T) {
 	ver, err := exec.Command(filepath.Join(clone, "bin", "temporal"), "--version").CombinedOutput()
 	require.NoError(t, err, "%s", ver)
 	assert.Contains(t, string(ver), "1.5.1", "the pinned temporal CLI")
+}
+
+// TestEveryToolUserBuildsTools: each make target that runs a pinned tool, or tests that
+// start one, installs the tools first. `make -n` shows the order without running anything;
+// TestFreshCloneBuildsItsTools runs the real thing for `make test`.
+func TestEveryToolUserBuildsTools(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make is not installed")
+	}
+	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		t.Skip("not in a git checkout")
+	}
+	for _, target := range []string{"test", "lint", "generate", "check-generated", "bench", "chaos", "test-e2e", "dev", "record-histories"} {
+		t.Run(target, func(t *testing.T) {
+			cmd := exec.Command("make", "-n", target)
+			cmd.Dir = strings.TrimSpace(string(top))
+			cmd.Env = freshEnv()
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			install := strings.Index(string(out), "hack/tools/install.sh")
+			require.GreaterOrEqual(t, install, 0, "make %s does not install the tools:\n%s", target, out)
+			for _, use := range []string{"/bin/controller-gen", "/bin/staticcheck", "/bin/workflowcheck", "go test", "/bin/devstack"} {
+				if i := strings.Index(string(out), use); i >= 0 {
+					assert.Less(t, install, i, "make %s runs %s before it installs the tools", target, use)
+				}
+			}
+		})
+	}
+}
+
+// freshEnv is this process's environment without what an enclosing make passes down
+// (jobserver, flags, command-line variables such as GO=), which a new user's run lacks.
+func freshEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		switch name, _, _ := strings.Cut(kv, "="); name {
+		case "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", nestedEnv:
+		default:
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 // freshClone copies the files git tracks, as they are in the working tree (so uncommitted

@@ -101,8 +101,6 @@ func (t *Temporal) Dial(p *Process, lazy bool, reg prometheus.Registerer) (clien
 
 // Process is what Main sets up before a binary's own work.
 type Process struct {
-	// Name is the binary's name; traces are exported as service proxyfleet-<Name>.
-	Name string
 	// Log writes text to stderr, with trace IDs when a span is active.
 	Log *slog.Logger
 	// LogHandler is Log's handler, for libraries with loggers of their own.
@@ -119,7 +117,8 @@ func NewMetrics() *prometheus.Registry {
 
 // Main parses the flags registered so far, sets up logging and tracing, and runs the command
 // until it returns or SIGINT/SIGTERM cancels ctx (a cancelled run that returns nil or
-// context.Canceled is a clean exit). It exits non-zero, naming the command, if run fails.
+// context.Canceled is a clean exit; a second signal kills the process). It exits non-zero,
+// naming the command, if run fails.
 func Main(name string, run func(ctx context.Context, p *Process) error) {
 	flag.Parse()
 	if err := mainErr(name, run); err != nil {
@@ -130,7 +129,7 @@ func Main(name string, run func(ctx context.Context, p *Process) error) {
 
 func mainErr(name string, run func(ctx context.Context, p *Process) error) error {
 	handler := telemetry.LogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	p := &Process{Name: name, Log: slog.New(handler), LogHandler: handler}
+	p := &Process{Log: slog.New(handler), LogHandler: handler}
 	stopTracing, err := telemetry.SetupTracing(context.Background(), "proxyfleet-"+name)
 	if err != nil {
 		return fmt.Errorf("tracing: %w", err)
@@ -139,6 +138,9 @@ func mainErr(name string, run func(ctx context.Context, p *Process) error) error
 	defer func() { _ = stopTracing(context.Background()) }()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal starts a graceful stop; restoring the default action then lets a
+	// second one kill a process that is slow to stop, as controller-runtime's handler did.
+	go func() { <-ctx.Done(); stop() }()
 	err = run(ctx, p)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil

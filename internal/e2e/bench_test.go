@@ -7,8 +7,9 @@ import (
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 )
 
-// BenchmarkProvision200 applies 200 local Proxies (16 creates in flight) and reports the time until all are
-// Provisioned (and Ready), and the history events each workflow used to get there.
+// BenchmarkProvision200 applies 200 local Proxies (16 creates in flight) and reports the time
+// until all are Provisioned (and Ready), and the history events each workflow used to get
+// there.
 //
 //	go test ./internal/e2e -run '^$' -bench Provision200 -benchtime 1x
 func BenchmarkProvision200(b *testing.B) {

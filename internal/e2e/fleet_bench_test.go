@@ -28,13 +28,13 @@ func idleWorkflow(ctx workflow.Context) error {
 	}
 }
 
-// BenchmarkProvisionFleet applies FLEET_N (default 1,000) local Proxies (16 creates in flight) and reports
-// the time until all are Ready, Proxies made Ready per second, that rate as a share of the
-// dev server's raw SignalWithStart rate on an idle workflow measured in the same run
-// (target ≥ 0.2), and history events per Proxy from apply to Ready (target ≤ 40). Probes
-// run every 10 s, the default, so the fleet's steady load is realistic. It also reports
-// the CPU each server process spent per Proxy made Ready, and the dev server's CPU per
-// baseline call, to show where the limit is.
+// BenchmarkProvisionFleet applies FLEET_N (default 1,000) local Proxies (16 creates in flight)
+// and reports the time until all are Ready, Proxies made Ready per second, that rate as a
+// share of the dev server's raw SignalWithStart rate on an idle workflow measured in the same
+// run (target ≥ 0.2), and history events per Proxy from apply to Ready (target ≤ 40). Probes
+// run every 10 s, the default, so the fleet's steady load is realistic. It also reports the
+// CPU each server process spent per Proxy made Ready, and the dev server's CPU per baseline
+// call, to show where the limit is.
 //
 //	FLEET_N=1000 go test ./internal/e2e -run '^$' -bench ProvisionFleet -benchtime 1x -timeout 60m
 func BenchmarkProvisionFleet(b *testing.B) {

@@ -46,7 +46,7 @@ func (p *ForwardProxy) SetFault(f local.Fault) {
 	p.fault = f
 }
 
-// local.Fault returns the current fault.
+// Fault returns the current fault.
 func (p *ForwardProxy) Fault() local.Fault {
 	p.mu.RLock()
 	defer p.mu.RUnlock()

@@ -37,7 +37,7 @@ func EnsureGC(ctx context.Context, sc client.ScheduleClient, opts GCOptions) err
 	spec := client.ScheduleSpec{Intervals: []client.ScheduleIntervalSpec{{Every: opts.Every}}}
 	action := &client.ScheduleWorkflowAction{
 		ID:                       contract.GCWorkflowID,
-		Workflow:                 workflows.GCWorkflow,
+		Workflow:                 contract.GCWorkflowType,
 		Args:                     []any{opts.Input},
 		TaskQueue:                opts.TaskQueue,
 		WorkflowExecutionTimeout: 30 * time.Minute,

@@ -6,13 +6,13 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"net"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,6 +67,7 @@ type Worker struct {
 	temporal   client.Client
 	activities *activities.Activities
 	sdk        sdkworker.Worker
+	stop       sync.Once
 	release    func()
 }
 
@@ -75,7 +76,7 @@ type Worker struct {
 // to reg when it is not nil. Stop releases what New acquired.
 func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Client, log *slog.Logger, reg prometheus.Registerer) (*Worker, error) {
 	if err := ValidateInstallation(cfg.Installation); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("installation %w", err)
 	}
 	if cfg.TaskQueue == "" {
 		cfg.TaskQueue = contract.TaskQueue
@@ -87,7 +88,9 @@ func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Clie
 		pcfg.Metrics = provider.NewMetrics(reg)
 		actMetrics = activities.NewMetrics(reg)
 	}
-	providers, release, err := registry.Build(ctx, pcfg)
+	// Clients built here outlive ctx's cancellation: activities still draining during Stop
+	// may need them (the GCP client refreshes its token with this context).
+	providers, release, err := registry.Build(context.WithoutCancel(ctx), pcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -99,10 +102,6 @@ func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Clie
 	workflows.Register(w, acts)
 	return &Worker{cfg: cfg, temporal: tc, activities: acts, sdk: w, release: release}, nil
 }
-
-// Activities are the activities the worker runs, for tests that host them on a worker of
-// their own.
-func (w *Worker) Activities() *activities.Activities { return w.activities }
 
 // Start starts polling, then creates or updates the proxy-gc schedule when GC.Every is set.
 func (w *Worker) Start(ctx context.Context) error {
@@ -116,27 +115,30 @@ func (w *Worker) Start(ctx context.Context) error {
 		MinAge: w.cfg.GC.MinAge, DryRun: w.cfg.GC.DryRun, Namespaces: w.cfg.GC.Namespaces, AllowPartialView: w.cfg.GC.AllowPartialView}
 	err := schedules.EnsureGC(ctx, w.temporal.ScheduleClient(), schedules.GCOptions{Every: w.cfg.GC.Every, TaskQueue: w.cfg.TaskQueue, Input: in})
 	if err != nil {
-		w.sdk.Stop()
 		return fmt.Errorf("create or update the %s schedule: %w", contract.GCScheduleID, err)
 	}
 	return nil
 }
 
 // Stop stops polling, waits for running activities to return, and releases the providers.
+// It is safe to call more than once, and after a Start that failed.
 func (w *Worker) Stop() {
-	w.sdk.Stop()
-	w.release()
+	w.stop.Do(func() {
+		w.sdk.Stop()
+		w.release()
+	})
 }
 
 // ValidateInstallation checks an installation id: it becomes a label value on GCP and in
-// Kubernetes, and the orphan sweep trusts it, so it must be a valid, non-empty one.
+// Kubernetes, and the orphan sweep trusts it, so it must be a valid, non-empty one. The
+// error names the value, for the caller to say where it came from.
 func ValidateInstallation(s string) error {
 	ok := s != "" && len(s) <= 63
 	for _, r := range s {
 		ok = ok && (r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_')
 	}
 	if !ok {
-		return fmt.Errorf("installation %q: use 1-63 lowercase letters, digits, '-' or '_'", s)
+		return fmt.Errorf("%q: use 1-63 lowercase letters, digits, '-' or '_'", s)
 	}
 	return nil
 }
@@ -144,6 +146,10 @@ func ValidateInstallation(s string) error {
 // Run is the worker process: it connects to Kubernetes (in-cluster or kubeconfig) and
 // Temporal, serves /metrics and /healthz on httpAddr, and runs the worker until ctx ends.
 func Run(ctx context.Context, p *cmdline.Process, tf *cmdline.Temporal, cfg Config, httpAddr string) error {
+	// A bad flag is reported before anything is dialled.
+	if err := ValidateInstallation(cfg.Installation); err != nil {
+		return fmt.Errorf("--installation %w", err)
+	}
 	kcfg, err := ctrl.GetConfig()
 	if err != nil {
 		return fmt.Errorf("kubernetes config: %w", err)
@@ -163,13 +169,13 @@ func Run(ctx context.Context, p *cmdline.Process, tf *cmdline.Temporal, cfg Conf
 	if err != nil {
 		return err
 	}
+	defer w.Stop()
 
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	ln, err := net.Listen("tcp", httpAddr)
 	if err != nil {
-		w.release()
 		return fmt.Errorf("--http-address: %w", err)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -177,15 +183,10 @@ func Run(ctx context.Context, p *cmdline.Process, tf *cmdline.Temporal, cfg Conf
 	defer srv.Close()
 
 	if err := w.Start(ctx); err != nil {
-		w.release()
 		return err
 	}
-	p.Log.Info("worker started", "taskQueue", w.cfg.TaskQueue, "providers", fmt.Sprint(cfg.Providers.Enabled),
+	p.Log.Info("worker started", "taskQueue", w.cfg.TaskQueue, "providers", registry.Join(cfg.Providers.Enabled),
 		"installation", cfg.Installation, "http", ln.Addr().String())
 	<-ctx.Done()
-	w.Stop()
-	if errors.Is(ctx.Err(), context.Canceled) {
-		return nil
-	}
-	return ctx.Err()
+	return nil
 }

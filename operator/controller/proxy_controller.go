@@ -187,7 +187,7 @@ func (r *ProxyReconciler) signalSpec(ctx context.Context, p *v1alpha1.Proxy) err
 		TypedSearchAttributes: contract.InitialSearchAttributes(p.Spec.ProviderLabel()),
 	}
 	in := workflows.ProxyWorkflowInput{Namespace: p.Namespace, Name: p.Name, Installation: r.Installation, Tuning: r.Tuning}
-	if _, err := r.Temporal.SignalWithStartWorkflow(ctx, id, contract.SignalSpec, sig, opts, workflows.ProxyWorkflow, in); err != nil {
+	if _, err := r.Temporal.SignalWithStartWorkflow(ctx, id, contract.SignalSpec, sig, opts, contract.ProxyWorkflowType, in); err != nil {
 		r.warn(p, "Signal", "cannot reach Temporal to hand over generation %d: %v (retrying)", p.Generation, err)
 		return err
 	}

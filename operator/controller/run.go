@@ -65,6 +65,5 @@ func Run(ctx context.Context, opts Options, tc Temporal, logs slog.Handler) erro
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	slog.New(logs).Info("operator starting", "taskQueue", r.taskQueue(), "leaderElect", opts.LeaderElection)
 	return mgr.Start(ctx)
 }

@@ -1,7 +1,7 @@
 // Package contract is what every process agrees on about the project's workflows: the task
-// queue, workflow and schedule IDs, signal and query names with their payloads, search
-// attributes, the memo discovery reads, and the visibility queries that select running
-// ProxyWorkflows.
+// queue, workflow types and IDs, the schedule ID, signal and query names, the signals'
+// payloads, search attributes, the memo discovery reads, and the visibility queries that
+// select ProxyWorkflows.
 //
 // It is a leaf: it imports only the Temporal SDK's small temporal package, never
 // activities, Kubernetes or controller-runtime, so a process that only reads and signals

@@ -52,11 +52,18 @@ func SearchAttributes() temporal.SearchAttributes {
 	)
 }
 
+// Phases the memo and the ProxyPhase search attribute carry that readers act on; they are
+// the Proxy API's status.phase values (a test checks they agree).
+const (
+	PhasePending = "Pending"
+	PhaseReady   = "Ready"
+)
+
 // InitialSearchAttributes are set when a ProxyWorkflow starts, so a Proxy is findable in the
 // Web UI before its first step runs.
 func InitialSearchAttributes(provider string) temporal.SearchAttributes {
 	return temporal.NewSearchAttributes(
-		SearchAttrPhase.ValueSet("Pending"),
+		SearchAttrPhase.ValueSet(PhasePending),
 		SearchAttrProvider.ValueSet(provider),
 		SearchAttrHealthy.ValueSet(false),
 	)

@@ -19,7 +19,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
-// Available lists the providers this build can enable, in the order help text shows them.
+// Available lists the providers this build can enable.
 var Available = []v1alpha1.Provider{v1alpha1.ProviderGCP, v1alpha1.ProviderKubernetes, v1alpha1.ProviderLocal}
 
 // Config says which providers to enable and what each needs.
@@ -45,7 +45,7 @@ func ParseNames(s string) ([]v1alpha1.Provider, error) {
 		switch {
 		case p == "":
 		case !slices.Contains(Available, p):
-			return nil, fmt.Errorf("provider %q is not available in this build (available: %s)", p, names(Available))
+			return nil, fmt.Errorf("%q is not available in this build (available: %s)", p, Join(Available))
 		case !slices.Contains(out, p):
 			out = append(out, p)
 		}
@@ -53,7 +53,8 @@ func ParseNames(s string) ([]v1alpha1.Provider, error) {
 	return out, nil
 }
 
-func names(ps []v1alpha1.Provider) string {
+// Join lists provider names as help text and logs show them: "gcp, kubernetes, local".
+func Join(ps []v1alpha1.Provider) string {
 	s := make([]string, len(ps))
 	for i, p := range ps {
 		s[i] = string(p)
@@ -85,18 +86,18 @@ func Build(ctx context.Context, cfg Config) (provider.Registry, func(), error) {
 			if cfg.GCP.DefaultProject == "" {
 				// Without it the sweeper would list nothing and leaks would go unnoticed.
 				closeAll()
-				return nil, nil, errors.New("the gcp provider needs a default project (--gcp-project or GOOGLE_CLOUD_PROJECT)")
+				return nil, nil, errors.New("the gcp provider needs --gcp-project")
 			}
 			g, err := gcp.New(ctx, cfg.GCP)
 			if err != nil {
 				closeAll()
-				return nil, nil, fmt.Errorf("gcp provider: %w", err)
+				return nil, nil, err
 			}
 			closers = append(closers, func() { _ = g.Close() })
 			reg[name] = g
 		default:
 			closeAll()
-			return nil, nil, fmt.Errorf("provider %q is not available in this build (available: %s)", name, names(Available))
+			return nil, nil, fmt.Errorf("provider %q is not available in this build (available: %s)", name, Join(Available))
 		}
 	}
 	return provider.InstrumentAll(reg, cfg.Metrics), closeAll, nil

@@ -29,7 +29,7 @@ const (
 	DefaultSuccessThreshold    = 2
 	DefaultFailureThreshold    = 3
 	DefaultExpectedStatus      = 200
-	// DefaultMaxLeases is spec.maxLeases when it is not set.
+	// DefaultMaxLeases is the schema's default of spec.maxLeases.
 	DefaultMaxLeases = 4
 )
 

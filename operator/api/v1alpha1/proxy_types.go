@@ -87,9 +87,10 @@ type ProxySpec struct {
 	// +optional
 	Attributes map[string]AttributeValue `json:"attributes,omitempty"`
 
-	// CloudInit points at a Secret whose data is given to a Managed instance at boot (gcp:
-	// the startup-script metadata; kubernetes: mounted as squid.conf; local: not used). Only
-	// a hash of it ever leaves the worker; rotating it replaces the instance. The Secret must carry the label crawl.example.com/cloud-init: "true".
+	// CloudInit points at a Secret whose data is given to a Managed instance at boot (gcp: the
+	// startup-script metadata; kubernetes: mounted as squid.conf; local: not used). Only a hash
+	// of it ever leaves the worker; rotating it replaces the instance. The Secret must carry the
+	// label crawl.example.com/cloud-init: "true".
 	// +optional
 	CloudInit *CloudInit `json:"cloudInit,omitempty"`
 
