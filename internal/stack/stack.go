@@ -180,11 +180,9 @@ func (s *Stack) startManager(t testing.TB) {
 	})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &controller.ProxyReconciler{
-		Client: mgr.GetClient(), Temporal: s.Temporal.Client, Events: mgr.GetEventRecorder("proxyfleet-operator"),
+	require.NoError(t, controller.Setup(ctx, mgr, s.Temporal.Client, controller.Options{
 		Installation: s.Installation, TaskQueue: s.TaskQueue, Tuning: s.Tuning, RecheckDeleting: 2 * time.Second,
-	}
-	require.NoError(t, r.SetupWithManager(ctx, mgr))
+	}))
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
 	t.Cleanup(func() {
@@ -193,8 +191,9 @@ func (s *Stack) startManager(t testing.TB) {
 	})
 }
 
-// NewWorker builds a worker on queue exactly as cmd/worker does (internal/worker), with
-// the stack's local daemon and cluster as its providers, and no proxy-gc schedule.
+// NewWorker builds a worker on queue with internal/worker, as cmd/worker does, with the
+// stack's local daemon and cluster as its providers, no metrics, the SDK's default activity
+// slots and no proxy-gc schedule.
 func (s *Stack) NewWorker(t testing.TB, queue string) *worker.Worker {
 	t.Helper()
 	w, err := worker.New(context.Background(), worker.Config{

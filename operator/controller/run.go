@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/go-logr/logr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -27,6 +29,19 @@ type Options struct {
 	// "proxyfleet-operator" in LeaderElectionNamespace (default: the pod's).
 	LeaderElection          bool
 	LeaderElectionNamespace string
+	// RecheckDeleting is ProxyReconciler.RecheckDeleting (0: its default); tests shorten it.
+	RecheckDeleting time.Duration
+}
+
+// Setup adds the controller to mgr, talking to Temporal through tc. The operator process
+// (Run) and the test stack both set it up here, in managers of their own.
+func Setup(ctx context.Context, mgr manager.Manager, tc Temporal, opts Options) error {
+	r := &ProxyReconciler{
+		Client: mgr.GetClient(), Temporal: tc, Events: mgr.GetEventRecorder("proxyfleet-operator"),
+		Installation: opts.Installation, TaskQueue: opts.TaskQueue, Tuning: opts.Tuning,
+		RecheckDeleting: opts.RecheckDeleting,
+	}
+	return r.SetupWithManager(ctx, mgr)
 }
 
 // Run is the operator process: it connects to Kubernetes (in-cluster or kubeconfig) and
@@ -50,11 +65,7 @@ func Run(ctx context.Context, opts Options, tc Temporal, logs slog.Handler) erro
 	if err != nil {
 		return err
 	}
-	r := &ProxyReconciler{
-		Client: mgr.GetClient(), Temporal: tc, Events: mgr.GetEventRecorder("proxyfleet-operator"),
-		Installation: opts.Installation, TaskQueue: opts.TaskQueue, Tuning: opts.Tuning,
-	}
-	if err := r.SetupWithManager(ctx, mgr); err != nil {
+	if err := Setup(ctx, mgr, tc, opts); err != nil {
 		return err
 	}
 	// The process-wide registry is the manager's /metrics; one operator per process.
