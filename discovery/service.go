@@ -35,9 +35,10 @@ type Temporal interface {
 // forwards reports to workflows. cmd/discovery and the test stack both run one, so tests
 // exercise the wiring production runs.
 type Service struct {
+	// Store is the lease store, for tests that look inside.
 	Store     *Store
-	Server    *Server
-	Refresher *Refresher
+	server    *Server
+	refresher *Refresher
 	sweep     time.Duration
 	log       *slog.Logger
 }
@@ -57,7 +58,7 @@ func NewService(cfg ServiceConfig, tc Temporal, log *slog.Logger, reg prometheus
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Service{Store: store, Server: srv, Refresher: ref, sweep: cfg.SweepInterval, log: log}
+	return &Service{Store: store, server: srv, refresher: ref, sweep: cfg.SweepInterval, log: log}
 }
 
 // Serve runs the refresher, the report loop and the sweeper, and serves the API on ln until
@@ -72,11 +73,11 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	loops := make(chan struct{}, 3)
-	go func() { _ = s.Refresher.Run(ctx); loops <- struct{}{} }()
-	go func() { s.Server.RunReports(ctx); loops <- struct{}{} }()
+	go func() { _ = s.refresher.Run(ctx); loops <- struct{}{} }()
+	go func() { s.server.RunReports(ctx); loops <- struct{}{} }()
 	go func() { s.Store.RunSweeper(ctx, s.sweep); loops <- struct{}{} }()
 
-	hs := &http.Server{Handler: s.Server.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	hs := &http.Server{Handler: s.server.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	shutdown := make(chan error, 1)
 	go func() {
 		<-ctx.Done()

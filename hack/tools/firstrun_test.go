@@ -68,7 +68,9 @@ func TestEveryToolUserBuildsTools(t *testing.T) {
 	if err != nil {
 		t.Skip("not in a git checkout")
 	}
-	for _, target := range []string{"test", "lint", "generate", "check-generated", "bench", "chaos", "test-e2e", "dev", "record-histories"} {
+	// check-generated is left out: its recipe runs a sub-make, which `make -n` executes;
+	// test and lint cover it as a prerequisite.
+	for _, target := range []string{"test", "lint", "generate", "bench", "chaos", "test-e2e", "dev", "record-histories"} {
 		t.Run(target, func(t *testing.T) {
 			cmd := exec.Command("make", "-n", target)
 			cmd.Dir = strings.TrimSpace(string(top))

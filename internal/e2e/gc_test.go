@@ -93,8 +93,8 @@ func TestScheduledGCDeletesExactlyTheOrphans(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "the schedule never started a sweep")
 
 	w := s.NewWorker(t, gcQueue)
-	require.NoError(t, w.Start(ctx))
 	defer w.Stop()
+	require.NoError(t, w.Start(ctx))
 	var res workflows.GCResult
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()

@@ -49,12 +49,6 @@ func (s *Stack) StartDiscovery(t testing.TB) *Discovery {
 		<-done
 	}
 	t.Cleanup(d.stop)
-	deadline := time.Now().Add(30 * time.Second)
-	for !svc.Store.Loaded() {
-		if time.Now().After(deadline) {
-			t.Fatal("discovery did not load its index from Temporal within 30s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	require.Eventually(t, svc.Store.Loaded, 30*time.Second, 20*time.Millisecond, "discovery did not load its index from Temporal")
 	return d
 }

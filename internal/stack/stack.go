@@ -211,8 +211,8 @@ func (s *Stack) NewWorker(t testing.TB, queue string) *worker.Worker {
 func (s *Stack) StartWorker(t testing.TB) {
 	t.Helper()
 	w := s.NewWorker(t, s.TaskQueue)
-	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(w.Stop)
+	require.NoError(t, w.Start(context.Background()))
 }
 
 // Events returns what the daemon has seen so far.

@@ -45,7 +45,7 @@ func ParseNames(s string) ([]v1alpha1.Provider, error) {
 		switch {
 		case p == "":
 		case !slices.Contains(Available, p):
-			return nil, fmt.Errorf("%q is not available in this build (available: %s)", p, Join(Available))
+			return nil, unavailable(p)
 		case !slices.Contains(out, p):
 			out = append(out, p)
 		}
@@ -63,42 +63,47 @@ func Join(ps []v1alpha1.Provider) string {
 }
 
 // Build returns the enabled providers, each instrumented, and a function that releases what
-// they hold (the GCP client's connections).
-func Build(ctx context.Context, cfg Config) (provider.Registry, func(), error) {
+// they hold (the GCP client's connections). On error, whatever was built is released.
+func Build(ctx context.Context, cfg Config) (_ provider.Registry, _ func(), err error) {
 	reg := provider.Registry{}
 	var closers []func()
-	closeAll := func() {
+	release := func() {
 		for _, c := range closers {
 			c()
 		}
 	}
+	defer func() {
+		if err != nil {
+			release()
+		}
+	}()
 	for _, name := range cfg.Enabled {
 		switch name {
 		case v1alpha1.ProviderLocal:
 			reg[name] = local.NewProvider(cfg.LocalDaemonURL)
 		case v1alpha1.ProviderKubernetes:
 			if cfg.Kube == nil {
-				closeAll()
 				return nil, nil, errors.New("the kubernetes provider needs a Kubernetes client")
 			}
 			reg[name] = &kubernetes.Provider{Client: cfg.Kube}
 		case v1alpha1.ProviderGCP:
 			if cfg.GCP.DefaultProject == "" {
 				// Without it the sweeper would list nothing and leaks would go unnoticed.
-				closeAll()
 				return nil, nil, errors.New("the gcp provider needs --gcp-project")
 			}
 			g, err := gcp.New(ctx, cfg.GCP)
 			if err != nil {
-				closeAll()
 				return nil, nil, err
 			}
 			closers = append(closers, func() { _ = g.Close() })
 			reg[name] = g
 		default:
-			closeAll()
-			return nil, nil, fmt.Errorf("provider %q is not available in this build (available: %s)", name, Join(Available))
+			return nil, nil, unavailable(name)
 		}
 	}
-	return provider.InstrumentAll(reg, cfg.Metrics), closeAll, nil
+	return provider.InstrumentAll(reg, cfg.Metrics), release, nil
+}
+
+func unavailable(p v1alpha1.Provider) error {
+	return fmt.Errorf("%q is not available in this build (available: %s)", p, Join(Available))
 }
