@@ -138,11 +138,14 @@ func TestEachBinaryExportsItsMetrics(t *testing.T) {
 		"the scheduled sweep never deleted the orphan")
 
 	var worker, operator, disc map[string]*dto.MetricFamily
+	// A sweep's deletions are counted as they happen, its outcome and spared instances when
+	// it ends (a local activity after the last delete): wait for the end.
 	require.Eventually(t, func() bool {
 		worker = scrape(t, workerHTTP)
-		v, _ := value(worker, "proxyfleet_gc_deleted_total", map[string]string{"provider": "local"})
-		return v >= 1
-	}, 30*time.Second, 200*time.Millisecond, "GC deletions never showed in the worker's metrics")
+		deleted, _ := value(worker, "proxyfleet_gc_deleted_total", map[string]string{"provider": "local"})
+		runs, _ := value(worker, "proxyfleet_gc_runs_total", map[string]string{"outcome": "swept"})
+		return deleted >= 1 && runs >= 1
+	}, 30*time.Second, 200*time.Millisecond, "the sweep never showed in the worker's metrics")
 	operator, disc = scrape(t, opMetrics), scrape(t, discoveryAddr)
 
 	positive := func(fams map[string]*dto.MetricFamily, name string, match map[string]string) {
