@@ -13,7 +13,6 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/proxyfleet/proxyfleet/activities"
-	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
@@ -91,29 +90,21 @@ func (w *proxyWorkflow) run(ctx workflow.Context) error {
 		case stepHash:
 			err = w.hash(ctx)
 		case stepCreate:
-			if s.Instance == nil {
-				s.Instance = w.newInstance(ctx)
-			}
-			err = w.create(ctx, s.Instance.Name)
+			err = w.create(ctx, s.ensureInstance(now))
 		case stepRetireCurrent:
-			s.Retiring = append(s.Retiring, *s.Instance)
-			s.Instance = nil
+			s.retireCurrent()
 		case stepWaitRunning:
 			err = w.waitRunning(ctx, s.Instance.Name)
 		case stepCreateNext:
-			if s.Next == nil {
-				s.Next = w.newInstance(ctx)
-			}
-			err = w.create(ctx, s.Next.Name)
+			err = w.create(ctx, s.ensureNext(now))
 		case stepRetireNext:
-			s.Retiring = append(s.Retiring, *s.Next)
-			s.Next = nil
+			s.retireNext()
 		case stepWaitNext:
 			err = w.waitRunning(ctx, s.Next.Name)
 		case stepVerifyNext:
 			err = w.verifyNext(ctx)
 		case stepPromote:
-			w.promote(ctx)
+			w.apply(s.promote(now))
 		case stepSteady:
 			err = w.steady(ctx)
 		}
@@ -121,37 +112,6 @@ func (w *proxyWorkflow) run(ctx workflow.Context) error {
 			return err
 		}
 	}
-}
-
-// newInstance allocates the next instance record. It is recorded before Create runs, so an
-// instance whose creation is cut short is still known and later deleted.
-func (w *proxyWorkflow) newInstance(ctx workflow.Context) *InstanceRef {
-	s := w.state
-	s.Counter++
-	return &InstanceRef{
-		Provider:  s.Spec.Provider,
-		Name:      InstanceName(s.UID, s.Counter),
-		Hash:      DesiredHash(s.Spec, s.SecretHash),
-		Spec:      *s.Spec,
-		CreatedAt: workflow.Now(ctx),
-	}
-}
-
-// find returns the instance record with this name wherever it is kept.
-func (w *proxyWorkflow) find(name string) *InstanceRef {
-	s := w.state
-	if s.Instance != nil && s.Instance.Name == name {
-		return s.Instance
-	}
-	if s.Next != nil && s.Next.Name == name {
-		return s.Next
-	}
-	for i := range s.Retiring {
-		if s.Retiring[i].Name == name {
-			return &s.Retiring[i]
-		}
-	}
-	return nil
 }
 
 func (w *proxyWorkflow) instanceInput(ref *InstanceRef) activities.InstanceInput {
@@ -168,27 +128,28 @@ func (w *proxyWorkflow) addSignals(sel workflow.Selector) {
 	sel.AddReceive(w.specCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig SpecSignal
 		c.ReceiveAsync(&sig)
-		w.onSpec(sig)
+		w.apply(w.state.applySpec(sig))
 	})
 	sel.AddReceive(w.delCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig contract.DeleteSignal
 		c.ReceiveAsync(&sig)
-		w.onDelete(sig)
+		w.apply(w.state.requestDelete(sig))
 	})
 	sel.AddReceive(w.repCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig contract.ReportSignal
 		c.ReceiveAsync(&sig)
-		w.onReport(sig)
+		w.apply(w.state.report(sig, w.now()))
 	})
 	sel.AddReceive(w.replCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig contract.ReplaceSignal
 		c.ReceiveAsync(&sig)
-		w.onReplace(sig)
+		w.apply(w.state.requestReplace(sig))
 	})
 }
 
 // drainSignals applies every signal already received, without blocking.
 func (w *proxyWorkflow) drainSignals() {
+	s := w.state
 	for {
 		var spec SpecSignal
 		var del contract.DeleteSignal
@@ -196,138 +157,34 @@ func (w *proxyWorkflow) drainSignals() {
 		var rep contract.ReportSignal
 		switch {
 		case w.specCh.ReceiveAsync(&spec):
-			w.onSpec(spec)
+			w.apply(s.applySpec(spec))
 		case w.delCh.ReceiveAsync(&del):
-			w.onDelete(del)
+			w.apply(s.requestDelete(del))
 		case w.replCh.ReceiveAsync(&repl):
-			w.onReplace(repl)
+			w.apply(s.requestReplace(repl))
 		case w.repCh.ReceiveAsync(&rep):
-			w.onReport(rep)
+			w.apply(s.report(rep, w.now()))
 		default:
 			return
 		}
 	}
 }
 
-func (w *proxyWorkflow) onSpec(sig SpecSignal) {
-	s := w.state
-	if s.Deleting {
-		if sig.UID != s.UID {
-			// A new object with the same name: it gets this workflow ID once we are done.
-			w.log.Info("spec for a new object arrived during deletion; kept for after", "uid", sig.UID)
-			s.Successor = &sig
-		}
-		return
-	}
-	if s.UID != "" && sig.UID != s.UID {
-		// The object was replaced without a delete reaching us (its finalizer was removed by
-		// hand). Its instances are not wanted by the new object: retire them.
-		w.log.Warn("spec for a different object UID; retiring the old object's instances", "old", s.UID, "new", sig.UID)
-		w.retireAll()
-		*s = ProxyState{Retiring: s.Retiring}
-	}
-	if sig.Generation < s.Generation || sig.Generation == s.Generation && sig.SecretVersion == s.SecretVersion {
-		return // stale or duplicate: retries and restarts of the controller are harmless
-	}
-	s.UID, s.Generation, s.SecretVersion = sig.UID, sig.Generation, sig.SecretVersion
-	spec := sig.Spec
-	s.Spec = &spec
-	s.NeedHash = spec.CloudInit != nil
-	if !s.NeedHash {
-		s.SecretHash = ""
-	}
-	s.CloudInitError = ""
-	// A newer spec deserves a fresh attempt now, not after the last failure's backoff.
-	s.Failure, s.RetryAt, s.Attempt, s.LastError, s.Quota = nil, time.Time{}, 0, "", ""
-	w.interrupt = true
-}
-
-func (w *proxyWorkflow) onDelete(sig contract.DeleteSignal) {
-	s := w.state
-	if s.UID != "" && sig.UID != "" && sig.UID != s.UID {
-		return // a delete for an older object with this name
-	}
-	if !s.Deleting {
-		s.Deleting = true
-		w.retireAll()
+// apply carries out what a transition of the core asks of the loop.
+func (w *proxyWorkflow) apply(e effect) {
+	if e.replan {
 		w.interrupt = true
 	}
-}
-
-func (w *proxyWorkflow) onReplace(sig contract.ReplaceSignal) {
-	s := w.state
-	if s.Deleting || s.Spec == nil || s.Spec.EffectiveMode() == v1alpha1.ModeExternal {
-		w.log.Info("replace signal ignored: nothing to replace", "reason", sig.Reason)
-		return
+	if e.publish {
+		w.memoDirty = true
 	}
-	if sig.Reason == "" {
-		sig.Reason = "manual"
+	switch {
+	case e.note == "":
+	case e.warn:
+		w.log.Warn(e.note, "uid", w.state.UID)
+	default:
+		w.log.Info(e.note, "uid", w.state.UID)
 	}
-	s.ReplaceReason = sig.Reason
-	// An explicit request deserves an attempt now.
-	s.RetryAt, s.Attempt = time.Time{}, 0
-	w.interrupt = true
-}
-
-// onReport records a crawler's report: a cooldown for the target (durable here, so it
-// survives discovery restarts and reaches every replica through the memo), and for bans the
-// distinct targets banned within lifecycle.banWindow, which may call for a replacement.
-func (w *proxyWorkflow) onReport(sig contract.ReportSignal) {
-	s := w.state
-	if s.Spec == nil || s.Deleting || (sig.Result != contract.ReportBanned && sig.Result != contract.ReportRateLimited) {
-		return
-	}
-	now := w.now()
-	until := sig.Until
-	if !until.After(now) {
-		until = now.Add(DefaultCooldown)
-	}
-	if s.Cooldowns == nil {
-		s.Cooldowns = map[string]time.Time{}
-	}
-	if until.After(s.Cooldowns[sig.Target]) {
-		s.Cooldowns[sig.Target] = until
-	}
-	if sig.Result == contract.ReportBanned {
-		if s.Bans == nil {
-			s.Bans = map[string]time.Time{}
-		}
-		s.Bans[sig.Target] = now
-	}
-	s.pruneReports(now, w.banWindow())
-	w.memoDirty = true
-	if n, limit := len(s.Bans), w.banLimit(); limit > 0 && n >= limit && s.ReplaceReason == "" &&
-		s.Spec.EffectiveMode() == v1alpha1.ModeManaged {
-		s.ReplaceReason = fmt.Sprintf("banned on %d targets within %s", n, w.banWindow())
-		w.interrupt = true
-	}
-}
-
-func (w *proxyWorkflow) banWindow() time.Duration {
-	if l := w.state.Spec.Lifecycle; l != nil && l.BanWindow != nil {
-		if d, err := l.BanWindow.ParseDuration(v1alpha1.DefaultBanWindow); err == nil {
-			return d
-		}
-	}
-	return v1alpha1.DefaultBanWindow
-}
-
-func (w *proxyWorkflow) banLimit() int {
-	if l := w.state.Spec.Lifecycle; l != nil && l.BanReplaceTargets != nil {
-		return int(*l.BanReplaceTargets)
-	}
-	return 0
-}
-
-func (w *proxyWorkflow) retireAll() {
-	s := w.state
-	for _, r := range []*InstanceRef{s.Next, s.Instance} {
-		if r != nil {
-			s.Retiring = append(s.Retiring, *r)
-		}
-	}
-	s.Instance, s.Next = nil, nil
-	s.DeleteRetryAt = time.Time{}
 }
 
 // --- waiting -------------------------------------------------------------------------
@@ -388,12 +245,12 @@ func (w *proxyWorkflow) hash(ctx workflow.Context) error {
 		w.failed(ctx, err)
 		return nil
 	}
-	s.SecretHash, s.NeedHash, s.CloudInitError = h, false, ""
+	s.hashed(h)
 	return nil
 }
 
 func (w *proxyWorkflow) create(ctx workflow.Context, name string) error {
-	ref := w.find(name)
+	ref := w.state.find(name)
 	w.details(ctx, fmt.Sprintf("creating instance %s (%s)", name, ref.Provider))
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		Summary:             fmt.Sprintf("create %s (%s)", name, ref.Provider),
@@ -407,45 +264,17 @@ func (w *proxyWorkflow) create(ctx workflow.Context, name string) error {
 	// Create is never abandoned: a cancelled call could still create the instance after a
 	// delete decided it did not exist. Signals wait until it returns.
 	_, err := w.await(ctx, workflow.ExecuteActivity(actx, a.CreateInstance, w.instanceInput(ref)), func() {}, false, &res)
-	ref = w.find(name) // signals may have moved it to Retiring
 	if err != nil {
-		if isType(err, activities.ErrTypePermanent) && ref != nil {
-			// Nothing was created; the record is retired anyway so a delete makes sure.
-			w.state.Retiring = append(w.state.Retiring, *ref)
-			w.dropLive(name)
-		}
-		w.failed(ctx, err)
+		kind, msg := failureOf(err)
+		w.apply(w.state.createFailed(name, kind, msg, workflow.Now(ctx), w.tuning))
 		return nil
 	}
-	w.succeeded()
-	if ref == nil {
-		return nil
-	}
-	ref.Created = true
-	ref.ProviderID = res.Instance.ProviderID
-	ref.State, ref.IP, ref.Port = res.Instance.State, res.Instance.IP, portOr(res.Instance.Port, &ref.Spec)
-	if ref.Spec.CloudInit != nil && res.SecretHash != "" && res.SecretHash != w.state.SecretHash && !w.state.Deleting {
-		// The Secret changed between hashing and creating: the instance was built from the
-		// newer data, which is now what we want.
-		w.state.SecretHash = res.SecretHash
-		ref.Hash = DesiredHash(&ref.Spec, res.SecretHash)
-	}
+	w.state.created(name, res)
 	return nil
 }
 
-// dropLive removes the instance from the live slots after it was copied to Retiring.
-func (w *proxyWorkflow) dropLive(name string) {
-	s := w.state
-	if s.Instance != nil && s.Instance.Name == name {
-		s.Instance = nil
-	}
-	if s.Next != nil && s.Next.Name == name {
-		s.Next = nil
-	}
-}
-
 func (w *proxyWorkflow) waitRunning(ctx workflow.Context, name string) error {
-	ref := w.find(name)
+	ref := w.state.find(name)
 	since := ref.CreatedAt
 	w.details(ctx, fmt.Sprintf("waiting for instance %s to be running (since %s)", name, since.UTC().Format(time.RFC3339)))
 	actx, cancel := workflow.WithCancel(ctx)
@@ -464,32 +293,12 @@ func (w *proxyWorkflow) waitRunning(ctx workflow.Context, name string) error {
 		w.failed(ctx, err)
 		return nil
 	}
-	ref = w.find(name)
-	if ref == nil {
-		return nil
-	}
-	switch {
-	case res.Gone:
-		// Deleted behind our back before it ever ran: create it again under a new name.
-		w.log.Warn("instance disappeared while provisioning", "instance", name)
-		w.state.Retiring = append(w.state.Retiring, *ref)
-		w.dropLive(name)
-	case res.Instance.State == provider.StateStopped:
-		w.log.Warn("instance stopped while provisioning", "instance", name)
-		w.state.Retiring = append(w.state.Retiring, *ref)
-		w.dropLive(name)
-	default:
-		ref.State, ref.IP, ref.Port = res.Instance.State, res.Instance.IP, portOr(res.Instance.Port, &ref.Spec)
-		if ref.ProviderID == "" {
-			ref.ProviderID = res.Instance.ProviderID
-		}
-	}
+	w.apply(w.state.waited(name, res))
 	return nil
 }
 
-// verifyNext probes the replacement until it has a verdict. A healthy replacement is
-// promoted; an unhealthy one is retired and tried again later, unless the current instance
-// is no better, in which case swapping costs nothing.
+// verifyNext probes the replacement until it has a verdict; the core decides what the
+// verdict means.
 func (w *proxyWorkflow) verifyNext(ctx workflow.Context) error {
 	s := w.state
 	next := s.Next
@@ -514,56 +323,8 @@ func (w *proxyWorkflow) verifyNext(ctx workflow.Context) error {
 		w.failed(ctx, err)
 		return nil
 	}
-	if next = w.find(next.Name); next == nil || next != s.Next {
-		return nil
-	}
-	h := res.Health
-	next.Health = &h
-	if !h.Healthy && s.Health.Known && s.Health.Healthy {
-		w.log.Warn("replacement failed its health check; keeping the current instance", "instance", next.Name, "failure", h.LastFailure)
-		s.Retiring = append(s.Retiring, *next)
-		s.Next = nil
-		s.LastError = "replacement " + next.Name + " failed its health check: " + h.LastFailure
-		s.Attempt++
-		s.RetryAt = workflow.Now(ctx).Add(w.backoff(s.Attempt))
-	}
+	w.apply(s.verified(next.Name, res.Health, workflow.Now(ctx), w.tuning))
 	return nil
-}
-
-// portOr is the instance's port as its provider reports it, or the spec's when the
-// provider does not know it (a VM's listening port is whatever its image configures).
-func portOr(p int32, spec *v1alpha1.ProxySpec) int32 {
-	if p != 0 {
-		return p
-	}
-	return spec.EffectivePort()
-}
-
-func (w *proxyWorkflow) promote(ctx workflow.Context) {
-	s := w.state
-	old := *s.Instance
-	s.Instance, s.Next = s.Next, nil
-	// The replacement passed its own health check; that verdict is now the proxy's.
-	if s.Instance.Health != nil {
-		s.Health = *s.Instance.Health
-		s.Health.Since = workflow.Now(ctx)
-		s.Instance.Health = nil
-	}
-	s.Instance.CreatedAt = workflow.Now(ctx)
-	s.Retiring = append(s.Retiring, old)
-	s.Replacements++
-	// Bans and cooldowns were earned by the old address.
-	s.Cooldowns, s.Bans = nil, nil
-	w.memoDirty = true
-	w.log.Info("replacement promoted", "new", s.Instance.Name, "old", old.Name, "reason", w.replaceReason())
-	s.ReplaceReason = ""
-}
-
-func (w *proxyWorkflow) replaceReason() string {
-	if r := w.state.ReplaceReason; r != "" {
-		return r
-	}
-	return "spec changed"
 }
 
 func (w *proxyWorkflow) deleteRetiring(ctx workflow.Context) error {
@@ -579,18 +340,11 @@ func (w *proxyWorkflow) deleteRetiring(ctx workflow.Context) error {
 	// Deletes are not abandoned either: they are what keeps instances from leaking.
 	_, err := w.await(ctx, workflow.ExecuteActivity(actx, a.DeleteInstance, w.instanceInput(&ref)), func() {}, false, nil)
 	if err != nil {
-		s.DeleteRetryAt = workflow.Now(ctx).Add(w.backoff(s.Attempt + 1))
-		s.LastError = errorMessage(err)
+		s.deleteFailed(errorMessage(err), workflow.Now(ctx), w.tuning)
 		w.log.Warn("delete failed; will retry", "instance", ref.Name, "error", err)
 		return nil
 	}
-	for i := range s.Retiring {
-		if s.Retiring[i].Name == ref.Name {
-			s.Retiring = append(s.Retiring[:i], s.Retiring[i+1:]...)
-			break
-		}
-	}
-	s.DeleteRetryAt = time.Time{}
+	s.deleted(ref.Name)
 	return nil
 }
 
@@ -609,10 +363,8 @@ func (w *proxyWorkflow) finish(ctx workflow.Context) error {
 	if s.Successor != nil {
 		// A new object took this name while we were deleting: start over for it.
 		next := w.in
-		next.State = &ProxyState{}
-		succ := *s.Successor
+		next.State = s.successor()
 		w.state = next.State
-		w.onSpec(succ)
 		return workflow.NewContinueAsNewError(ctx, ProxyWorkflow, next)
 	}
 	w.log.Info("proxy deleted", "uid", s.UID)
@@ -620,27 +372,10 @@ func (w *proxyWorkflow) finish(ctx workflow.Context) error {
 }
 
 // steady watches the proxy until something needs the workflow: a signal that changes the
-// plan, a verdict or drift from the monitor, maxAge, or the retry time of a pending create.
+// plan, a verdict or drift from the monitor, or a time the core asked to wake at.
 func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 	s := w.state
-	var wake time.Time
-	var wakeReason string
-	setWake := func(t time.Time, why string) {
-		if !t.IsZero() && (wake.IsZero() || t.Before(wake)) {
-			wake, wakeReason = t, why
-		}
-	}
-	setWake(s.RetryAt, "retry")
-	setWake(s.DeleteRetryAt, "retry-delete")
-	if s.Instance.Running() && s.Spec.Lifecycle != nil && s.Spec.Lifecycle.MaxAge != nil {
-		if age, err := s.Spec.Lifecycle.MaxAge.ParseDuration(0); err == nil && age > 0 {
-			setWake(s.Instance.CreatedAt.Add(age), "maxAge")
-		}
-	}
-
-	if grace := w.unhealthyGrace(); grace > 0 && s.Instance.Running() && s.Health.Known && !s.Health.Healthy {
-		setWake(s.Health.Since.Add(grace), "unhealthy")
-	}
+	wake, wakeReason := s.nextWake()
 
 	mctx, cancelMonitor := workflow.WithCancel(ctx)
 	defer cancelMonitor()
@@ -683,60 +418,18 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 			}
 			continue
 		case timerDone:
-			if s.ReplaceReason == "" {
-				switch wakeReason {
-				case "maxAge":
-					s.ReplaceReason = "maxAge"
-				case "unhealthy":
-					s.ReplaceReason = fmt.Sprintf("unhealthy for %s", w.unhealthyGrace())
-				}
-			}
+			s.woke(wakeReason)
 			return nil
 		case monitorDone:
 			var res activities.MonitorResult
 			if err := monitor.Get(ctx, &res); err != nil {
 				// Only a bug or a config the schema should have refused ends up here.
 				w.log.Error("monitor failed", "error", err)
-				s.Health.LastFailure = errorMessage(err)
-				return w.sleep(ctx, w.backoff(1))
+				s.monitorFailed(errorMessage(err))
+				return w.sleep(ctx, w.tuning.backoff(1))
 			}
-			w.onMonitor(ctx, res)
+			w.apply(s.monitorReturned(res, workflow.Now(ctx)))
 			return nil
-		}
-	}
-}
-
-// unhealthyGrace is spec.lifecycle.unhealthyReplaceAfter, or 0 when health-driven
-// replacement is off.
-func (w *proxyWorkflow) unhealthyGrace() time.Duration {
-	l := w.state.Spec.Lifecycle
-	if l == nil || l.UnhealthyReplaceAfter == nil {
-		return 0
-	}
-	d, err := l.UnhealthyReplaceAfter.ParseDuration(0)
-	if err != nil {
-		return 0
-	}
-	return d
-}
-
-func (w *proxyWorkflow) onMonitor(ctx workflow.Context, res activities.MonitorResult) {
-	s := w.state
-	prev := s.Health
-	s.Health = res.Health
-	if res.Reason == activities.MonitorVerdict && (prev.Known != res.Health.Known || prev.Healthy != res.Health.Healthy) {
-		// Grace periods count in workflow time, which replays exactly.
-		s.Health.Since = workflow.Now(ctx)
-	} else {
-		s.Health.Since = prev.Since
-	}
-	switch res.Reason {
-	case activities.MonitorGone, activities.MonitorStopped:
-		if s.Instance != nil {
-			w.log.Warn("instance lost; recreating", "instance", s.Instance.Name, "reason", res.Reason)
-			s.Retiring = append(s.Retiring, *s.Instance)
-			s.Instance = nil
-			s.Health = activities.Health{Known: true, Healthy: false, Since: workflow.Now(ctx), LastFailure: "instance " + res.Reason}
 		}
 	}
 }
@@ -773,43 +466,24 @@ func (w *proxyWorkflow) sleep(ctx workflow.Context, d time.Duration) error {
 
 // --- failures ------------------------------------------------------------------------
 
-// failed records an activity failure by its kind: quota is a slow retry, permanent latches
-// Failed for this generation, a cloud-init problem waits for the Secret, anything else
-// backs off exponentially.
+// failed hands an activity failure to the core.
 func (w *proxyWorkflow) failed(ctx workflow.Context, err error) {
-	s := w.state
-	now := workflow.Now(ctx)
+	kind, msg := failureOf(err)
+	w.apply(w.state.failed(kind, msg, workflow.Now(ctx), w.tuning))
+}
+
+// failureOf maps an activity error to what the core acts on.
+func failureOf(err error) (failKind, string) {
 	msg := errorMessage(err)
-	s.Attempt++
 	switch {
 	case isType(err, activities.ErrTypeQuota):
-		s.Quota = msg
-		s.RetryAt = now.Add(w.tuning.QuotaRetry)
+		return failQuota, msg
 	case isType(err, activities.ErrTypePermanent):
-		s.Failure = &Failure{Generation: s.Generation, Message: msg}
+		return failPermanent, msg
 	case isType(err, activities.ErrTypeCloudInit):
-		s.CloudInitError = msg
-		s.NeedHash = true
-		s.RetryAt = now.Add(w.backoff(s.Attempt))
-	default:
-		s.LastError = msg
-		s.RetryAt = now.Add(w.backoff(s.Attempt))
+		return failCloudInit, msg
 	}
-	w.log.Warn("provisioning step failed", "error", err, "attempt", s.Attempt)
-}
-
-func (w *proxyWorkflow) succeeded() {
-	s := w.state
-	s.Attempt, s.LastError, s.Quota, s.RetryAt = 0, "", "", time.Time{}
-}
-
-// backoff is RetryBase·2^(attempt-1), capped at RetryMax.
-func (w *proxyWorkflow) backoff(attempt int) time.Duration {
-	d := w.tuning.RetryBase
-	for i := 1; i < attempt && d < w.tuning.RetryMax; i++ {
-		d *= 2
-	}
-	return min(d, w.tuning.RetryMax)
+	return failTransient, msg
 }
 
 func isType(err error, typ string) bool {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -44,9 +43,6 @@ type SpecSignal struct {
 
 // DefaultCooldown applies when a report carries no end time, or one already past.
 const DefaultCooldown = 10 * time.Minute
-
-// maxCooldowns bounds the cooldowns a workflow keeps (and puts in its memo).
-const maxCooldowns = 256
 
 // Tuning holds the workflow's timings. Defaults suit production; tests shorten them.
 type Tuning struct {
@@ -176,28 +172,6 @@ type ProxyState struct {
 	// Successor is a spec for a new object with the same name that arrived while this one
 	// was being deleted; the workflow continues as new for it once deletion is done.
 	Successor *SpecSignal `json:"successor,omitempty"`
-}
-
-// pruneReports forgets ended cooldowns and bans older than the window, and keeps at most
-// maxCooldowns cooldowns (those ending last). The result does not depend on map order.
-func (s *ProxyState) pruneReports(now time.Time, window time.Duration) {
-	for _, t := range sortedKeys(s.Cooldowns) {
-		if !s.Cooldowns[t].After(now) {
-			delete(s.Cooldowns, t)
-		}
-	}
-	for _, t := range sortedKeys(s.Bans) {
-		if now.Sub(s.Bans[t]) > window {
-			delete(s.Bans, t)
-		}
-	}
-	if len(s.Cooldowns) > maxCooldowns {
-		targets := sortedKeys(s.Cooldowns)
-		sort.SliceStable(targets, func(i, j int) bool { return s.Cooldowns[targets[i]].After(s.Cooldowns[targets[j]]) })
-		for _, t := range targets[maxCooldowns:] {
-			delete(s.Cooldowns, t)
-		}
-	}
 }
 
 // sortedKeys returns the keys in order, so workflow code never depends on map order.

@@ -288,9 +288,9 @@ type Lifecycle struct {
 	MaxAge *Duration `json:"maxAge,omitempty"`
 
 	// BanReplaceTargets replaces the instance when crawlers report it banned on this many
-	// distinct targets within BanWindow.
+	// distinct targets within BanWindow. At most 256: a workflow remembers that many bans.
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=1000
+	// +kubebuilder:validation:Maximum=256
 	// +optional
 	BanReplaceTargets *int32 `json:"banReplaceTargets,omitempty"`
 
