@@ -204,6 +204,8 @@ func TestInvalidProxiesAreRejected(t *testing.T) {
 			"lifecycle.banWindow needs lifecycle.banReplaceTargets"},
 		{"banReplaceTargets zero", "provider: local\nlocal: {}\nlifecycle: {banReplaceTargets: 0}\n" + hc,
 			"spec.lifecycle.banReplaceTargets in body should be greater than or equal to 1"},
+		{"banReplaceTargets above what a workflow keeps", "provider: local\nlocal: {}\nlifecycle: {banReplaceTargets: 257}\n" + hc,
+			"spec.lifecycle.banReplaceTargets in body should be less than or equal to 256"},
 		{"attribute key invalid", "provider: local\nlocal: {}\nattributes: {'Region!': x}\n" + hc,
 			"attribute keys must be 1-63 lowercase alphanumerics"},
 		{"attribute value invalid", "provider: local\nlocal: {}\nattributes: {region: 'us central'}\n" + hc,
