@@ -481,6 +481,8 @@ const (
 	wakeRetryDelete = "retry-delete"
 	wakeMaxAge      = "maxAge"
 	wakeUnhealthy   = "unhealthy"
+	// wakeRunAge ends the run so it continues as new (the loop adds it; see runEnd).
+	wakeRunAge = "run-age"
 )
 
 // nextWake is when the steady step must wake without a signal or a monitor result, and why:

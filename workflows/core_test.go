@@ -97,7 +97,7 @@ func TestApplySpec(t *testing.T) {
 		}(), SpecSignal{UID: "u1", Generation: 2, Spec: *spec1}, true, func(t *testing.T, s ProxyState) {
 			assert.Nil(t, s.Failure)
 			assert.Zero(t, s.Attempt)
-			assert.Empty(t, s.LastError + s.Quota)
+			assert.Empty(t, s.LastError+s.Quota)
 			assert.True(t, s.RetryAt.IsZero())
 		}},
 		{"another object's spec retires this one's instances", steadyState(), SpecSignal{UID: "u2", Generation: 1, Spec: *spec1}, true, func(t *testing.T, s ProxyState) {

@@ -19,6 +19,18 @@ import (
 
 var a *activities.Activities
 
+// ProxyWorkflow's versions. A run records the version it started with (one marker, first
+// thing), and every later decision that changes its commands asks w.version. Code for an
+// older version stays until no run of it can still be open: at most MaxRunAge after the
+// newer version was deployed (docs/operations.md, "Shipping a workflow change").
+const (
+	versionChangeID = "proxy-workflow"
+	// versionBoundedRuns: a run ends by continue-as-new on a budget of events, bytes,
+	// signals and age, also while steady or idle; reports are published while idle too.
+	versionBoundedRuns workflow.Version = 1
+	versionLatest                       = versionBoundedRuns
+)
+
 // ProxyWorkflow owns one Proxy for its whole life: it creates the instance, publishes its
 // address and health, replaces it make-before-break, and deletes it when the Proxy goes.
 // Its decisions come from plan(); this function carries them out and listens for signals.
@@ -38,6 +50,8 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 	if w.state == nil {
 		w.state = &ProxyState{}
 	}
+	w.version = workflow.GetVersion(ctx, versionChangeID, workflow.DefaultVersion, versionLatest)
+	w.runStart = workflow.Now(ctx)
 	if err := workflow.SetQueryHandler(ctx, contract.QueryState, func() (*ProxyState, error) { return w.state, nil }); err != nil {
 		return err
 	}
@@ -53,6 +67,11 @@ type proxyWorkflow struct {
 
 	specCh, delCh, replCh, repCh workflow.ReceiveChannel
 	now                          func() time.Time
+	// version is the version this run started with; runStart is when; signals counts the
+	// signals it received. Together they decide when the run has done enough.
+	version  workflow.Version
+	runStart time.Time
+	signals  int
 	// memoDirty is set by a report: cooldowns changed and discovery must see them.
 	memoDirty bool
 
@@ -72,8 +91,8 @@ func (w *proxyWorkflow) run(ctx workflow.Context) error {
 		if err := w.publishState(ctx); err != nil {
 			return err
 		}
-		if w.shouldContinueAsNew(ctx) {
-			return w.continueAsNew(ctx)
+		if over, why := w.overBudget(ctx); over {
+			return w.continueAsNew(ctx, why)
 		}
 		w.interrupt = false
 		now := workflow.Now(ctx)
@@ -82,7 +101,11 @@ func (w *proxyWorkflow) run(ctx workflow.Context) error {
 		switch st {
 		case stepIdle:
 			w.details(ctx, w.idleReason())
-			w.waitSignals(ctx, time.Time{})
+			if w.version >= versionBoundedRuns {
+				err = w.waitSignals(ctx, w.runEnd())
+			} else {
+				err = w.waitSignals(ctx, time.Time{})
+			}
 		case stepFinish:
 			return w.finish(ctx)
 		case stepDelete:
@@ -128,21 +151,25 @@ func (w *proxyWorkflow) addSignals(sel workflow.Selector) {
 	sel.AddReceive(w.specCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig SpecSignal
 		c.ReceiveAsync(&sig)
+		w.signals++
 		w.apply(w.state.applySpec(sig))
 	})
 	sel.AddReceive(w.delCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig contract.DeleteSignal
 		c.ReceiveAsync(&sig)
+		w.signals++
 		w.apply(w.state.requestDelete(sig))
 	})
 	sel.AddReceive(w.repCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig contract.ReportSignal
 		c.ReceiveAsync(&sig)
+		w.signals++
 		w.apply(w.state.report(sig, w.now()))
 	})
 	sel.AddReceive(w.replCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig contract.ReplaceSignal
 		c.ReceiveAsync(&sig)
+		w.signals++
 		w.apply(w.state.requestReplace(sig))
 	})
 }
@@ -167,6 +194,7 @@ func (w *proxyWorkflow) drainSignals() {
 		default:
 			return
 		}
+		w.signals++
 	}
 }
 
@@ -189,8 +217,9 @@ func (w *proxyWorkflow) apply(e effect) {
 
 // --- waiting -------------------------------------------------------------------------
 
-// waitSignals blocks until a signal changes the plan or until (if set) passes.
-func (w *proxyWorkflow) waitSignals(ctx workflow.Context, until time.Time) {
+// waitSignals blocks until a signal changes the plan or until (if set) passes. Reports are
+// published as they come, and a run over its budget returns to continue as new.
+func (w *proxyWorkflow) waitSignals(ctx workflow.Context, until time.Time) error {
 	var timerDone bool
 	tctx, cancel := workflow.WithCancel(ctx)
 	defer cancel()
@@ -205,7 +234,19 @@ func (w *proxyWorkflow) waitSignals(ctx workflow.Context, until time.Time) {
 			sel.AddFuture(timer, func(workflow.Future) { timerDone = true })
 		}
 		sel.Select(ctx)
+		if w.version < versionBoundedRuns {
+			continue
+		}
+		if w.memoDirty {
+			if err := w.publishState(ctx); err != nil {
+				return err
+			}
+		}
+		if over, _ := w.overBudget(ctx); over {
+			return nil
+		}
 	}
+	return nil
 }
 
 // await waits for an activity future. While it runs, signals are applied; if one changes
@@ -221,7 +262,14 @@ func (w *proxyWorkflow) await(ctx workflow.Context, fut workflow.Future, cancel 
 		if done {
 			return false, fut.Get(ctx, result)
 		}
-		if w.interrupt && interruptible {
+		if !interruptible {
+			continue
+		}
+		over := false
+		if w.version >= versionBoundedRuns {
+			over, _ = w.overBudget(ctx)
+		}
+		if w.interrupt || over {
 			cancel()
 			_ = fut.Get(ctx, nil)
 			return true, nil
@@ -376,6 +424,9 @@ func (w *proxyWorkflow) finish(ctx workflow.Context) error {
 func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 	s := w.state
 	wake, wakeReason := s.nextWake()
+	if end := w.runEnd(); w.version >= versionBoundedRuns && (wake.IsZero() || end.Before(wake)) {
+		wake, wakeReason = end, wakeRunAge
+	}
 
 	mctx, cancelMonitor := workflow.WithCancel(ctx)
 	defer cancelMonitor()
@@ -416,7 +467,6 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 			if err := w.publishState(ctx); err != nil {
 				return err
 			}
-			continue
 		case timerDone:
 			s.woke(wakeReason)
 			return nil
@@ -430,6 +480,11 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 			}
 			w.apply(s.monitorReturned(res, workflow.Now(ctx)))
 			return nil
+		}
+		if w.version >= versionBoundedRuns {
+			if over, _ := w.overBudget(ctx); over {
+				return nil
+			}
 		}
 	}
 }
@@ -460,8 +515,7 @@ func monitorHeartbeatTimeout(in activities.MonitorInput) time.Duration {
 }
 
 func (w *proxyWorkflow) sleep(ctx workflow.Context, d time.Duration) error {
-	w.waitSignals(ctx, workflow.Now(ctx).Add(d))
-	return nil
+	return w.waitSignals(ctx, workflow.Now(ctx).Add(d))
 }
 
 // --- failures ------------------------------------------------------------------------
@@ -620,29 +674,56 @@ func (w *proxyWorkflow) steadyReason(wake time.Time, why string) string {
 		text = "waiting for the first health verdict"
 	}
 	switch why {
-	case "maxAge":
+	case wakeMaxAge:
 		text += "; replaced at maxAge " + wake.UTC().Format(time.RFC3339)
-	case "unhealthy":
+	case wakeUnhealthy:
 		text += "; replaced if still unhealthy at " + wake.UTC().Format(time.RFC3339)
+	case wakeRunAge:
+		text += "; this run continues as new at " + wake.UTC().Format(time.RFC3339)
 	}
 	return text
 }
 
 // --- continue-as-new -----------------------------------------------------------------
 
-func (w *proxyWorkflow) shouldContinueAsNew(ctx workflow.Context) bool {
+// runEnd is when this run has lived long enough: it then continues as new.
+func (w *proxyWorkflow) runEnd() time.Time { return w.runStart.Add(w.tuning.MaxRunAge) }
+
+// overBudget reports whether this run has done enough and should continue as new, and why.
+// The server's own counts (events, bytes, its suggestion) are checked with the run's signal
+// count and age, so no mix or rate of signals brings a run near a server limit, and a
+// stable proxy's run ends too. Runs of an older version keep the rule they started with.
+func (w *proxyWorkflow) overBudget(ctx workflow.Context) (bool, string) {
 	info := workflow.GetInfo(ctx)
-	if info.GetContinueAsNewSuggested() {
-		return true
+	limit := w.tuning.HistoryLimit
+	if w.version < versionBoundedRuns {
+		return info.GetContinueAsNewSuggested() || limit > 0 && info.GetCurrentHistoryLength() >= limit, "history"
 	}
-	return w.tuning.HistoryLimit > 0 && info.GetCurrentHistoryLength() >= w.tuning.HistoryLimit
+	if limit <= 0 {
+		limit = DefaultHistoryLimit
+	}
+	switch {
+	case info.GetContinueAsNewSuggested():
+		return true, "server suggested"
+	case info.GetCurrentHistoryLength() >= limit:
+		return true, "events"
+	case info.GetCurrentHistorySize() >= w.tuning.MaxRunBytes:
+		return true, "bytes"
+	case w.signals >= w.tuning.MaxRunSignals:
+		return true, "signals"
+	case !workflow.Now(ctx).Before(w.runEnd()):
+		return true, "age"
+	}
+	return false, ""
 }
 
-func (w *proxyWorkflow) continueAsNew(ctx workflow.Context) error {
+func (w *proxyWorkflow) continueAsNew(ctx workflow.Context, why string) error {
 	w.drainSignals()
 	next := w.in
 	next.State = w.state
-	w.log.Info("continuing as new", "historyLength", workflow.GetInfo(ctx).GetCurrentHistoryLength())
+	info := workflow.GetInfo(ctx)
+	w.log.Info("continuing as new", "reason", why, "events", info.GetCurrentHistoryLength(),
+		"bytes", info.GetCurrentHistorySize(), "signals", w.signals)
 	return workflow.NewContinueAsNewError(ctx, ProxyWorkflow, next)
 }
 

@@ -65,10 +65,29 @@ type Tuning struct {
 	HeartbeatTimeout time.Duration `json:"heartbeatTimeout,omitempty"`
 	// DriftInterval is how often the monitor checks the provider that the instance exists.
 	DriftInterval time.Duration `json:"driftInterval,omitempty"`
-	// HistoryLimit forces continue-as-new after this many history events; 0 leaves it to
-	// the server's suggestion.
+	// HistoryLimit forces continue-as-new after this many history events; 0 takes
+	// DefaultHistoryLimit (runs that started before versionBoundedRuns: the server's
+	// suggestion only).
 	HistoryLimit int `json:"historyLimit,omitempty"`
+	// MaxRunBytes, MaxRunSignals and MaxRunAge end a run by continue-as-new after this much
+	// history, this many signals, or this long, whichever comes first.
+	MaxRunBytes   int           `json:"maxRunBytes,omitempty"`
+	MaxRunSignals int           `json:"maxRunSignals,omitempty"`
+	MaxRunAge     time.Duration `json:"maxRunAge,omitempty"`
 }
+
+// Run budget defaults. The server warns at 10,240 events or 10 MB and terminates a run at
+// 51,200 events or 50 MB; it refuses signals past 10,000 per run. A run ends well before any
+// of these: a report costs about six events (signal, workflow task, memo and search
+// attribute upserts), so 1,000 signals stay under the event budget too.
+const (
+	DefaultHistoryLimit  = 8000
+	DefaultMaxRunBytes   = 8 << 20
+	DefaultMaxRunSignals = 1000
+	// DefaultMaxRunAge lets a stable proxy's run end too, so workflow code versions and
+	// tuning older than this can retire.
+	DefaultMaxRunAge = 72 * time.Hour
+)
 
 // WithDefaults fills zero fields.
 func (t Tuning) WithDefaults() Tuning {
@@ -85,6 +104,13 @@ func (t Tuning) WithDefaults() Tuning {
 	def(&t.DriftInterval, 2*time.Minute)
 	def(&t.ActivityTimeout, 2*time.Minute)
 	def(&t.HeartbeatTimeout, 30*time.Second)
+	def(&t.MaxRunAge, DefaultMaxRunAge)
+	if t.MaxRunBytes <= 0 {
+		t.MaxRunBytes = DefaultMaxRunBytes
+	}
+	if t.MaxRunSignals <= 0 {
+		t.MaxRunSignals = DefaultMaxRunSignals
+	}
 	return t
 }
 
