@@ -14,8 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/client"
 	"go.temporal.io/sdk/converter"
+	"go.temporal.io/sdk/interceptor"
 	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/worker"
 	"go.temporal.io/sdk/workflow"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -149,6 +151,10 @@ type harness struct {
 	env  *testsuite.TestWorkflowEnvironment
 	prov *fakeProvider
 	uid  string
+	// rec counts what each run asks of the server and keeps the last memo; start is the
+	// test clock's time when the harness was built.
+	rec   *recorder
+	start time.Time
 
 	mu       sync.Mutex
 	statuses []v1alpha1.ProxyStatus
@@ -171,9 +177,11 @@ func (h *harness) checkAt(d time.Duration, fn func()) {
 // newHarness builds the environment; mocks registered by first take precedence over the
 // defaults (testify matches expectations in the order they were added).
 func newHarness(t *testing.T, first ...func(*harness)) *harness {
-	h := &harness{t: t, prov: newFakeProvider(), uid: "uid-1", healthy: true}
+	h := &harness{t: t, prov: newFakeProvider(), uid: "uid-1", healthy: true, rec: &recorder{}}
 	h.env = h.NewTestWorkflowEnvironment()
 	h.env.SetTestTimeout(30 * time.Second)
+	h.env.SetWorkerOptions(worker.Options{Interceptors: []interceptor.WorkerInterceptor{h.rec}})
+	h.start = h.env.Now()
 	acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderLocal: h.prov}, Installation: "test"}
 	h.env.RegisterActivity(acts)
 	for _, f := range first {
@@ -650,6 +658,11 @@ func TestLostInstanceIsRecreated(t *testing.T) {
 	h.requireCompleted()
 	assert.Contains(t, h.phases(), v1alpha1.PhaseUnhealthy, "a lost instance shows as Unhealthy while it is recreated")
 }
+
+// memo is the last memo the workflow published.
+func (h *harness) memo() contract.ProxyMemo { return h.rec.lastMemo() }
+
+func permanentErr(msg string) error { return provider.Permanent(errors.New(msg)) }
 
 func (h *harness) queryState() ProxyState {
 	h.t.Helper()
