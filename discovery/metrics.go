@@ -16,6 +16,7 @@ type serverMetrics struct {
 	leaseRequests        *prometheus.CounterVec
 	acquireSeconds       prometheus.Histogram
 	reports              *prometheus.CounterVec
+	reportsCoalesced     prometheus.Counter
 	reportSignalFailures prometheus.Counter
 	requests             *prometheus.CounterVec
 	requestSeconds       *prometheus.HistogramVec
@@ -41,6 +42,10 @@ func newServerMetrics(reg prometheus.Registerer, store *Store) *serverMetrics {
 			Name: "proxyfleet_discovery_reports_total",
 			Help: "Crawler reports by result.",
 		}, []string{"result"}),
+		reportsCoalesced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "proxyfleet_discovery_reports_coalesced_total",
+			Help: "Reports not signalled because the proxy's workflow already has the cooldown they would start.",
+		}),
 		reportSignalFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "proxyfleet_discovery_report_signal_failures_total",
 			Help: "Reports whose signal to the proxy's workflow failed (the local cooldown still applied).",
@@ -71,7 +76,7 @@ func newServerMetrics(reg prometheus.Registerer, store *Store) *serverMetrics {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
 			func() float64 { return float64(f(store.Stats())) })
 	}
-	reg.MustRegister(m.leaseRequests, m.acquireSeconds, m.reports, m.reportSignalFailures,
+	reg.MustRegister(m.leaseRequests, m.acquireSeconds, m.reports, m.reportsCoalesced, m.reportSignalFailures,
 		m.requests, m.requestSeconds, m.refreshSeconds, m.refreshErrors,
 		gauge("proxyfleet_discovery_leases_active", "Leases held right now.", func(s Stats) int { return s.Leases }),
 		gauge("proxyfleet_discovery_cooldowns_active", "Per-target cooldowns known locally.", func(s Stats) int { return s.Cooldowns }),

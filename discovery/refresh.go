@@ -87,8 +87,8 @@ func (r *Refresher) Full(ctx context.Context) error {
 	query := contract.RunningProxiesQuery
 	var all []Proxy
 	var high time.Time
-	n, err := r.list(ctx, query, func(p Proxy, running bool, updated time.Time) {
-		if running {
+	n, err := r.list(ctx, query, func(p Proxy, status enums.WorkflowExecutionStatus, updated time.Time) {
+		if status == enums.WORKFLOW_EXECUTION_STATUS_RUNNING {
 			all = append(all, p)
 		}
 		if updated.After(high) {
@@ -127,16 +127,21 @@ func (r *Refresher) Incremental(ctx context.Context) error {
 	}
 	byID := map[string]seen{}
 	var order []string
-	n, err := r.list(ctx, query, func(p Proxy, running bool, updated time.Time) {
+	n, err := r.list(ctx, query, func(p Proxy, status enums.WorkflowExecutionStatus, updated time.Time) {
+		if updated.After(high) {
+			high = updated
+		}
+		if status == enums.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
+			// Its next run carries on; until that run's memo is visible, the last one holds.
+			return
+		}
+		running := status == enums.WORKFLOW_EXECUTION_STATUS_RUNNING
 		prev, ok := byID[p.ID()]
 		if !ok {
 			order = append(order, p.ID())
 		}
 		if !ok || running || !prev.running {
 			byID[p.ID()] = seen{p, running}
-		}
-		if updated.After(high) {
-			high = updated
 		}
 	})
 	r.observe("incremental", start, n, err)
@@ -160,7 +165,9 @@ func (r *Refresher) observe(kind string, start time.Time, n int, err error) {
 	}
 }
 
-func (r *Refresher) list(ctx context.Context, query string, fn func(p Proxy, running bool, updated time.Time)) (int, error) {
+// list calls fn for every workflow query selects, with its status and when it last changed:
+// its memo's update time, or its close time if later.
+func (r *Refresher) list(ctx context.Context, query string, fn func(p Proxy, status enums.WorkflowExecutionStatus, changed time.Time)) (int, error) {
 	var token []byte
 	read := 0
 	for {
@@ -179,7 +186,10 @@ func (r *Refresher) list(ctx context.Context, query string, fn func(p Proxy, run
 			if p.Namespace == "" {
 				p.Namespace, p.Name, _ = contract.ParseProxyWorkflowID(ex.GetExecution().GetWorkflowId())
 			}
-			fn(p, ex.GetStatus() == enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated)
+			if closed := ex.GetCloseTime(); closed != nil && closed.AsTime().After(updated) {
+				updated = closed.AsTime()
+			}
+			fn(p, ex.GetStatus(), updated)
 		}
 		token = resp.NextPageToken
 		if len(token) == 0 {

@@ -4,15 +4,22 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	commonpb "go.temporal.io/api/common/v1"
+	"go.temporal.io/api/enums/v1"
+	workflowpb "go.temporal.io/api/workflow/v1"
 	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/converter"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // fakeLister answers ListWorkflow with err, or with no workflows. failFirst makes the
@@ -73,4 +80,84 @@ func TestRefresherLoadsIndex(t *testing.T) {
 	lister.err = errors.New("temporal unreachable again")
 	require.Error(t, r.Full(t.Context()))
 	assert.True(t, store.Loaded(), "the last full index is still served")
+}
+
+// listedRun is one workflow execution a scriptedLister returns.
+type listedRun struct {
+	memo    contract.ProxyMemo
+	status  enums.WorkflowExecutionStatus
+	updated time.Time
+	closed  time.Time
+}
+
+// scriptedLister answers every ListWorkflow with runs, as the visibility store would list
+// them for the incremental query (the test chooses which runs match).
+type scriptedLister struct {
+	mu   sync.Mutex
+	runs []listedRun
+}
+
+func (l *scriptedLister) set(runs ...listedRun) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.runs = runs
+}
+
+func (l *scriptedLister) ListWorkflow(context.Context, *workflowservice.ListWorkflowExecutionsRequest) (*workflowservice.ListWorkflowExecutionsResponse, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	resp := &workflowservice.ListWorkflowExecutionsResponse{}
+	for _, r := range l.runs {
+		memo, err := converter.GetDefaultDataConverter().ToPayload(r.memo)
+		if err != nil {
+			return nil, err
+		}
+		updated, err := converter.GetDefaultDataConverter().ToPayload(r.updated)
+		if err != nil {
+			return nil, err
+		}
+		ex := &workflowpb.WorkflowExecutionInfo{
+			Execution:        &commonpb.WorkflowExecution{WorkflowId: contract.ProxyWorkflowID(r.memo.Namespace, r.memo.Name)},
+			Status:           r.status,
+			Memo:             &commonpb.Memo{Fields: map[string]*commonpb.Payload{contract.MemoKey: memo}},
+			SearchAttributes: &commonpb.SearchAttributes{IndexedFields: map[string]*commonpb.Payload{contract.SearchAttrUpdatedAt.GetName(): updated}},
+		}
+		if !r.closed.IsZero() {
+			ex.CloseTime = timestamppb.New(r.closed)
+		}
+		resp.Executions = append(resp.Executions, ex)
+	}
+	return resp, nil
+}
+
+func readyMemo(name string) contract.ProxyMemo {
+	return contract.ProxyMemo{Name: name, Namespace: "crawl", UID: "uid-" + name, Phase: contract.PhaseReady,
+		Healthy: true, IP: "127.0.0.1", Port: 3128, MaxLeases: 1}
+}
+
+// TestIncrementalDropsClosedRuns: a run that ended without publishing anything (terminated
+// by hand, or by a server limit) leaves the index at the next incremental pass; a run that
+// continued as new does not, even before its successor's memo is visible.
+func TestIncrementalDropsClosedRuns(t *testing.T) {
+	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	lister := &scriptedLister{}
+	store := discovery.NewStore(time.Minute)
+	r := &discovery.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
+	lister.set(
+		listedRun{memo: readyMemo("a"), status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base},
+		listedRun{memo: readyMemo("b"), status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base},
+		listedRun{memo: readyMemo("c"), status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base},
+	)
+	require.NoError(t, r.Full(t.Context()))
+	require.Equal(t, 3, store.Len())
+
+	lister.set(
+		listedRun{memo: readyMemo("a"), status: enums.WORKFLOW_EXECUTION_STATUS_TERMINATED, updated: base, closed: base.Add(time.Hour)},
+		listedRun{memo: readyMemo("b"), status: enums.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW, updated: base, closed: base.Add(time.Hour)},
+		listedRun{memo: readyMemo("c"), status: enums.WORKFLOW_EXECUTION_STATUS_FAILED, updated: base, closed: base.Add(time.Hour)},
+	)
+	require.NoError(t, r.Incremental(t.Context()))
+	assert.Equal(t, 1, store.Len(), "the terminated and the failed run are gone")
+	_, err := store.Acquire(nil, "", time.Minute)
+	require.NoError(t, err, "the continued run's proxy is still leased")
 }

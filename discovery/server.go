@@ -61,6 +61,8 @@ type Server struct {
 	metrics *serverMetrics
 	// reports queues durable report signals, so a slow Temporal never slows a crawler.
 	reports chan pendingReport
+	// coalesce keeps repeated reports of one cooldown from becoming repeated signals.
+	coalesce coalescer
 }
 
 // NewServer builds the API. reg may be nil (no metrics).

@@ -62,8 +62,8 @@ func NewService(cfg ServiceConfig, tc Temporal, log *slog.Logger, reg prometheus
 }
 
 // Serve runs the refresher, the report loop and the sweeper, and serves the API on ln until
-// ctx ends; then it stops accepting, gives requests in flight up to 10s, and returns nil
-// once every loop has stopped. Requests cut off by that bound are logged, not an error of
+// ctx ends; then it stops accepting, gives requests in flight up to 10s, forwards the
+// reports still queued (up to 10s more), and returns nil once every loop has stopped. Requests cut off by that bound are logged, not an error of
 // the process: it was asked to stop.
 //
 // It does not wait for the first index load: /healthz answers at once (the process is
@@ -74,7 +74,11 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	defer cancel()
 	loops := make(chan struct{}, 3)
 	go func() { _ = s.refresher.Run(ctx); loops <- struct{}{} }()
-	go func() { s.server.RunReports(ctx); loops <- struct{}{} }()
+	// The report loop outlives the API: requests still in flight at shutdown may queue
+	// reports, and it forwards everything queued before it returns.
+	reportsCtx, stopReports := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopReports()
+	go func() { s.server.RunReports(reportsCtx); loops <- struct{}{} }()
 	go func() { s.Store.RunSweeper(ctx, s.sweep); loops <- struct{}{} }()
 
 	hs := &http.Server{Handler: s.server.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
@@ -93,6 +97,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 			s.log.Warn("requests still in flight when discovery stopped were cut off", "error", serr)
 		}
 	}
+	stopReports()
 	for range 3 {
 		<-loops
 	}

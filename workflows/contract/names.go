@@ -96,9 +96,11 @@ func ParseProxyWorkflowID(id string) (namespace, name string, err error) {
 // orphan sweep both read the fleet with it, so they agree on what "live" means.
 var RunningProxiesQuery = fmt.Sprintf("WorkflowId STARTS_WITH %q AND ExecutionStatus = 'Running'", ProxyWorkflowIDPrefix)
 
-// ProxiesUpdatedSinceQuery selects ProxyWorkflows, running or closed, whose memo changed
-// after since: discovery's incremental pass.
+// ProxiesUpdatedSinceQuery selects ProxyWorkflows whose memo changed after since, and runs
+// that closed after since: discovery's incremental pass. A run terminated by hand (or by a
+// server limit) publishes nothing as it ends, so only its close time shows it is gone.
 func ProxiesUpdatedSinceQuery(since time.Time) string {
-	return fmt.Sprintf("WorkflowId STARTS_WITH %q AND %s > %q",
-		ProxyWorkflowIDPrefix, SearchAttrUpdatedAt.GetName(), since.UTC().Format(time.RFC3339Nano))
+	t := since.UTC().Format(time.RFC3339Nano)
+	return fmt.Sprintf("WorkflowId STARTS_WITH %q AND (%s > %q OR CloseTime > %q)",
+		ProxyWorkflowIDPrefix, SearchAttrUpdatedAt.GetName(), t, t)
 }
