@@ -91,12 +91,17 @@ type InstanceInput struct {
 	// PollInterval is how often to ask the provider; MaxWait bounds WaitRunning.
 	PollInterval time.Duration `json:"pollInterval,omitempty"`
 	MaxWait      time.Duration `json:"maxWait,omitempty"`
+	// SpecHash is the workflow's hash of Spec, labelled on the instance at creation
+	// (provider.LabelSpecHash) so a later run without state can tell whether the instance
+	// was built from the spec it wants. Empty leaves the label off.
+	SpecHash string `json:"specHash,omitempty"`
 }
 
 func (in InstanceInput) request(installation string) provider.CreateRequest {
 	return provider.CreateRequest{
 		Name: in.Name, ProxyUID: in.ProxyUID, Installation: installation,
 		Namespace: in.Namespace, Port: in.Spec.EffectivePort(), Spec: in.Spec,
+		SpecHash: in.SpecHash,
 	}
 }
 

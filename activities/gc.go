@@ -91,19 +91,24 @@ func (a *Activities) ListLiveUIDs(ctx context.Context, in LiveInput) (LiveUIDs, 
 	}
 }
 
-// ListInput names a provider and an installation.
+// ListInput names a provider and an installation, and optionally one Proxy in it.
 type ListInput struct {
 	Provider     v1alpha1.Provider `json:"provider"`
 	Installation string            `json:"installation"`
+	// ProxyUID narrows the list to one Proxy's instances: a workflow run that starts with
+	// no state finds what its Proxy already has this way. Empty lists the whole
+	// installation, as the sweeper does.
+	ProxyUID string `json:"proxyUID,omitempty"`
 }
 
-// ListInstances lists a provider's instances labelled with the installation.
+// ListInstances lists a provider's instances labelled with the installation, and with the
+// Proxy's UID when in.ProxyUID is set.
 func (a *Activities) ListInstances(ctx context.Context, in ListInput) ([]provider.Instance, error) {
 	p, err := a.Providers.Get(in.Provider)
 	if err != nil {
 		return nil, classify("list", err)
 	}
-	list, err := p.ListByTag(ctx, in.Installation)
+	list, err := p.ListOwned(ctx, provider.Owner{Installation: in.Installation, ProxyUID: in.ProxyUID})
 	if err != nil {
 		return nil, classify("list "+string(in.Provider), err)
 	}

@@ -1,8 +1,12 @@
 package workflows
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/proxyfleet/proxyfleet/activities"
@@ -72,7 +76,7 @@ const (
 func (s *ProxyState) applySpec(sig SpecSignal) effect {
 	var e effect
 	if s.Deleting {
-		if sig.UID != s.UID {
+		if sig.UID != s.UID && sig.UID != s.DeletedSuccessor {
 			// A new object with the same name: it gets this workflow ID once we are done.
 			s.Successor = &sig
 			return effect{note: "spec for a new object arrived during deletion; kept for after"}
@@ -101,13 +105,26 @@ func (s *ProxyState) applySpec(sig SpecSignal) effect {
 	return e
 }
 
-// requestDelete starts deleting, unless the delete is for an older object with this name.
+// requestDelete starts deleting, unless the delete is for another object with this name:
+// an older one's is ignored; a newer one's, arriving while this one deletes, means that
+// object must never be provisioned.
 func (s *ProxyState) requestDelete(sig contract.DeleteSignal) effect {
 	if s.UID != "" && sig.UID != "" && sig.UID != s.UID {
+		if s.Deleting {
+			s.DeletedSuccessor = sig.UID
+			if s.Successor != nil && s.Successor.UID == sig.UID {
+				s.Successor = nil
+				return effect{note: "the object that took this name was deleted too; it will not be provisioned"}
+			}
+		}
 		return effect{}
 	}
 	if s.Deleting {
 		return effect{}
+	}
+	if s.UID == "" && s.Unlisted {
+		// A run started for the delete alone: the UID is what it must look for.
+		s.UID = sig.UID
 	}
 	s.Deleting = true
 	s.retireAll()
@@ -575,4 +592,91 @@ func portOr(p int32, spec *v1alpha1.ProxySpec) int32 {
 		return p
 	}
 	return spec.EffectivePort()
+}
+
+// --- a run that starts without state -------------------------------------------------
+
+// adopt takes what the providers hold for this Proxy, on a run that started without state.
+// Instances already recorded are left alone. Of the others, the newest that can serve
+// becomes the current instance when there is none and the Proxy is not being deleted: kept
+// as-is if its spec-hash label says it was built from the spec now wanted, otherwise
+// replaced make-before-break like any outdated instance. Everything else is retired. The
+// counter moves past every number found, so no new instance reuses an old name.
+func (s *ProxyState) adopt(found []activities.OwnedInstance, now time.Time) effect {
+	s.Unlisted = false
+	s.succeeded()
+	prefix := strings.TrimSuffix(InstanceName(s.UID, 0), "0")
+	number := func(name string) int {
+		n, err := strconv.Atoi(strings.TrimPrefix(name, prefix))
+		if err != nil || !strings.HasPrefix(name, prefix) {
+			return 0
+		}
+		return n
+	}
+	var unknown []activities.OwnedInstance
+	for _, f := range found {
+		if s.find(f.Instance.Name) == nil {
+			unknown = append(unknown, f)
+		}
+		s.Counter = max(s.Counter, number(f.Instance.Name))
+	}
+	if len(unknown) == 0 {
+		return effect{}
+	}
+	// Newest first: running before provisioning, then the higher number.
+	rank := func(f activities.OwnedInstance) int {
+		if f.Instance.State == provider.StateRunning && f.Instance.IP != "" {
+			return 1
+		}
+		return 0
+	}
+	slices.SortStableFunc(unknown, func(x, y activities.OwnedInstance) int {
+		if c := cmp.Compare(rank(y), rank(x)); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(number(y.Instance.Name), number(x.Instance.Name)); c != 0 {
+			return c
+		}
+		return strings.Compare(x.Instance.Name, y.Instance.Name)
+	})
+	ref := func(f activities.OwnedInstance) InstanceRef {
+		r := InstanceRef{
+			Provider: f.Provider, Name: f.Instance.Name, ProviderID: f.Instance.ProviderID, Created: true,
+			State: f.Instance.State, IP: f.Instance.IP, Hash: f.Instance.Labels[provider.LabelSpecHash],
+			CreatedAt: f.Instance.CreatedAt,
+		}
+		if s.Spec != nil {
+			r.Spec = *s.Spec
+			r.Port = portOr(f.Instance.Port, s.Spec)
+		}
+		if r.CreatedAt.IsZero() {
+			r.CreatedAt = now
+		}
+		return r
+	}
+	var adopted string
+	canServe := func(f activities.OwnedInstance) bool {
+		st := f.Instance.State
+		return st == provider.StateRunning || st == provider.StateProvisioning
+	}
+	if !s.Deleting && s.Spec != nil && s.Spec.EffectiveMode() == v1alpha1.ModeManaged && s.Instance == nil &&
+		unknown[0].Provider == s.Spec.Provider && canServe(unknown[0]) {
+		r := ref(unknown[0])
+		s.Instance = &r
+		adopted = r.Name
+		unknown = unknown[1:]
+	}
+	var retired []string
+	for _, f := range unknown {
+		s.Retiring = append(s.Retiring, ref(f))
+		retired = append(retired, f.Instance.Name)
+	}
+	note := fmt.Sprintf("found %d instance(s) of earlier runs", len(found))
+	if adopted != "" {
+		note += "; adopted " + adopted
+	}
+	if len(retired) > 0 {
+		note += "; retiring " + strings.Join(retired, ", ")
+	}
+	return effect{replan: true, note: note, warn: true}
 }

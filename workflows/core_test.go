@@ -556,3 +556,180 @@ func TestHashedAndSuccessor(t *testing.T) {
 	assert.Zero(t, next.Counter, "a new object's instances are numbered from its own UID")
 	assert.Equal(t, stepCreate, plan(next, t0))
 }
+
+func owned(name string, st provider.State, hash string) activities.OwnedInstance {
+	inst := provider.Instance{Name: name, ProviderID: "p/" + name, State: st, CreatedAt: t0.Add(-24 * time.Hour),
+		Labels: map[string]string{provider.LabelProxyUID: "u1"}}
+	if st == provider.StateRunning {
+		inst.IP = "10.0.0.7"
+	}
+	if hash != "" {
+		inst.Labels[provider.LabelSpecHash] = hash
+	}
+	return activities.OwnedInstance{Provider: v1alpha1.ProviderLocal, Instance: inst}
+}
+
+// TestAdopt: a run that starts without state lists what earlier runs left before anything
+// else, adopts the newest instance that can serve and retires the rest.
+func TestAdopt(t *testing.T) {
+	fresh := func() ProxyState {
+		s := ProxyState{Unlisted: true}
+		s.applySpec(SpecSignal{UID: "u1", Generation: 3, Spec: *managedSpec()})
+		return s
+	}
+	want := DesiredHash(managedSpec(), "")
+	n := func(i int) string { return InstanceName("u1", i) }
+
+	t.Run("listing comes first, also before a deletion finishes", func(t *testing.T) {
+		s := fresh()
+		assert.Equal(t, stepList, plan(&s, t0))
+		d := ProxyState{Unlisted: true}
+		d.requestDelete(contract.DeleteSignal{UID: "u1"})
+		assert.Equal(t, stepList, plan(&d, t0), "a deletion must not finish before it knows what to delete")
+		noUID := ProxyState{Unlisted: true}
+		assert.Equal(t, stepIdle, plan(&noUID, t0), "nothing to list for before the first signal")
+	})
+	t.Run("a failed list is retried after a backoff", func(t *testing.T) {
+		s := fresh()
+		s.failed(failTransient, "gcp: 503", t0, tuning0)
+		assert.Equal(t, stepSteady, plan(&s, t0))
+		assert.Equal(t, stepList, plan(&s, s.RetryAt))
+	})
+	t.Run("nothing found: create as usual, from 1", func(t *testing.T) {
+		s := fresh()
+		e := s.adopt(nil, t0)
+		assert.False(t, e.warn)
+		assert.Equal(t, stepCreate, plan(&s, t0))
+		assert.Equal(t, n(1), s.ensureInstance(t0))
+	})
+	t.Run("the newest running instance built from this spec is kept as-is", func(t *testing.T) {
+		s := fresh()
+		e := s.adopt([]activities.OwnedInstance{
+			owned(n(3), provider.StateRunning, want),
+			owned(n(5), provider.StateRunning, want),
+			owned(n(6), provider.StateProvisioning, want),
+			owned(n(4), provider.StateStopped, want),
+		}, t0)
+		assert.True(t, e.warn)
+		require.NotNil(t, s.Instance)
+		assert.Equal(t, n(5), s.Instance.Name, "running beats a newer one still provisioning")
+		assert.Equal(t, "p/"+n(5), s.Instance.ProviderID)
+		assert.Equal(t, t0.Add(-24*time.Hour), s.Instance.CreatedAt, "maxAge counts from the provider's creation")
+		assert.ElementsMatch(t, []string{n(3), n(6), n(4)}, names(s.Retiring))
+		assert.Equal(t, 6, s.Counter, "new instances get new names")
+		assert.Equal(t, stepDelete, plan(&s, t0))
+		for _, r := range names(s.Retiring) {
+			s.deleted(r)
+		}
+		assert.Equal(t, stepSteady, plan(&s, t0), "no replacement: it was built from this spec")
+	})
+	t.Run("an instance from another spec is adopted and replaced make-before-break", func(t *testing.T) {
+		s := fresh()
+		s.adopt([]activities.OwnedInstance{owned(n(2), provider.StateRunning, "")}, t0)
+		require.NotNil(t, s.Instance)
+		assert.Equal(t, stepCreateNext, plan(&s, t0), "it serves while its replacement is built")
+		assert.Equal(t, n(3), s.ensureNext(t0))
+	})
+	t.Run("an instance still provisioning from another spec is retired first", func(t *testing.T) {
+		s := fresh()
+		s.adopt([]activities.OwnedInstance{owned(n(2), provider.StateProvisioning, "old")}, t0)
+		assert.Equal(t, stepRetireCurrent, plan(&s, t0))
+	})
+	t.Run("another provider's instance is retired, not adopted", func(t *testing.T) {
+		s := fresh()
+		o := owned(n(2), provider.StateRunning, want)
+		o.Provider = v1alpha1.ProviderGCP
+		s.adopt([]activities.OwnedInstance{o}, t0)
+		assert.Nil(t, s.Instance)
+		assert.Equal(t, []string{n(2)}, names(s.Retiring))
+		assert.Equal(t, v1alpha1.ProviderGCP, s.Retiring[0].Provider, "deleted where it is")
+	})
+	t.Run("while deleting everything found is retired", func(t *testing.T) {
+		s := ProxyState{Unlisted: true}
+		s.requestDelete(contract.DeleteSignal{UID: "u1"})
+		s.adopt([]activities.OwnedInstance{owned(n(1), provider.StateRunning, want), owned(n(2), provider.StateRunning, want)}, t0)
+		assert.Nil(t, s.Instance)
+		assert.Len(t, s.Retiring, 2)
+		assert.Equal(t, stepDelete, plan(&s, t0))
+	})
+	t.Run("an External proxy adopts nothing", func(t *testing.T) {
+		s := ProxyState{Unlisted: true}
+		s.applySpec(SpecSignal{UID: "u1", Generation: 1, Spec: *externalSpec()})
+		s.adopt([]activities.OwnedInstance{owned(n(1), provider.StateRunning, "")}, t0)
+		assert.Nil(t, s.Instance)
+		assert.Len(t, s.Retiring, 1)
+	})
+}
+
+// TestSignalOrderings walks orderings of spec, delete, replace and report through the core
+// and checks where each ends.
+func TestSignalOrderings(t *testing.T) {
+	specA := SpecSignal{UID: "A", Generation: 1, Spec: *managedSpec()}
+	specB := SpecSignal{UID: "B", Generation: 1, Spec: *managedSpec()}
+	delA := contract.DeleteSignal{UID: "A"}
+	delB := contract.DeleteSignal{UID: "B"}
+	replace := contract.ReplaceSignal{Reason: "manual"}
+	ban := contract.ReportSignal{Target: "x", Result: contract.ReportBanned}
+
+	type event func(*ProxyState)
+	on := func(sig any) event {
+		return func(s *ProxyState) {
+			switch v := sig.(type) {
+			case SpecSignal:
+				s.applySpec(v)
+			case contract.DeleteSignal:
+				s.requestDelete(v)
+			case contract.ReplaceSignal:
+				s.requestReplace(v)
+			case contract.ReportSignal:
+				s.report(v, t0)
+			}
+		}
+	}
+	serving := func(s *ProxyState) {
+		name := s.ensureInstance(t0)
+		s.created(name, activities.CreateResult{})
+		s.waited(name, activities.WaitResult{Instance: provider.Instance{State: provider.StateRunning, IP: "10.0.0.1"}})
+	}
+	cases := []struct {
+		name          string
+		events        []event
+		step          step
+		successor     string // UID the next run is for, "" for none
+		retiring      int
+		replaceReason string
+	}{
+		{"spec then delete", []event{on(specA), serving, on(delA)}, stepDelete, "", 1, ""},
+		{"delete before any spec finishes", []event{on(delA)}, stepFinish, "", 0, ""},
+		{"delete then a late spec of the same object", []event{on(specA), serving, on(delA), on(specA)}, stepDelete, "", 1, ""},
+		{"re-created while deleting: provisioned after", []event{on(specA), serving, on(delA), on(specB)}, stepDelete, "B", 1, ""},
+		{"re-created and deleted again while deleting: not provisioned", []event{on(specA), serving, on(delA), on(specB), on(delB)}, stepDelete, "", 1, ""},
+		{"its delete before its spec: not provisioned either", []event{on(specA), serving, on(delA), on(delB), on(specB)}, stepDelete, "", 1, ""},
+		{"re-created, deleted, re-created again: the last one is", []event{on(specA), serving, on(delA), on(specB), on(delB),
+			on(SpecSignal{UID: "C", Generation: 1, Spec: *managedSpec()})}, stepDelete, "C", 1, ""},
+		{"replace after delete is ignored", []event{on(specA), serving, on(delA), on(replace)}, stepDelete, "", 1, ""},
+		{"report after delete is ignored", []event{on(specA), serving, on(delA), on(ban)}, stepDelete, "", 1, ""},
+		{"replace then delete", []event{on(specA), serving, on(replace), on(delA)}, stepDelete, "", 1, "manual"},
+		{"replace then a new generation", []event{on(specA), serving, on(replace),
+			on(SpecSignal{UID: "A", Generation: 2, Spec: *managedSpec(func(p *v1alpha1.ProxySpec) { p.Port = 9 })})}, stepCreateNext, "", 0, "manual"},
+		{"replace before the first instance runs waits for it", []event{on(specA), on(replace)}, stepCreate, "", 0, "manual"},
+		{"a delete of an older object is ignored", []event{on(specB), serving, on(delA)}, stepSteady, "", 0, ""},
+		{"another object's spec without a delete retires ours", []event{on(specA), serving, on(specB)}, stepDelete, "", 1, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := ProxyState{}
+			for _, e := range tc.events {
+				e(&s)
+			}
+			assert.Equal(t, tc.step.String(), plan(&s, t0).String())
+			if tc.successor == "" {
+				assert.Nil(t, s.Successor)
+			} else if assert.NotNil(t, s.Successor) {
+				assert.Equal(t, tc.successor, s.Successor.UID)
+			}
+			assert.Len(t, s.Retiring, tc.retiring)
+			assert.Equal(t, tc.replaceReason, s.ReplaceReason)
+		})
+	}
+}

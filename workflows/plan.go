@@ -41,13 +41,15 @@ const (
 	stepPromote
 	// stepSteady monitors the proxy and waits for signals, timers or a retry time.
 	stepSteady
+	// stepList finds the instances earlier runs left, on a run that started without state.
+	stepList
 )
 
 var stepNames = map[step]string{
 	stepIdle: "idle", stepFinish: "finish", stepDelete: "delete", stepHash: "hash",
 	stepCreate: "create", stepRetireCurrent: "retire-current", stepWaitRunning: "wait-running",
 	stepCreateNext: "create-next", stepRetireNext: "retire-next", stepWaitNext: "wait-next",
-	stepVerifyNext: "verify-next", stepPromote: "promote", stepSteady: "steady",
+	stepVerifyNext: "verify-next", stepPromote: "promote", stepSteady: "steady", stepList: "list",
 }
 
 func (s step) String() string { return stepNames[s] }
@@ -61,6 +63,14 @@ func plan(s *ProxyState, now time.Time) step {
 			return stepSteady
 		}
 		return stepDelete
+	}
+	if s.Unlisted && s.UID != "" {
+		// Before creating anything, and before a deletion can finish: what earlier runs
+		// left must be known, or it would leak.
+		if now.Before(s.RetryAt) {
+			return stepSteady
+		}
+		return stepList
 	}
 	if s.Deleting {
 		return stepFinish

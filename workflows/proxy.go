@@ -25,10 +25,11 @@ var a *activities.Activities
 // newer version was deployed (docs/operations.md, "Shipping a workflow change").
 const (
 	versionChangeID = "proxy-workflow"
-	// versionBoundedRuns: a run ends by continue-as-new on a budget of events, bytes,
-	// signals and age, also while steady or idle; reports are published while idle too.
-	versionBoundedRuns workflow.Version = 1
-	versionLatest                       = versionBoundedRuns
+	// versionLongLived: a run ends by continue-as-new on a budget of events, bytes, signals
+	// and age, also while steady or idle; reports are published while idle too; a run that
+	// starts without state first finds and adopts what earlier runs left.
+	versionLongLived workflow.Version = 1
+	versionLatest                     = versionLongLived
 )
 
 // ProxyWorkflow owns one Proxy for its whole life: it creates the instance, publishes its
@@ -52,6 +53,9 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 	}
 	w.version = workflow.GetVersion(ctx, versionChangeID, workflow.DefaultVersion, versionLatest)
 	w.runStart = workflow.Now(ctx)
+	if in.State == nil && w.version >= versionLongLived {
+		w.state.Unlisted = true
+	}
 	if err := workflow.SetQueryHandler(ctx, contract.QueryState, func() (*ProxyState, error) { return w.state, nil }); err != nil {
 		return err
 	}
@@ -101,7 +105,7 @@ func (w *proxyWorkflow) run(ctx workflow.Context) error {
 		switch st {
 		case stepIdle:
 			w.details(ctx, w.idleReason())
-			if w.version >= versionBoundedRuns {
+			if w.version >= versionLongLived {
 				err = w.waitSignals(ctx, w.runEnd())
 			} else {
 				err = w.waitSignals(ctx, time.Time{})
@@ -112,6 +116,8 @@ func (w *proxyWorkflow) run(ctx workflow.Context) error {
 			err = w.deleteRetiring(ctx)
 		case stepHash:
 			err = w.hash(ctx)
+		case stepList:
+			err = w.list(ctx)
 		case stepCreate:
 			err = w.create(ctx, s.ensureInstance(now))
 		case stepRetireCurrent:
@@ -140,7 +146,7 @@ func (w *proxyWorkflow) run(ctx workflow.Context) error {
 func (w *proxyWorkflow) instanceInput(ref *InstanceRef) activities.InstanceInput {
 	return activities.InstanceInput{
 		Provider: ref.Provider, Name: ref.Name, ProxyUID: w.state.UID, Namespace: w.in.Namespace,
-		Spec: ref.Spec, ProviderID: ref.ProviderID,
+		Spec: ref.Spec, ProviderID: ref.ProviderID, SpecHash: ref.Hash,
 		PollInterval: w.tuning.PollInterval, MaxWait: w.tuning.WaitRunningMax,
 	}
 }
@@ -234,7 +240,7 @@ func (w *proxyWorkflow) waitSignals(ctx workflow.Context, until time.Time) error
 			sel.AddFuture(timer, func(workflow.Future) { timerDone = true })
 		}
 		sel.Select(ctx)
-		if w.version < versionBoundedRuns {
+		if w.version < versionLongLived {
 			continue
 		}
 		if w.memoDirty {
@@ -266,7 +272,7 @@ func (w *proxyWorkflow) await(ctx workflow.Context, fut workflow.Future, cancel 
 			continue
 		}
 		over := false
-		if w.version >= versionBoundedRuns {
+		if w.version >= versionLongLived {
 			over, _ = w.overBudget(ctx)
 		}
 		if w.interrupt || over {
@@ -278,6 +284,27 @@ func (w *proxyWorkflow) await(ctx workflow.Context, fut workflow.Future, cancel 
 }
 
 // --- steps ---------------------------------------------------------------------------
+
+// list finds the instances earlier runs of this Proxy left; the core adopts or retires them.
+// A failure, of any kind, is retried with backoff: nothing is created until the list is
+// known, or an earlier instance could be left behind.
+func (w *proxyWorkflow) list(ctx workflow.Context) error {
+	s := w.state
+	w.details(ctx, "looking for instances that earlier runs of this Proxy left")
+	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		Summary:             "find instances labelled with uid " + s.UID,
+		StartToCloseTimeout: w.tuning.ActivityTimeout,
+		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, BackoffCoefficient: 2, MaximumInterval: 30 * time.Second, MaximumAttempts: 5},
+	})
+	var found []activities.OwnedInstance
+	_, err := w.await(ctx, workflow.ExecuteActivity(actx, a.FindInstances, activities.FindInput{ProxyUID: s.UID}), func() {}, false, &found)
+	if err != nil {
+		w.apply(s.failed(failTransient, "finding instances of earlier runs: "+errorMessage(err), workflow.Now(ctx), w.tuning))
+		return nil
+	}
+	w.apply(s.adopt(found, workflow.Now(ctx)))
+	return nil
+}
 
 func (w *proxyWorkflow) hash(ctx workflow.Context) error {
 	s := w.state
@@ -424,7 +451,7 @@ func (w *proxyWorkflow) finish(ctx workflow.Context) error {
 func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 	s := w.state
 	wake, wakeReason := s.nextWake()
-	if end := w.runEnd(); w.version >= versionBoundedRuns && (wake.IsZero() || end.Before(wake)) {
+	if end := w.runEnd(); w.version >= versionLongLived && (wake.IsZero() || end.Before(wake)) {
 		wake, wakeReason = end, wakeRunAge
 	}
 
@@ -481,7 +508,7 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 			w.apply(s.monitorReturned(res, workflow.Now(ctx)))
 			return nil
 		}
-		if w.version >= versionBoundedRuns {
+		if w.version >= versionLongLived {
 			if over, _ := w.overBudget(ctx); over {
 				return nil
 			}
@@ -696,7 +723,7 @@ func (w *proxyWorkflow) runEnd() time.Time { return w.runStart.Add(w.tuning.MaxR
 func (w *proxyWorkflow) overBudget(ctx workflow.Context) (bool, string) {
 	info := workflow.GetInfo(ctx)
 	limit := w.tuning.HistoryLimit
-	if w.version < versionBoundedRuns {
+	if w.version < versionLongLived {
 		return info.GetContinueAsNewSuggested() || limit > 0 && info.GetCurrentHistoryLength() >= limit, "history"
 	}
 	if limit <= 0 {

@@ -3,6 +3,8 @@ package workflows
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -116,8 +118,16 @@ func (f *fakeProvider) Delete(_ context.Context, id string) error {
 	return nil
 }
 
-func (f *fakeProvider) ListByTag(context.Context, string) ([]provider.Instance, error) {
-	return nil, errors.New("not used")
+func (f *fakeProvider) ListOwned(_ context.Context, owner provider.Owner) ([]provider.Instance, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []provider.Instance
+	for _, name := range slices.Sorted(maps.Keys(f.instances)) {
+		if inst := f.instances[name]; owner.Owns(inst.Labels) {
+			out = append(out, inst)
+		}
+	}
+	return out, nil
 }
 
 func (f *fakeProvider) names() []string {

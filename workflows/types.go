@@ -198,6 +198,15 @@ type ProxyState struct {
 	// Successor is a spec for a new object with the same name that arrived while this one
 	// was being deleted; the workflow continues as new for it once deletion is done.
 	Successor *SpecSignal `json:"successor,omitempty"`
+	// DeletedSuccessor is the UID of such a newer object whose delete arrived while this one
+	// was still deleting: it is not provisioned, whichever of its spec and delete came first.
+	DeletedSuccessor string `json:"deletedSuccessor,omitempty"`
+
+	// Unlisted is set on a run that started without state (after a terminate, a server
+	// limit or a reset): before anything else it asks the providers for the instances that
+	// carry the Proxy's UID label, which earlier runs may have left, and adopts or retires
+	// them.
+	Unlisted bool `json:"unlisted,omitempty"`
 }
 
 // sortedKeys returns the keys in order, so workflow code never depends on map order.

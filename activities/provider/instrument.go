@@ -38,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 // Instrument wraps p so every call is counted, timed and traced as a client span. Spans
-// carry names and IDs (provider, installation, instance, result) only: never a request's
+// carry names and IDs (provider, installation, Proxy UID, instance, result) only: never a request's
 // cloud-init data.
 func Instrument(name v1alpha1.Provider, p Provider, m *Metrics) Provider {
 	return &instrumented{name: string(name), p: p, m: m, tracer: otel.Tracer("github.com/proxyfleet/proxyfleet/activities/provider")}
@@ -96,9 +96,14 @@ func (i *instrumented) Delete(ctx context.Context, id string) error {
 	return err
 }
 
-func (i *instrumented) ListByTag(ctx context.Context, installation string) ([]Instance, error) {
-	ctx, done := i.observe(ctx, "list", attribute.String("proxyfleet.installation", installation))
-	list, err := i.p.ListByTag(ctx, installation)
+func (i *instrumented) ListOwned(ctx context.Context, owner Owner) ([]Instance, error) {
+	attrs := []attribute.KeyValue{attribute.String("proxyfleet.installation", owner.Installation)}
+	if owner.ProxyUID != "" {
+		// Tells a workflow's list of its own instances apart from the sweeper's.
+		attrs = append(attrs, attribute.String("proxyfleet.proxy_uid", owner.ProxyUID))
+	}
+	ctx, done := i.observe(ctx, "list", attrs...)
+	list, err := i.p.ListOwned(ctx, owner)
 	done(err)
 	return list, err
 }

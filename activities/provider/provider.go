@@ -34,7 +34,51 @@ const (
 	LabelInstallation = "proxyfleet-installation"
 	LabelManagedBy    = "proxyfleet-managed-by"
 	ManagedByValue    = "proxyfleet"
+	// LabelSpecHash is the workflow's spec hash (16 lowercase hex characters, so a valid
+	// GCP and Kubernetes label value) the instance was built from. A workflow run that
+	// starts with no state finds its Proxy's instances by UID (ListOwned) and keeps one
+	// as-is only if it was built from the spec it now wants; the label is how it can tell
+	// without remembering anything.
+	LabelSpecHash = "proxyfleet-spec-hash"
 )
+
+// Owner selects instances by their ownership labels: an installation's, or, with
+// ProxyUID, one Proxy's within it.
+type Owner struct {
+	// Installation is required: an empty one would select instances that belong to no
+	// installation, and the sweeper must never be handed those.
+	Installation string
+	// ProxyUID narrows the selection to one Proxy's instances (optional).
+	ProxyUID string
+}
+
+// Owns reports whether labels carry o's ownership labels. Providers check every listed
+// instance with it rather than trust their server's filter, since the sweeper deletes what
+// a list returns.
+func (o Owner) Owns(labels map[string]string) bool {
+	if o.Installation == "" || labels[LabelInstallation] != o.Installation {
+		return false
+	}
+	return o.ProxyUID == "" || labels[LabelProxyUID] == o.ProxyUID
+}
+
+// Check refuses an Owner with no installation, as a permanent error: retrying cannot give
+// it one.
+func (o Owner) Check() error {
+	if o.Installation == "" {
+		return Permanent(errors.New("list instances: empty installation"))
+	}
+	return nil
+}
+
+// Selector is the label pairs an owner's instances carry: the server-side filter.
+func (o Owner) Selector() map[string]string {
+	m := map[string]string{LabelInstallation: o.Installation}
+	if o.ProxyUID != "" {
+		m[LabelProxyUID] = o.ProxyUID
+	}
+	return m
+}
 
 // Instance is what a provider reports about one instance.
 type Instance struct {
@@ -65,15 +109,23 @@ type CreateRequest struct {
 	Port         int32
 	Spec         v1alpha1.ProxySpec
 	CloudInit    []byte
+	// SpecHash is the workflow's hash of the spec the instance is built from, stored as
+	// LabelSpecHash so a workflow that lost its state can tell whether an instance it finds
+	// still matches the spec. Empty omits the label.
+	SpecHash string
 }
 
-// Labels are the ownership labels for the instance.
+// Labels are the ownership labels for the instance, plus LabelSpecHash when SpecHash is set.
 func (r CreateRequest) Labels() map[string]string {
-	return map[string]string{
+	labels := map[string]string{
 		LabelProxyUID:     r.ProxyUID,
 		LabelInstallation: r.Installation,
 		LabelManagedBy:    ManagedByValue,
 	}
+	if r.SpecHash != "" {
+		labels[LabelSpecHash] = r.SpecHash
+	}
+	return labels
 }
 
 // Provider runs instances. Every method is idempotent: Create of an existing name returns
@@ -83,8 +135,12 @@ type Provider interface {
 	// Get returns ErrNotFound (wrapped) when the instance does not exist.
 	Get(ctx context.Context, providerID string) (Instance, error)
 	Delete(ctx context.Context, providerID string) error
-	// ListByTag lists the instances carrying this installation's ownership label.
-	ListByTag(ctx context.Context, installation string) ([]Instance, error)
+	// ListOwned lists the instances carrying owner's ownership labels: the installation's,
+	// and the Proxy's too when owner.ProxyUID is set. It filters on the provider's side
+	// and checks the labels again on its own (Owner.Owns), so a too-broad answer never
+	// hands back another owner's instances. An empty owner.Installation is a permanent
+	// error (Owner.Check).
+	ListOwned(ctx context.Context, owner Owner) ([]Instance, error)
 	// ProviderID is the ID Create returns for req, known without calling the provider, so
 	// an instance whose creation was cut short can still be deleted.
 	ProviderID(req CreateRequest) string

@@ -22,7 +22,7 @@ import (
 
 // Config configures a Provider.
 type Config struct {
-	// DefaultProject is used when spec.gcp.project is empty, and is the project ListByTag
+	// DefaultProject is used when spec.gcp.project is empty, and is the project ListOwned
 	// searches, so the orphan sweeper only sees instances there.
 	DefaultProject string
 	// ClientOptions are passed to the Compute client (credentials, endpoint, HTTP client).
@@ -192,17 +192,38 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 }
 
 // labelValue is GCP's label value syntax; checking it keeps the filter expression below
-// from being bent by a quote in the installation ID.
+// from being bent by a quote in the installation ID or Proxy UID.
 var labelValue = regexp.MustCompile(`^[-_a-z0-9]{1,63}$`)
 
-// ListByTag implements provider.Provider. It searches the default project only.
-func (p *Provider) ListByTag(ctx context.Context, installation string) ([]provider.Instance, error) {
-	if !labelValue.MatchString(installation) {
-		return nil, provider.Permanent(fmt.Errorf("installation %q is not a valid GCP label value", installation))
+// ownerFilter is the aggregatedList filter for owner. Each value is checked first: a quote
+// in one would let it rewrite the expression and widen the list.
+func ownerFilter(owner provider.Owner) (string, error) {
+	if err := owner.Check(); err != nil {
+		return "", err
+	}
+	if !labelValue.MatchString(owner.Installation) {
+		return "", provider.Permanent(fmt.Errorf("installation %q is not a valid GCP label value", owner.Installation))
+	}
+	if owner.ProxyUID == "" {
+		return fmt.Sprintf("labels.%s = %q", provider.LabelInstallation, owner.Installation), nil
+	}
+	if !labelValue.MatchString(owner.ProxyUID) {
+		return "", provider.Permanent(fmt.Errorf("proxy UID %q is not a valid GCP label value", owner.ProxyUID))
+	}
+	// GCE ANDs parenthesised expressions written side by side.
+	return fmt.Sprintf("(labels.%s = %q) (labels.%s = %q)",
+		provider.LabelInstallation, owner.Installation, provider.LabelProxyUID, owner.ProxyUID), nil
+}
+
+// ListOwned implements provider.Provider. It searches the default project only.
+func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provider.Instance, error) {
+	filter, err := ownerFilter(owner)
+	if err != nil {
+		return nil, err
 	}
 	it := p.client.AggregatedList(ctx, &computepb.AggregatedListInstancesRequest{
 		Project: p.defaultProject,
-		Filter:  proto.String(fmt.Sprintf("labels.%s = %q", provider.LabelInstallation, installation)),
+		Filter:  proto.String(filter),
 	})
 	var out []provider.Instance
 	for {
@@ -216,8 +237,8 @@ func (p *Provider) ListByTag(ctx context.Context, installation string) ([]provid
 		scopeZone := strings.TrimPrefix(pair.Key, "zones/")
 		for _, inst := range pair.Value.GetInstances() {
 			// The filter is the server's; the sweeper deletes what this returns, so the
-			// label is checked again here rather than trusted.
-			if inst.GetLabels()[provider.LabelInstallation] != installation {
+			// labels are checked again here rather than trusted.
+			if !owner.Owns(inst.GetLabels()) {
 				continue
 			}
 			out = append(out, toInstance(inst, p.defaultProject, scopeZone))

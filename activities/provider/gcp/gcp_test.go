@@ -203,7 +203,7 @@ func TestDeleteErrorsAreClassified(t *testing.T) {
 	assert.Equal(t, provider.KindPermanent, provider.Class(err))
 }
 
-func TestListByTagAcrossZones(t *testing.T) {
+func TestListOwnedAcrossZones(t *testing.T) {
 	p, srv := newTestProvider(t)
 	mine := []provider.CreateRequest{gcpRequest("px-a", minimalSpec()), gcpRequest("px-b", minimalSpec())}
 	mine[1].Spec.GCP.Zone = "us-central1-a"
@@ -217,7 +217,7 @@ func TestListByTagAcrossZones(t *testing.T) {
 	srv.SetStatus("px-b", "RUNNING")
 	srv.SetNatIP("px-b", "198.51.100.4")
 
-	got, err := p.ListByTag(t.Context(), "prod-eu")
+	got, err := p.ListOwned(t.Context(), provider.Owner{Installation: "prod-eu"})
 	require.NoError(t, err)
 	byName := map[string]provider.Instance{}
 	for _, inst := range got {
@@ -236,25 +236,146 @@ func TestListByTagAcrossZones(t *testing.T) {
 		assert.NotEmpty(t, inst.ProxyUID(), inst.Name)
 	}
 
-	none, err := p.ListByTag(t.Context(), "nobody")
+	none, err := p.ListOwned(t.Context(), provider.Owner{Installation: "nobody"})
 	require.NoError(t, err)
 	assert.Empty(t, none)
 }
 
-func TestListByTagRefusesAnUnsafeInstallation(t *testing.T) {
+func TestListOwnedRefusesAnUnsafeOwner(t *testing.T) {
 	p, srv := newTestProvider(t)
-	for _, installation := range []string{"", `x" OR labels.a = "b`, "UPPER"} {
-		_, err := p.ListByTag(t.Context(), installation)
-		require.Error(t, err, installation)
-		assert.Equal(t, provider.KindPermanent, provider.Class(err), installation)
+	for _, owner := range []provider.Owner{
+		{},
+		{Installation: `x" OR labels.a = "b`},
+		{Installation: "UPPER"},
+		{ProxyUID: "0b6d1c1e-8a7e-4d0c-9d57-6f1e3c2a9b10"},
+		{Installation: "prod-eu", ProxyUID: `x") OR (labels.a = "b`},
+		{Installation: "prod-eu", ProxyUID: "UPPER"},
+	} {
+		_, err := p.ListOwned(t.Context(), owner)
+		require.Error(t, err, owner)
+		assert.Equal(t, provider.KindPermanent, provider.Class(err), owner)
 	}
 	assert.Zero(t, srv.TotalRequests())
 }
 
-func TestListByTagErrorsAreClassified(t *testing.T) {
+func TestListOwnedByProxy(t *testing.T) {
+	p, srv := newTestProvider(t)
+	const uid = "0b6d1c1e-8a7e-4d0c-9d57-6f1e3c2a9b10"
+	mine := []provider.CreateRequest{gcpRequest("px-a", minimalSpec()), gcpRequest("px-b", minimalSpec())}
+	mine[1].Spec.GCP.Zone = "us-central1-a"
+	sibling := gcpRequest("px-c", minimalSpec()) // same installation, another Proxy
+	sibling.ProxyUID = "ffffffff-0000-0000-0000-000000000000"
+	for _, req := range append(mine, sibling) {
+		create(t, p, req)
+	}
+	// The same UID in another installation is not this Proxy's: UIDs are per cluster, and
+	// another installation may run against another cluster.
+	srv.AddInstance(testProject, "europe-west1-b", &computepb.Instance{
+		Name:   proto.String("px-elsewhere"),
+		Labels: map[string]string{provider.LabelInstallation: "staging", provider.LabelProxyUID: uid},
+	})
+
+	got, err := p.ListOwned(t.Context(), provider.Owner{Installation: "prod-eu", ProxyUID: uid})
+	require.NoError(t, err)
+	var ids []string
+	for _, inst := range got {
+		ids = append(ids, inst.ProviderID)
+		assert.Equal(t, uid, inst.ProxyUID(), inst.Name)
+		assert.Equal(t, "prod-eu", inst.Labels[provider.LabelInstallation], inst.Name)
+	}
+	assert.ElementsMatch(t, []string{
+		"projects/proj-a/zones/europe-west1-b/instances/px-a",
+		"projects/proj-a/zones/us-central1-a/instances/px-b",
+	}, ids)
+
+	all, err := p.ListOwned(t.Context(), provider.Owner{Installation: "prod-eu"})
+	require.NoError(t, err)
+	assert.Len(t, all, 3, "without a UID the whole installation is listed")
+
+	none, err := p.ListOwned(t.Context(), provider.Owner{Installation: "prod-eu", ProxyUID: "no-such-uid"})
+	require.NoError(t, err)
+	assert.Empty(t, none)
+}
+
+// The sweeper deletes what a list returns, so an answer wider than the filter asked for
+// must not get through.
+func TestListOwnedChecksLabelsItself(t *testing.T) {
+	const uid = "0b6d1c1e-8a7e-4d0c-9d57-6f1e3c2a9b10"
+	srv := gcptest.NewServer(t)
+	srv.AddInstance(testProject, "europe-west1-b", &computepb.Instance{
+		Name:   proto.String("px-mine"),
+		Labels: map[string]string{provider.LabelInstallation: "prod-eu", provider.LabelProxyUID: uid},
+	})
+	srv.AddInstance(testProject, "europe-west1-b", &computepb.Instance{
+		Name:   proto.String("px-sibling"),
+		Labels: map[string]string{provider.LabelInstallation: "prod-eu", provider.LabelProxyUID: "other"},
+	})
+	srv.AddInstance(testProject, "europe-west1-b", &computepb.Instance{
+		Name:   proto.String("px-foreign"),
+		Labels: map[string]string{provider.LabelInstallation: "staging", provider.LabelProxyUID: uid},
+	})
+	// A server that ignores the filter: every request reaches the fake with none. The
+	// transport has no proxy, so nothing leaves the loopback interface.
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	dropFilter := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.URL.Query().Get("filter") == "" {
+			t.Errorf("the provider sent no filter: %s", r.URL)
+		}
+		r = r.Clone(r.Context())
+		q := r.URL.Query()
+		q.Del("filter")
+		r.URL.RawQuery = q.Encode()
+		return base.RoundTrip(r)
+	})}
+	p, err := New(t.Context(), Config{DefaultProject: testProject, ClientOptions: []option.ClientOption{
+		option.WithEndpoint(srv.URL), option.WithoutAuthentication(), option.WithHTTPClient(dropFilter),
+	}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+
+	got, err := p.ListOwned(t.Context(), provider.Owner{Installation: "prod-eu", ProxyUID: uid})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	assert.Equal(t, "px-mine", got[0].Name)
+
+	got, err = p.ListOwned(t.Context(), provider.Owner{Installation: "prod-eu"})
+	require.NoError(t, err)
+	var names []string
+	for _, inst := range got {
+		names = append(names, inst.Name)
+	}
+	assert.ElementsMatch(t, []string{"px-mine", "px-sibling"}, names)
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func TestCreateLabelsTheSpecHash(t *testing.T) {
+	p, srv := newTestProvider(t)
+	withHash := gcpRequest("px-a", minimalSpec())
+	withHash.SpecHash = "0123456789abcdef"
+	created := create(t, p, withHash)
+	create(t, p, gcpRequest("px-b", minimalSpec()))
+
+	assert.Equal(t, "0123456789abcdef", created.Labels[provider.LabelSpecHash])
+	got := srv.Instances()
+	require.Len(t, got, 2)
+	assert.Equal(t, "0123456789abcdef", got[0].Labels[provider.LabelSpecHash])
+	assert.NotContains(t, got[1].Labels, provider.LabelSpecHash, "no hash, no label")
+
+	listed, err := p.ListOwned(t.Context(), provider.Owner{Installation: withHash.Installation, ProxyUID: withHash.ProxyUID})
+	require.NoError(t, err)
+	require.Len(t, listed, 2)
+	byName := map[string]provider.Instance{listed[0].Name: listed[0], listed[1].Name: listed[1]}
+	assert.Equal(t, "0123456789abcdef", byName["px-a"].Labels[provider.LabelSpecHash], "a run without state reads it back from the list")
+}
+
+func TestListOwnedErrorsAreClassified(t *testing.T) {
 	p, srv := newTestProvider(t)
 	srv.FailNext(gcptest.MethodAggregatedList, http.StatusForbidden, "forbidden", "Required 'compute.instances.list' permission")
-	_, err := p.ListByTag(t.Context(), "prod-eu")
+	_, err := p.ListOwned(t.Context(), provider.Owner{Installation: "prod-eu"})
 	require.Error(t, err)
 	assert.Equal(t, provider.KindPermanent, provider.Class(err))
 }
@@ -377,4 +498,16 @@ func TestClientFromEndpointOptionsOnly(t *testing.T) {
 	got, err := p.Get(t.Context(), inst.ProviderID)
 	require.NoError(t, err)
 	assert.Equal(t, provider.StateProvisioning, got.State)
+}
+
+// The filter is GCE's syntax: a bare expression alone, parenthesised ones side by side
+// (which GCE ANDs) for two.
+func TestOwnerFilter(t *testing.T) {
+	f, err := ownerFilter(provider.Owner{Installation: "prod-eu"})
+	require.NoError(t, err)
+	assert.Equal(t, `labels.proxyfleet-installation = "prod-eu"`, f)
+
+	f, err = ownerFilter(provider.Owner{Installation: "prod-eu", ProxyUID: "0b6d1c1e-8a7e-4d0c-9d57-6f1e3c2a9b10"})
+	require.NoError(t, err)
+	assert.Equal(t, `(labels.proxyfleet-installation = "prod-eu") (labels.proxyfleet-uid = "0b6d1c1e-8a7e-4d0c-9d57-6f1e3c2a9b10")`, f)
 }

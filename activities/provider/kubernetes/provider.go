@@ -2,7 +2,6 @@ package kubernetes
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"unicode"
@@ -24,7 +23,7 @@ const defaultPageSize = 500
 //
 // Client should read from the API server, not a cache: Get must see a pod created a moment
 // ago, and a cache of Pods would watch every pod in the cluster. It needs get, list, create
-// and delete on pods (list cluster-wide, for ListByTag).
+// and delete on pods (list cluster-wide, for ListOwned).
 type Provider struct {
 	Client client.Client
 
@@ -130,13 +129,21 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 	return nil
 }
 
-// ListByTag implements provider.Provider, across all namespaces: spec.kubernetes.namespace
+// ListOwned implements provider.Provider, across all namespaces: spec.kubernetes.namespace
 // lets a Proxy put its pod anywhere.
-func (p *Provider) ListByTag(ctx context.Context, installation string) ([]provider.Instance, error) {
-	if installation == "" {
-		// An empty selector value matches pods labelled with an empty installation, which
-		// are nobody's: the sweeper must never be handed those.
-		return nil, provider.Permanent(errors.New("list pods: empty installation"))
+func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provider.Instance, error) {
+	// An empty selector value matches pods labelled with an empty installation, which are
+	// nobody's: the sweeper must never be handed those.
+	if err := owner.Check(); err != nil {
+		return nil, err
+	}
+	selector := owner.Selector()
+	// The selector is sent as text; a value that is not a label value (a comma, say) could
+	// add requirements of its own, and could never match a pod of ours anyway.
+	for k, v := range selector {
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			return nil, provider.Permanent(fmt.Errorf("list pods: label %s=%q: %s", k, v, strings.Join(errs, "; ")))
+		}
 	}
 	size := p.pageSize
 	if size <= 0 {
@@ -144,16 +151,24 @@ func (p *Provider) ListByTag(ctx context.Context, installation string) ([]provid
 	}
 	var out []provider.Instance
 	opts := []client.ListOption{
-		client.MatchingLabels{provider.LabelInstallation: installation},
+		client.MatchingLabels(selector),
 		client.Limit(size),
+	}
+	what := "list pods of installation " + owner.Installation
+	if owner.ProxyUID != "" {
+		what += ", proxy " + owner.ProxyUID
 	}
 	for cont := ""; ; {
 		var list corev1.PodList
 		if err := p.Client.List(ctx, &list, append(opts, client.Continue(cont))...); err != nil {
-			return nil, classify("list pods of installation "+installation, err)
+			return nil, classify(what, err)
 		}
 		for i := range list.Items {
-			out = append(out, toInstance(&list.Items[i]))
+			// The sweeper deletes what this returns, so the labels are checked here too
+			// rather than trusted to the server's selector.
+			if owner.Owns(list.Items[i].Labels) {
+				out = append(out, toInstance(&list.Items[i]))
+			}
 		}
 		if cont = list.Continue; cont == "" {
 			return out, nil

@@ -35,7 +35,7 @@ type fixture struct {
 	p   *Provider
 	ns  string
 	ctx context.Context
-	// installation is unique per test, so ListByTag sees only this test's pods.
+	// installation is unique per test, so ListOwned sees only this test's pods.
 	installation string
 }
 
@@ -216,7 +216,7 @@ func TestMalformedIDs(t *testing.T) {
 	}
 }
 
-func TestListByTag(t *testing.T) {
+func TestListOwned(t *testing.T) {
 	f := newFixture(t)
 	other := f.namespace()
 
@@ -231,7 +231,7 @@ func TestListByTag(t *testing.T) {
 
 	// Pages of one pod exercise the continue loop.
 	for _, p := range []*Provider{f.p, {Client: f.c, pageSize: 1}} {
-		list, err := p.ListByTag(f.ctx, f.installation)
+		list, err := p.ListOwned(f.ctx, provider.Owner{Installation: f.installation})
 		require.NoError(t, err)
 		var ids []string
 		for _, inst := range list {
@@ -242,13 +242,115 @@ func TestListByTag(t *testing.T) {
 		assert.ElementsMatch(t, []string{f.ns + "/px-list-a", other + "/px-list-b"}, ids)
 	}
 
-	list, err := f.p.ListByTag(f.ctx, c.Installation)
+	list, err := f.p.ListOwned(f.ctx, provider.Owner{Installation: c.Installation})
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	assert.Equal(t, f.ns+"/px-list-c", list[0].ProviderID)
 
-	_, err = f.p.ListByTag(f.ctx, "")
+	_, err = f.p.ListOwned(f.ctx, provider.Owner{})
 	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+}
+
+func TestListOwnedByProxy(t *testing.T) {
+	f := newFixture(t)
+	other := f.namespace()
+
+	a0 := f.request("px-own-a-0")
+	a1 := f.request("px-own-a-1") // the same Proxy's second instance, in another namespace
+	a1.ProxyUID = a0.ProxyUID
+	a1.Spec.Kubernetes.Namespace = other
+	sibling := f.request("px-own-b-0")   // same installation, another Proxy
+	elsewhere := f.request("px-own-a-x") // the same UID in another installation
+	elsewhere.ProxyUID = a0.ProxyUID
+	elsewhere.Installation = f.installation + "-other"
+	for _, req := range []provider.CreateRequest{a0, a1, sibling, elsewhere} {
+		f.create(req)
+	}
+
+	mine := provider.Owner{Installation: f.installation, ProxyUID: a0.ProxyUID}
+	// Pages of one pod exercise the continue loop with both labels selected.
+	for _, p := range []*Provider{f.p, {Client: f.c, pageSize: 1}} {
+		list, err := p.ListOwned(f.ctx, mine)
+		require.NoError(t, err)
+		var ids []string
+		for _, inst := range list {
+			ids = append(ids, inst.ProviderID)
+			assert.Equal(t, a0.ProxyUID, inst.ProxyUID())
+			assert.Equal(t, f.installation, inst.Labels[provider.LabelInstallation])
+		}
+		assert.ElementsMatch(t, []string{f.ns + "/px-own-a-0", other + "/px-own-a-1"}, ids)
+	}
+
+	all, err := f.p.ListOwned(f.ctx, provider.Owner{Installation: f.installation})
+	require.NoError(t, err)
+	assert.Len(t, all, 3, "without a UID the whole installation is listed")
+
+	none, err := f.p.ListOwned(f.ctx, provider.Owner{Installation: f.installation, ProxyUID: "no-such-uid"})
+	require.NoError(t, err)
+	assert.Empty(t, none)
+
+	for _, owner := range []provider.Owner{
+		{ProxyUID: a0.ProxyUID},
+		{Installation: f.installation, ProxyUID: a0.ProxyUID + ",proxyfleet-managed-by!=proxyfleet"},
+		{Installation: "not a label value", ProxyUID: a0.ProxyUID},
+	} {
+		_, err := f.p.ListOwned(f.ctx, owner)
+		assert.Equal(t, provider.KindPermanent, provider.Class(err), "%+v", owner)
+	}
+}
+
+// ignoreSelector is an API server that answers a List as if no label selector were given.
+type ignoreSelector struct{ client.Client }
+
+func (c ignoreSelector) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	o := (&client.ListOptions{}).ApplyOptions(opts)
+	o.LabelSelector = nil
+	return c.Client.List(ctx, list, o)
+}
+
+// The sweeper deletes what a list returns, so an answer wider than the selector asked for
+// must not get through.
+func TestListOwnedChecksLabelsItself(t *testing.T) {
+	f := newFixture(t)
+	mine := f.request("px-check-a")
+	sibling := f.request("px-check-b")
+	elsewhere := f.request("px-check-c")
+	elsewhere.ProxyUID = mine.ProxyUID
+	elsewhere.Installation = f.installation + "-other"
+	for _, req := range []provider.CreateRequest{mine, sibling, elsewhere} {
+		f.create(req)
+	}
+	p := &Provider{Client: ignoreSelector{f.c}}
+
+	list, err := p.ListOwned(f.ctx, provider.Owner{Installation: f.installation, ProxyUID: mine.ProxyUID})
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	assert.Equal(t, f.ns+"/px-check-a", list[0].ProviderID)
+
+	list, err = p.ListOwned(f.ctx, provider.Owner{Installation: f.installation})
+	require.NoError(t, err)
+	var ids []string
+	for _, inst := range list {
+		ids = append(ids, inst.ProviderID)
+	}
+	assert.ElementsMatch(t, []string{f.ns + "/px-check-a", f.ns + "/px-check-b"}, ids)
+}
+
+func TestCreateLabelsTheSpecHash(t *testing.T) {
+	f := newFixture(t)
+	withHash := f.request("px-hash-0")
+	withHash.SpecHash = "0123456789abcdef"
+	created := f.create(withHash)
+	assert.Equal(t, "0123456789abcdef", created.Labels[provider.LabelSpecHash])
+	assert.Equal(t, "0123456789abcdef", f.pod(created.ProviderID).Labels[provider.LabelSpecHash])
+
+	list, err := f.p.ListOwned(f.ctx, provider.Owner{Installation: f.installation, ProxyUID: withHash.ProxyUID})
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	assert.Equal(t, "0123456789abcdef", list[0].Labels[provider.LabelSpecHash], "a run without state reads it back from the list")
+
+	without := f.create(f.request("px-hash-1"))
+	assert.NotContains(t, f.pod(without.ProviderID).Labels, provider.LabelSpecHash, "no hash, no label")
 }
 
 func TestCloudInitSecretIsMounted(t *testing.T) {

@@ -2,6 +2,7 @@ package local_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -89,7 +90,7 @@ func TestProviderLifecycle(t *testing.T) {
 	other.Installation = "inst-b"
 	_, err = p.Create(ctx, other)
 	require.NoError(t, err)
-	mine, err := p.ListByTag(ctx, "inst-a")
+	mine, err := p.ListOwned(ctx, provider.Owner{Installation: "inst-a"})
 	require.NoError(t, err)
 	assert.Len(t, mine, 2, "only this installation's instances")
 
@@ -124,4 +125,101 @@ func TestProviderErrors(t *testing.T) {
 	require.Error(t, err)
 	assert.False(t, errors.Is(err, provider.ErrNotFound))
 	assert.Equal(t, provider.KindTransient, provider.Class(err), "a daemon that is down is a wait")
+}
+
+func TestListOwnedByProxy(t *testing.T) {
+	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
+	require.NoError(t, err)
+	defer d.Close()
+	p := serve(t, d)
+	ctx := context.Background()
+
+	elsewhere := req("px-a-9", "uid-a") // the same UID in another installation
+	elsewhere.Installation = "inst-b"
+	for _, r := range []provider.CreateRequest{req("px-a-1", "uid-a"), req("px-a-2", "uid-a"), req("px-b-1", "uid-b"), elsewhere} {
+		_, err := p.Create(ctx, r)
+		require.NoError(t, err)
+	}
+
+	mine, err := p.ListOwned(ctx, provider.Owner{Installation: "inst-a", ProxyUID: "uid-a"})
+	require.NoError(t, err)
+	var names []string
+	for _, inst := range mine {
+		names = append(names, inst.Name)
+		assert.Equal(t, "uid-a", inst.ProxyUID())
+		assert.Equal(t, "inst-a", inst.Labels[provider.LabelInstallation])
+	}
+	assert.ElementsMatch(t, []string{"px-a-1", "px-a-2"}, names)
+
+	all, err := p.ListOwned(ctx, provider.Owner{Installation: "inst-a"})
+	require.NoError(t, err)
+	assert.Len(t, all, 3, "without a UID the whole installation is listed")
+
+	none, err := p.ListOwned(ctx, provider.Owner{Installation: "inst-a", ProxyUID: "uid-z"})
+	require.NoError(t, err)
+	assert.Empty(t, none)
+
+	_, err = p.ListOwned(ctx, provider.Owner{ProxyUID: "uid-a"})
+	require.Error(t, err)
+	assert.Equal(t, provider.KindPermanent, provider.Class(err), "nobody's instances are never listed")
+}
+
+// The sweeper deletes what a list returns, so an answer wider than the query asked for
+// (an older daemon's, say) must not get through.
+func TestListOwnedChecksLabelsItself(t *testing.T) {
+	all := []local.InstanceInfo{
+		{Name: "px-a-1", Labels: map[string]string{provider.LabelInstallation: "inst-a", provider.LabelProxyUID: "uid-a"}},
+		{Name: "px-b-1", Labels: map[string]string{provider.LabelInstallation: "inst-a", provider.LabelProxyUID: "uid-b"}},
+		{Name: "px-a-9", Labels: map[string]string{provider.LabelInstallation: "inst-b", provider.LabelProxyUID: "uid-a"}},
+		{Name: "hand-made"},
+	}
+	var queries []url.Values
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		queries = append(queries, r.URL.Query())
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"instances": all})
+	}))
+	t.Cleanup(srv.Close)
+	p := local.NewProvider(srv.URL)
+
+	got, err := p.ListOwned(context.Background(), provider.Owner{Installation: "inst-a", ProxyUID: "uid-a"})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	assert.Equal(t, "px-a-1", got[0].Name)
+	require.Len(t, queries, 1)
+	assert.Equal(t, url.Values{
+		"label." + provider.LabelInstallation: {"inst-a"},
+		"label." + provider.LabelProxyUID:     {"uid-a"},
+	}, queries[0], "both labels are asked for")
+
+	got, err = p.ListOwned(context.Background(), provider.Owner{Installation: "inst-a"})
+	require.NoError(t, err)
+	var names []string
+	for _, inst := range got {
+		names = append(names, inst.Name)
+	}
+	assert.ElementsMatch(t, []string{"px-a-1", "px-b-1"}, names)
+}
+
+func TestCreateLabelsTheSpecHash(t *testing.T) {
+	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
+	require.NoError(t, err)
+	defer d.Close()
+	p := serve(t, d)
+	ctx := context.Background()
+
+	withHash := req("px-a-1", "uid-a")
+	withHash.SpecHash = "0123456789abcdef"
+	inst, err := p.Create(ctx, withHash)
+	require.NoError(t, err)
+	assert.Equal(t, "0123456789abcdef", inst.Labels[provider.LabelSpecHash])
+
+	list, err := p.ListOwned(ctx, provider.Owner{Installation: "inst-a", ProxyUID: "uid-a"})
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	assert.Equal(t, "0123456789abcdef", list[0].Labels[provider.LabelSpecHash], "a run without state reads it back from the list")
+
+	without, err := p.Create(ctx, req("px-b-1", "uid-b"))
+	require.NoError(t, err)
+	assert.NotContains(t, without.Labels, provider.LabelSpecHash, "no hash, no label")
 }

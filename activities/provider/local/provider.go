@@ -54,9 +54,15 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 	return p.do(ctx, http.MethodDelete, "/v1/instances/"+url.PathEscape(id), nil, nil)
 }
 
-// ListByTag implements provider.Provider.
-func (p *Provider) ListByTag(ctx context.Context, installation string) ([]provider.Instance, error) {
-	q := url.Values{"label." + provider.LabelInstallation: {installation}}
+// ListOwned implements provider.Provider. The daemon ANDs every label.k=v it is given.
+func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provider.Instance, error) {
+	if err := owner.Check(); err != nil {
+		return nil, err
+	}
+	q := url.Values{}
+	for k, v := range owner.Selector() {
+		q.Set("label."+k, v)
+	}
 	var out struct {
 		Instances []InstanceInfo `json:"instances"`
 	}
@@ -65,7 +71,11 @@ func (p *Provider) ListByTag(ctx context.Context, installation string) ([]provid
 	}
 	list := make([]provider.Instance, 0, len(out.Instances))
 	for _, info := range out.Instances {
-		list = append(list, toInstance(info))
+		// An older daemon, or one that ignores a parameter, would answer too broadly; the
+		// sweeper deletes what this returns, so the labels are checked here as well.
+		if owner.Owns(info.Labels) {
+			list = append(list, toInstance(info))
+		}
 	}
 	return list, nil
 }

@@ -228,8 +228,31 @@ func timestamp(t time.Time) string { return t.Format("2006-01-02T15:04:05.000-07
 // instanceName is GCE's rule for resource names.
 var instanceName = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
-// labelFilter is the one filter form the provider sends: labels.<key> = "<value>".
-var labelFilter = regexp.MustCompile(`^labels\.([a-z][-_a-z0-9]*)\s*=\s*"([^"]*)"$`)
+// The filter forms the provider sends: one bare labels.<key> = "<value>", or one or more
+// parenthesised ones side by side, which GCE ANDs. Anything else is refused, so a filter the
+// real API would read differently fails a test instead of passing it.
+var (
+	labelFilter       = regexp.MustCompile(`^labels\.([a-z][-_a-z0-9]*)\s*=\s*"([^"]*)"$`)
+	labelFilterAnd    = regexp.MustCompile(`^(\(\s*labels\.[a-z][-_a-z0-9]*\s*=\s*"[^"]*"\s*\)\s*)+$`)
+	labelFilterParens = regexp.MustCompile(`\(\s*labels\.([a-z][-_a-z0-9]*)\s*=\s*"([^"]*)"\s*\)`)
+)
+
+// parseLabelFilter returns the label pairs f requires, all of them, or false for a form it
+// does not know.
+func parseLabelFilter(f string) ([][2]string, bool) {
+	f = strings.TrimSpace(f)
+	if m := labelFilter.FindStringSubmatch(f); m != nil {
+		return [][2]string{{m[1], m[2]}}, true
+	}
+	if !labelFilterAnd.MatchString(f) {
+		return nil, false
+	}
+	var want [][2]string
+	for _, m := range labelFilterParens.FindAllStringSubmatch(f, -1) {
+		want = append(want, [2]string{m[1], m[2]})
+	}
+	return want, true
+}
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/compute/v1/"), "/")
@@ -321,14 +344,19 @@ func (s *Server) delete(w http.ResponseWriter, k key) {
 func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request, project string) {
 	match := func(*computepb.Instance) bool { return true }
 	if f := r.URL.Query().Get("filter"); f != "" {
-		m := labelFilter.FindStringSubmatch(f)
-		if m == nil {
-			writeError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("gcptest understands only labels.<key> = \"<value>\" filters, not %q", f))
+		want, ok := parseLabelFilter(f)
+		if !ok {
+			writeError(w, http.StatusBadRequest, "invalid",
+				fmt.Sprintf("gcptest understands only labels.<key> = \"<value>\" and (labels.<key> = \"<value>\") (...) filters, not %q", f))
 			return
 		}
 		match = func(inst *computepb.Instance) bool {
-			v, ok := inst.GetLabels()[m[1]]
-			return ok && v == m[2]
+			for _, kv := range want {
+				if got, ok := inst.GetLabels()[kv[0]]; !ok || got != kv[1] {
+					return false
+				}
+			}
+			return true
 		}
 	}
 	items := map[string]*computepb.InstancesScopedList{}

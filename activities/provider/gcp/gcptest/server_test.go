@@ -8,9 +8,11 @@ import (
 	"strings"
 	"testing"
 
+	"cloud.google.com/go/compute/apiv1/computepb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/api/googleapi"
+	"google.golang.org/protobuf/proto"
 )
 
 // do sends a raw request, to check the wire format independently of the client library.
@@ -57,6 +59,18 @@ func TestErrorsUseGoogleShape(t *testing.T) {
 			fail:     func(*Server) {},
 			wantCode: 400, wantReason: "invalid", wantDomain: "global",
 		},
+		{
+			name: "parenthesised filter joined with OR", method: http.MethodGet,
+			path:     "/compute/v1/projects/p/aggregated/instances?filter=" + url.QueryEscape(`(labels.a = "x") OR (labels.b = "y")`),
+			fail:     func(*Server) {},
+			wantCode: 400, wantReason: "invalid", wantDomain: "global",
+		},
+		{
+			name: "parenthesised filter with trailing text", method: http.MethodGet,
+			path:     "/compute/v1/projects/p/aggregated/instances?filter=" + url.QueryEscape(`(labels.a = "x") labels.b = "y"`),
+			fail:     func(*Server) {},
+			wantCode: 400, wantReason: "invalid", wantDomain: "global",
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,6 +96,63 @@ func TestErrorsUseGoogleShape(t *testing.T) {
 			require.NoError(t, json.Unmarshal(raw, &body))
 			require.Len(t, body.Error.Errors, 1)
 			assert.Equal(t, tc.wantDomain, body.Error.Errors[0].Domain)
+		})
+	}
+}
+
+// listNames runs aggregatedList with filter and returns the names it answers with, by zone.
+func listNames(t *testing.T, s *Server, filter string) map[string][]string {
+	t.Helper()
+	path := "/compute/v1/projects/p/aggregated/instances"
+	if filter != "" {
+		path += "?filter=" + url.QueryEscape(filter)
+	}
+	resp, raw := do(t, s, http.MethodGet, path, "")
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(raw))
+	var body struct {
+		Items map[string]struct {
+			Instances []struct {
+				Name string `json:"name"`
+			} `json:"instances"`
+		} `json:"items"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &body))
+	out := map[string][]string{}
+	for scope, list := range body.Items {
+		for _, inst := range list.Instances {
+			out[scope] = append(out[scope], inst.Name)
+		}
+	}
+	return out
+}
+
+func TestAggregatedListFilters(t *testing.T) {
+	s := NewServer(t)
+	add := func(zone, name string, labels map[string]string) {
+		s.AddInstance("p", zone, &computepb.Instance{Name: proto.String(name), Labels: labels})
+	}
+	add("zone-a", "px-1", map[string]string{"inst": "prod", "uid": "u1"})
+	add("zone-b", "px-2", map[string]string{"inst": "prod", "uid": "u1"})
+	add("zone-a", "px-3", map[string]string{"inst": "prod", "uid": "u2"})
+	add("zone-a", "px-4", map[string]string{"inst": "staging", "uid": "u1"})
+	add("zone-a", "px-5", nil)
+	s.AddInstance("other-project", "zone-a", &computepb.Instance{Name: proto.String("px-6"), Labels: map[string]string{"inst": "prod", "uid": "u1"}})
+
+	tests := []struct {
+		name, filter string
+		want         map[string][]string
+	}{
+		{"none", "", map[string][]string{"zones/zone-a": {"px-1", "px-3", "px-4", "px-5"}, "zones/zone-b": {"px-2"}}},
+		{"bare", `labels.inst = "prod"`, map[string][]string{"zones/zone-a": {"px-1", "px-3"}, "zones/zone-b": {"px-2"}}},
+		{"one parenthesised", `(labels.inst = "staging")`, map[string][]string{"zones/zone-a": {"px-4"}}},
+		{"two parenthesised are ANDed", `(labels.inst = "prod") (labels.uid = "u1")`, map[string][]string{"zones/zone-a": {"px-1"}, "zones/zone-b": {"px-2"}}},
+		{"spacing is free", `  ( labels.inst="prod" )(labels.uid =  "u2")  `, map[string][]string{"zones/zone-a": {"px-3"}}},
+		{"a missing label never matches", `(labels.inst = "prod") (labels.team = "")`, map[string][]string{}},
+		{"one key, two values", `(labels.inst = "prod") (labels.inst = "staging")`, map[string][]string{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, listNames(t, s, tc.filter))
 		})
 	}
 }
