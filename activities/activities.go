@@ -48,6 +48,9 @@ type Activities struct {
 	// Prober sends probes through proxies; nil uses probe.Probe with default settings.
 	Prober Prober
 	Log    *slog.Logger
+	// CallTimeout bounds one provider call made by a long-running activity (default 20s,
+	// and never more than half the activity's heartbeat timeout).
+	CallTimeout time.Duration
 }
 
 // Prober sends one probe through a proxy.
@@ -171,7 +174,9 @@ func (a *Activities) WaitRunning(ctx context.Context, in InstanceInput) (WaitRes
 	deadline := time.Now().Add(orDefault(in.MaxWait, 10*time.Minute))
 	var last provider.Instance
 	for {
-		inst, err := p.Get(ctx, id)
+		cctx, cancel := a.callContext(ctx)
+		inst, err := p.Get(cctx, id)
+		cancel()
 		switch {
 		case errors.Is(err, provider.ErrNotFound):
 			return WaitResult{Gone: true}, nil
@@ -209,13 +214,18 @@ func (a *Activities) DeleteInstance(ctx context.Context, in InstanceInput) error
 	poll := orDefault(in.PollInterval, 5*time.Second)
 	for i := 0; ; i++ {
 		if i%6 == 0 {
-			if err := p.Delete(ctx, id); err != nil && !errors.Is(err, provider.ErrNotFound) {
+			cctx, cancel := a.callContext(ctx)
+			err := p.Delete(cctx, id)
+			cancel()
+			if err != nil && !errors.Is(err, provider.ErrNotFound) {
 				// Permanent errors are retried too: giving up would leak the instance and wedge
 				// the Proxy's finalizer. The workflow keeps retrying with backoff, visibly.
 				return fmt.Errorf("delete %s: %w", id, err)
 			}
 		}
-		_, err := p.Get(ctx, id)
+		cctx, cancel := a.callContext(ctx)
+		_, err := p.Get(cctx, id)
+		cancel()
 		if errors.Is(err, provider.ErrNotFound) {
 			a.log().InfoContext(ctx, "instance deleted", "provider", in.Provider, "providerID", id)
 			return nil
@@ -343,6 +353,19 @@ func (a *Activities) ownProxy(ctx context.Context, ref ObjectRef) (*v1alpha1.Pro
 		return nil, nil
 	}
 	return &p, nil
+}
+
+// callContext bounds one provider call to less than the activity's heartbeat timeout: a
+// hung cloud API then fails the call, which the activity retries or reports, instead of
+// holding the activity (and its worker slot) until Temporal gives up on it.
+func (a *Activities) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := orDefault(a.CallTimeout, 20*time.Second)
+	if activity.IsActivity(ctx) {
+		if hb := activity.GetInfo(ctx).HeartbeatTimeout; hb > 0 {
+			d = min(d, hb/2)
+		}
+	}
+	return context.WithTimeout(ctx, d)
 }
 
 func orDefault(d, def time.Duration) time.Duration {

@@ -131,24 +131,38 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 		}
 		a.Metrics.probed(res)
 		now := time.Now()
-		if reason, changed := th.record(&st, res, now); changed {
-			return MonitorResult{Reason: reason, Health: st.Health}, nil
-		}
-
-		if prv != nil && now.Sub(st.LastDrift) >= drift {
+		reason, changed := th.record(&st, res, now)
+		// A proxy that just turned unhealthy is checked at the provider at once: a killed,
+		// stopped or preempted instance is then replaced now, not a drift interval later.
+		turnedBad := changed && reason == MonitorVerdict && !st.Health.Healthy
+		if prv != nil && (turnedBad || now.Sub(st.LastDrift) >= drift) {
 			st.LastDrift = now
-			inst, err := prv.Get(ctx, providerID)
-			switch {
-			case errors.Is(err, provider.ErrNotFound):
-				return MonitorResult{Reason: MonitorGone, Health: st.Health}, nil
-			case err != nil:
-				a.log().WarnContext(ctx, "drift check failed", "providerID", providerID, "error", err)
-			case inst.State == provider.StateStopped:
-				return MonitorResult{Reason: MonitorStopped, Health: st.Health, Instance: inst}, nil
+			if lost, ok := a.drift(ctx, prv, providerID, st.Health); ok {
+				return lost, nil
 			}
+		}
+		if changed {
+			return MonitorResult{Reason: reason, Health: st.Health}, nil
 		}
 		activity.RecordHeartbeat(ctx, st)
 	}
+}
+
+// drift asks the provider about the instance and reports it lost (gone, or stopped for
+// good) if so. A failed check is logged and tried again later: it proves nothing.
+func (a *Activities) drift(ctx context.Context, prv provider.Provider, providerID string, h Health) (MonitorResult, bool) {
+	cctx, cancel := a.callContext(ctx)
+	defer cancel()
+	inst, err := prv.Get(cctx, providerID)
+	switch {
+	case errors.Is(err, provider.ErrNotFound):
+		return MonitorResult{Reason: MonitorGone, Health: h}, true
+	case err != nil:
+		a.log().WarnContext(ctx, "drift check failed", "providerID", providerID, "error", err)
+	case inst.State == provider.StateStopped:
+		return MonitorResult{Reason: MonitorStopped, Health: h, Instance: inst}, true
+	}
+	return MonitorResult{}, false
 }
 
 func (a *Activities) prober() Prober {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/worker"
 
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/probe"
@@ -141,4 +142,91 @@ func TestMonitorReportsDrift(t *testing.T) {
 	in2.HealthCheck.FailureThreshold = 100 // let drift, not probes, end it
 	res = m.run(t, in2, nil)
 	assert.Equal(t, activities.MonitorStopped, res.Reason)
+}
+
+// TestMonitorChecksTheProviderWhenAProxyTurnsUnhealthy: a killed instance is reported lost
+// with the verdict itself, not a drift interval later, so the workflow replaces it at once.
+func TestMonitorChecksTheProviderWhenAProxyTurnsUnhealthy(t *testing.T) {
+	m := newMonitorEnv(t)
+	inst, ii := m.instance(t, "px-mon-6")
+	in := m.input(inst, activities.Health{Known: true, Healthy: true})
+	in.Instance = &ii
+	in.DriftInterval = time.Hour
+	_, _, err := m.daemon.Kill("px-mon-6")
+	require.NoError(t, err)
+	res := m.run(t, in, nil)
+	assert.Equal(t, activities.MonitorStopped, res.Reason)
+	assert.False(t, res.Health.Healthy, "the verdict travels with it")
+}
+
+// hangingProvider never answers Get or Delete until its caller gives up, as a cloud API
+// that accepted the connection and went silent.
+type hangingProvider struct {
+	provider.Provider
+	calls chan struct{}
+}
+
+func (h *hangingProvider) ProviderID(req provider.CreateRequest) string { return req.Name }
+
+func (h *hangingProvider) Get(ctx context.Context, _ string) (provider.Instance, error) {
+	h.calls <- struct{}{}
+	<-ctx.Done()
+	return provider.Instance{}, ctx.Err()
+}
+
+func (h *hangingProvider) Delete(ctx context.Context, _ string) error {
+	h.calls <- struct{}{}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestHungProviderCallsAreCutShort: a provider call that never returns is abandoned after
+// the call timeout, so the activity keeps heartbeating and can be cancelled (a wait polls
+// again) or fails and is retried by Temporal (a delete), instead of holding its slot
+// forever.
+func TestHungProviderCallsAreCutShort(t *testing.T) {
+	setup := func(t *testing.T) (*hangingProvider, *activities.Activities, *testsuite.TestActivityEnvironment, context.CancelFunc) {
+		hp := &hangingProvider{calls: make(chan struct{}, 100)}
+		acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderLocal: hp}, Installation: "test",
+			CallTimeout: 50 * time.Millisecond}
+		var s testsuite.WorkflowTestSuite
+		env := s.NewTestActivityEnvironment()
+		env.RegisterActivity(acts)
+		ctx, cancel := context.WithCancel(context.Background())
+		env.SetWorkerOptions(worker.Options{BackgroundActivityContext: ctx})
+		return hp, acts, env, cancel
+	}
+	in := activities.InstanceInput{Provider: v1alpha1.ProviderLocal, Name: "px-hung", PollInterval: 10 * time.Millisecond, MaxWait: time.Hour}
+
+	t.Run("wait polls again", func(t *testing.T) {
+		hp, acts, env, cancel := setup(t)
+		done := make(chan error, 1)
+		go func() { _, err := env.ExecuteActivity(acts.WaitRunning, in); done <- err }()
+		for range 3 {
+			select {
+			case <-hp.calls:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the hung call was never cut short and tried again")
+			}
+		}
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the activity did not stop when cancelled")
+		}
+	})
+	t.Run("delete fails for a retry", func(t *testing.T) {
+		_, acts, env, cancel := setup(t)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { _, err := env.ExecuteActivity(acts.DeleteInstance, in); done <- err }()
+		select {
+		case err := <-done:
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "deadline exceeded")
+		case <-time.After(10 * time.Second):
+			t.Fatal("the hung delete was never cut short")
+		}
+	})
 }

@@ -95,3 +95,25 @@ func TestContinuedRunDoesNotList(t *testing.T) {
 	assert.False(t, next.State.Unlisted)
 	require.NotNil(t, next.State.Instance)
 }
+
+// TestWorkerWithoutTheProviderDoesNotLatchFailed: during a rolling change of --providers
+// the worker that takes a create may lack the provider. The Proxy waits and retries; it
+// does not latch Failed, and is created once a worker has the provider.
+func TestWorkerWithoutTheProviderDoesNotLatchFailed(t *testing.T) {
+	h := newHarness(t)
+	delete(h.reg, v1alpha1.ProviderLocal)
+	h.specAt(0, 1, h.spec())
+	h.checkAt(10*time.Minute, func() {
+		st := h.lastStatus()
+		assert.NotEqual(t, v1alpha1.PhaseFailed, st.Phase)
+		assert.Contains(t, condition(st, v1alpha1.ConditionProvisioned).Message, "not configured on this worker")
+		h.reg[v1alpha1.ProviderLocal] = h.prov
+	})
+	h.checkAt(30*time.Minute, func() {
+		assert.Equal(t, v1alpha1.PhaseReady, h.lastStatus().Phase)
+	})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
+	h.run(fastTuning())
+	h.requireCompleted()
+	assert.Empty(t, h.prov.names())
+}

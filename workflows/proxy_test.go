@@ -165,6 +165,9 @@ type harness struct {
 	// test clock's time when the harness was built.
 	rec   *recorder
 	start time.Time
+	// reg is the worker's provider registry; a test may take a provider away (a worker that
+	// lacks it) and put it back.
+	reg provider.Registry
 
 	mu       sync.Mutex
 	statuses []v1alpha1.ProxyStatus
@@ -192,7 +195,8 @@ func newHarness(t *testing.T, first ...func(*harness)) *harness {
 	h.env.SetTestTimeout(30 * time.Second)
 	h.env.SetWorkerOptions(worker.Options{Interceptors: []interceptor.WorkerInterceptor{h.rec}})
 	h.start = h.env.Now()
-	acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderLocal: h.prov}, Installation: "test"}
+	h.reg = provider.Registry{v1alpha1.ProviderLocal: h.prov}
+	acts := &activities.Activities{Providers: h.reg, Installation: "test"}
 	h.env.RegisterActivity(acts)
 	for _, f := range first {
 		f(h)

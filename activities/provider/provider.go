@@ -149,11 +149,14 @@ type Provider interface {
 // Registry maps provider names (spec.provider) to implementations.
 type Registry map[v1alpha1.Provider]Provider
 
-// Get returns the named provider or a permanent error naming the ones configured.
+// Get returns the named provider, or a transient error naming the ones configured. It is
+// transient on purpose: during a rolling change of a worker's providers, the worker that
+// picked up the task may be the one without it, and the retry may land on one that has
+// it. A Proxy must not latch Failed because one worker was older.
 func (r Registry) Get(name v1alpha1.Provider) (Provider, error) {
 	p, ok := r[name]
 	if !ok {
-		return nil, Permanent(fmt.Errorf("provider %q is not configured on this worker (configured: %v)", name, slices.Sorted(maps.Keys(r))))
+		return nil, fmt.Errorf("provider %q is not configured on this worker (configured: %v)", name, slices.Sorted(maps.Keys(r)))
 	}
 	return p, nil
 }

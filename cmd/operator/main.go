@@ -22,6 +22,8 @@ func main() {
 	flag.StringVar(&opts.HealthProbeAddress, "health-probe-bind-address", "127.0.0.1:8081", "address of /healthz and /readyz")
 	flag.BoolVar(&opts.LeaderElection, "leader-elect", false, "elect a leader, so only one replica reconciles")
 	flag.StringVar(&opts.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's)")
+	flag.DurationVar(&opts.ResyncInterval, "resync-interval", controller.DefaultResyncInterval,
+		"how often the leader starts again the workflows of live Proxies that stopped (terminated, failed); negative turns it off")
 	tuning := tuningFlags(flag.CommandLine)
 
 	cmdline.Main("operator", func(ctx context.Context, p *cmdline.Process) error {

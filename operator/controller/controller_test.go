@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -69,9 +70,9 @@ func (f *flakyTemporal) SignalWithStartWorkflow(ctx context.Context, id, name st
 		return nil, errUnreachable
 	}
 	run, err := f.real.SignalWithStartWorkflow(ctx, id, name, arg, opts, wf, args...)
-	if err == nil {
+	if sig, ok := arg.(workflows.SpecSignal); ok && err == nil {
 		f.mu.Lock()
-		f.sent = append(f.sent, arg.(workflows.SpecSignal))
+		f.sent = append(f.sent, sig)
 		f.mu.Unlock()
 	}
 	return run, err
@@ -91,9 +92,17 @@ func (f *flakyTemporal) DescribeWorkflow(ctx context.Context, id, runID string) 
 	return f.real.DescribeWorkflow(ctx, id, runID)
 }
 
+func (f *flakyTemporal) ListWorkflow(ctx context.Context, req *workflowservice.ListWorkflowExecutionsRequest) (*workflowservice.ListWorkflowExecutionsResponse, error) {
+	if f.isDown() {
+		return nil, errUnreachable
+	}
+	return f.real.ListWorkflow(ctx, req)
+}
+
 // startController runs the reconciler in a manager. No worker serves its task queue: the
-// tests look only at what the controller hands to Temporal.
-func startController(t *testing.T, tc controller.Temporal) {
+// tests look only at what the controller hands to Temporal. The periodic resync is not
+// added: tests call Resync on the returned reconciler when they want a pass.
+func startController(t *testing.T, tc controller.Temporal) *controller.ProxyReconciler {
 	t.Helper()
 	k := testenv.Kube(t)
 	mgr, err := ctrl.NewManager(k.Config, ctrl.Options{
@@ -112,12 +121,32 @@ func startController(t *testing.T, tc controller.Temporal) {
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	return r
 }
 
+// namespace creates a namespace for one test. When the test ends its Proxies are deleted
+// (finalizers dropped) and their workflows terminated: envtest has no namespace controller,
+// and a live Proxy left behind would be found by later tests' resync passes.
 func namespace(t *testing.T) string {
 	t.Helper()
+	k := testenv.Kube(t)
+	ctx := context.Background()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "ctrl-"}}
-	require.NoError(t, testenv.Kube(t).Client.Create(context.Background(), ns))
+	require.NoError(t, k.Client.Create(ctx, ns))
+	t.Cleanup(func() {
+		var list v1alpha1.ProxyList
+		if err := k.Client.List(ctx, &list, ctrlclient.InNamespace(ns.Name)); err != nil {
+			t.Logf("clean up namespace %s: %v", ns.Name, err)
+			return
+		}
+		dropFinalizers := ctrlclient.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))
+		for i := range list.Items {
+			p := &list.Items[i]
+			_ = k.Client.Delete(ctx, p)
+			_ = k.Client.Patch(ctx, p, dropFinalizers)
+			_ = testenv.Temporal(t).Client.TerminateWorkflow(ctx, contract.ProxyWorkflowID(p.Namespace, p.Name), "", "test done")
+		}
+	})
 	return ns.Name
 }
 

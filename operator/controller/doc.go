@@ -1,7 +1,8 @@
 // Package controller is the thin Kubernetes side of the system: it turns Proxy events into
 // Temporal signals (SignalWithStart "spec", "delete") and holds a finalizer until the
-// Proxy's workflow has deleted its instance. It never writes Proxy status; the workflow is
-// the single writer, through an activity.
+// Proxy's workflow has deleted its instance. A periodic resync in the elected leader starts
+// again the workflows of live Proxies that stopped running (Resync). It never writes Proxy
+// status; the workflow is the single writer, through an activity.
 package controller
 
 // The operator's permissions, kept beside the code that needs them and rendered into

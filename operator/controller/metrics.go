@@ -11,6 +11,15 @@ import (
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
+// workflowRestarts counts workflows the resync found stopped and started again. It is
+// process-wide, like controller-runtime's own metrics, and registered by Run alone, so
+// tests that build several managers in one process never register it twice. Any increase
+// deserves a look: a run should never stop while its Proxy lives.
+var workflowRestarts = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "proxyfleet_operator_workflow_restarts_total",
+	Help: "ProxyWorkflows the operator's resync found not running while their Proxy lived, and started again.",
+})
+
 // ProxyCollector reads the Proxies from the manager's cache at scrape time. Counting at
 // scrape time cannot drift the way counters updated by reconciles do, and a deleted Proxy's
 // series simply stops being reported.

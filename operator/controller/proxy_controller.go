@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/serviceerror"
+	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -42,6 +43,7 @@ type Temporal interface {
 		options client.StartWorkflowOptions, workflow any, workflowArgs ...any) (client.WorkflowRun, error)
 	SignalWorkflow(ctx context.Context, workflowID string, runID string, signalName string, arg any) error
 	DescribeWorkflow(ctx context.Context, workflowID, runID string) (*client.WorkflowExecutionDescription, error)
+	ListWorkflow(ctx context.Context, request *workflowservice.ListWorkflowExecutionsRequest) (*workflowservice.ListWorkflowExecutionsResponse, error)
 }
 
 var _ Temporal = client.Client(nil)
@@ -59,7 +61,14 @@ func CacheOptions() cache.Options {
 
 // Reasons of the events the controller records.
 const (
+	// EventTemporalUnavailable: a call to Temporal failed; the controller retries it.
 	EventTemporalUnavailable = "TemporalUnavailable"
+	// EventWorkflowRestarted: the Proxy's workflow had stopped while the Proxy still needed
+	// it (terminated by hand or by a server limit, failed) and the controller started a new
+	// run. Nothing else would until the spec changed: reconciles follow spec, cloud-init
+	// Secret and deletion changes, never the workflow. It is a Warning because a run should never stop on its own; its message names the
+	// workflow and the status it was found in.
+	EventWorkflowRestarted = "WorkflowRestarted"
 )
 
 // ProxyReconciler forwards Proxy changes to their workflows.
@@ -76,6 +85,11 @@ type ProxyReconciler struct {
 	// RecheckDeleting is how often a deleting Proxy is looked at again in case the workflow
 	// could not release it (default 30s). The workflow normally releases it at once.
 	RecheckDeleting time.Duration
+	// APIReader reads a Proxy uncached where a stale cache could do harm: Resync confirms
+	// that the Proxy still lives before it starts its workflow again, since a workflow
+	// started for a Proxy that was just deleted would provision an instance no one owns.
+	// nil reads through Client.
+	APIReader ctrlclient.Reader
 }
 
 // SetupWithManager registers the controller. Only Secrets labelled as cloud-init are in the
@@ -178,6 +192,17 @@ func (r *ProxyReconciler) signalSpec(ctx context.Context, p *v1alpha1.Proxy) err
 		SecretVersion: r.secretVersion(ctx, p),
 		Spec:          p.Spec,
 	}
+	id, opts, in := r.startArgs(p)
+	if _, err := r.Temporal.SignalWithStartWorkflow(ctx, id, contract.SignalSpec, sig, opts, contract.ProxyWorkflowType, in); err != nil {
+		r.warn(p, "Signal", "cannot reach Temporal to hand over generation %d: %v (retrying)", p.Generation, err)
+		return err
+	}
+	return nil
+}
+
+// startArgs are the workflow ID, options and input of every SignalWithStart for p: whichever
+// signal starts a run, the run must be the same workflow on the same queue.
+func (r *ProxyReconciler) startArgs(p *v1alpha1.Proxy) (string, client.StartWorkflowOptions, workflows.ProxyWorkflowInput) {
 	id := contract.ProxyWorkflowID(p.Namespace, p.Name)
 	opts := client.StartWorkflowOptions{
 		ID:                    id,
@@ -187,9 +212,22 @@ func (r *ProxyReconciler) signalSpec(ctx context.Context, p *v1alpha1.Proxy) err
 		TypedSearchAttributes: contract.InitialSearchAttributes(p.Spec.ProviderLabel()),
 	}
 	in := workflows.ProxyWorkflowInput{Namespace: p.Namespace, Name: p.Name, Installation: r.Installation, Tuning: r.Tuning}
-	if _, err := r.Temporal.SignalWithStartWorkflow(ctx, id, contract.SignalSpec, sig, opts, contract.ProxyWorkflowType, in); err != nil {
-		r.warn(p, "Signal", "cannot reach Temporal to hand over generation %d: %v (retrying)", p.Generation, err)
+	return id, opts, in
+}
+
+// startCleanup starts a run whose first signal is the delete: it finds the instances earlier
+// runs left by the Proxy's UID label, deletes them and releases the finalizer itself.
+// Releasing the finalizer here instead would leak whatever a stopped run had created.
+func (r *ProxyReconciler) startCleanup(ctx context.Context, p *v1alpha1.Proxy, why string) error {
+	id, opts, in := r.startArgs(p)
+	if _, err := r.Temporal.SignalWithStartWorkflow(ctx, id, contract.SignalDelete, contract.DeleteSignal{UID: string(p.UID)},
+		opts, contract.ProxyWorkflowType, in); err != nil {
+		r.warn(p, "Delete", "cannot reach Temporal to start a run that deletes the instances: %v (retrying)", err)
 		return err
+	}
+	if r.Events != nil {
+		r.Events.Eventf(p, nil, corev1.EventTypeWarning, EventWorkflowRestarted, "Delete",
+			"workflow %s %s; started a run to delete the Proxy's instances", id, why)
 	}
 	return nil
 }
@@ -213,29 +251,49 @@ func (r *ProxyReconciler) reconcileDelete(ctx context.Context, p *v1alpha1.Proxy
 	if !controllerutil.ContainsFinalizer(p, v1alpha1.Finalizer) {
 		return reconcile.Result{}, nil
 	}
+	recheck := r.RecheckDeleting
+	if recheck <= 0 {
+		recheck = 30 * time.Second
+	}
 	id := contract.ProxyWorkflowID(p.Namespace, p.Name)
 	err := r.Temporal.SignalWorkflow(ctx, id, "", contract.SignalDelete, contract.DeleteSignal{UID: string(p.UID)})
 	var notFound *serviceerror.NotFound
 	switch {
 	case errors.As(err, &notFound):
-		// No running workflow: it never started (so nothing was created) or it has already
-		// deleted the instance and ended.
-		return reconcile.Result{}, r.releaseFinalizer(ctx, p)
+		// No running workflow. If none ever ran for this object (its status, written only by
+		// the workflow, names none), nothing was created and the finalizer can go. If one
+		// ran, it may have stopped (terminated by hand, by a server limit, failed) holding
+		// an instance: only a run can find and delete that, so start one.
+		if p.Status.WorkflowID == "" {
+			return reconcile.Result{}, r.releaseFinalizer(ctx, p)
+		}
+		if err := r.startCleanup(ctx, p, "was not running"); err != nil {
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{RequeueAfter: recheck}, nil
 	case err != nil:
 		r.warn(p, "Delete", "cannot reach Temporal to delete the instance: %v (retrying)", err)
 		return reconcile.Result{}, err
 	}
 	// The workflow removes the finalizer itself once its instances are gone; looking again
-	// later covers a workflow that was terminated by hand.
+	// later covers a run that stops before it is done.
 	desc, err := r.Temporal.DescribeWorkflow(ctx, id, "")
-	if err == nil && desc.Status != enums.WORKFLOW_EXECUTION_STATUS_RUNNING {
-		return reconcile.Result{}, r.releaseFinalizer(ctx, p)
+	if err == nil {
+		switch desc.Status {
+		case enums.WORKFLOW_EXECUTION_STATUS_RUNNING:
+		case enums.WORKFLOW_EXECUTION_STATUS_COMPLETED, enums.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW:
+			// A ProxyWorkflow completes only once it has deleted its instances and released
+			// the finalizer (this p predates that), or continues as new with its state. The
+			// next look finds no finalizer, or no running workflow and starts a cleanup run.
+		default:
+			// The run we just signalled stopped before deleting anything: it may hold an
+			// instance, so the finalizer stays until a new run has deleted it.
+			if err := r.startCleanup(ctx, p, "was "+desc.Status.String()); err != nil {
+				return reconcile.Result{}, err
+			}
+		}
 	}
-	after := r.RecheckDeleting
-	if after <= 0 {
-		after = 30 * time.Second
-	}
-	return reconcile.Result{RequeueAfter: after}, nil
+	return reconcile.Result{RequeueAfter: recheck}, nil
 }
 
 func (r *ProxyReconciler) releaseFinalizer(ctx context.Context, p *v1alpha1.Proxy) error {

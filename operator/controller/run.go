@@ -31,17 +31,32 @@ type Options struct {
 	LeaderElectionNamespace string
 	// RecheckDeleting is ProxyReconciler.RecheckDeleting (0: its default); tests shorten it.
 	RecheckDeleting time.Duration
+	// ResyncInterval is how often the elected leader looks for live Proxies whose workflow
+	// stopped and starts it again (ProxyReconciler.Resync). 0 is DefaultResyncInterval; a
+	// negative value turns the resync off.
+	ResyncInterval time.Duration
 }
 
-// Setup adds the controller to mgr, talking to Temporal through tc. The operator process
-// (Run) and the test stack both set it up here, in managers of their own.
+// Setup adds the controller, and the periodic resync that restarts stopped workflows, to
+// mgr, talking to Temporal through tc. The operator process (Run) and the test stack both
+// set it up here, in managers of their own.
 func Setup(ctx context.Context, mgr manager.Manager, tc Temporal, opts Options) error {
 	r := &ProxyReconciler{
 		Client: mgr.GetClient(), Temporal: tc, Events: mgr.GetEventRecorder("proxyfleet-operator"),
 		Installation: opts.Installation, TaskQueue: opts.TaskQueue, Tuning: opts.Tuning,
-		RecheckDeleting: opts.RecheckDeleting,
+		RecheckDeleting: opts.RecheckDeleting, APIReader: mgr.GetAPIReader(),
 	}
-	return r.SetupWithManager(ctx, mgr)
+	if err := r.SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
+	interval := opts.ResyncInterval
+	if interval < 0 {
+		return nil
+	}
+	if interval == 0 {
+		interval = DefaultResyncInterval
+	}
+	return mgr.Add(&resyncRunnable{r: r, interval: interval, log: mgr.GetLogger().WithName("resync")})
 }
 
 // Run is the operator process: it connects to Kubernetes (in-cluster or kubeconfig) and
@@ -69,7 +84,7 @@ func Run(ctx context.Context, opts Options, tc Temporal, logs slog.Handler) erro
 		return err
 	}
 	// The process-wide registry is the manager's /metrics; one operator per process.
-	ctrlmetrics.Registry.MustRegister(ProxyCollector{Reader: mgr.GetClient()})
+	ctrlmetrics.Registry.MustRegister(ProxyCollector{Reader: mgr.GetClient()}, workflowRestarts)
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}

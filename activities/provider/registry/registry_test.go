@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
@@ -36,6 +37,7 @@ func TestBuild(t *testing.T) {
 	assert.NotNil(t, p)
 	_, err = reg.Get(v1alpha1.ProviderGCP)
 	assert.ErrorContains(t, err, "not configured on this worker")
+	assert.Equal(t, provider.KindTransient, provider.Class(err), "during a rolling change of --providers another worker may have it")
 
 	for _, tc := range []struct {
 		name string
