@@ -44,6 +44,8 @@ type effect struct {
 	// note is said in the workflow's log; warn says it as a warning.
 	note string
 	warn bool
+	// lost is set when an instance vanished or stopped before it ever served.
+	lost bool
 }
 
 func (e effect) or(o effect) effect {
@@ -385,16 +387,25 @@ func (s *ProxyState) waited(name string, res activities.WaitResult) effect {
 	switch {
 	case res.Gone:
 		s.retire(name)
-		return effect{note: "instance disappeared while provisioning: " + name, warn: true}
+		return effect{note: "instance disappeared while provisioning: " + name, warn: true, lost: true}
 	case res.Instance.State == provider.StateStopped:
 		s.retire(name)
-		return effect{note: "instance stopped while provisioning: " + name, warn: true}
+		return effect{note: "instance stopped while provisioning: " + name, warn: true, lost: true}
 	}
 	ref.State, ref.IP, ref.Port = res.Instance.State, res.Instance.IP, portOr(res.Instance.Port, &ref.Spec)
 	if ref.ProviderID == "" {
 		ref.ProviderID = res.Instance.ProviderID
 	}
 	return effect{}
+}
+
+// lostWhileProvisioning holds off the next create after an instance vanished or stopped
+// before it ever served: a provider that accepts instances and then drops them (a stockout
+// reported late, a quota enforced after the fact) must not be asked again in a tight loop.
+func (s *ProxyState) lostWhileProvisioning(name string, now time.Time, t Tuning) {
+	s.Attempt++
+	s.LastError = "instance " + name + " vanished or stopped before it ever ran"
+	s.RetryAt = now.Add(t.backoff(s.Attempt))
 }
 
 // verified records the replacement's own health verdict. A healthy replacement is promoted

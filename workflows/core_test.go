@@ -377,7 +377,11 @@ func TestWaitedAndVerified(t *testing.T) {
 			assert.True(t, e.warn)
 			assert.Nil(t, s.Instance)
 			assert.Len(t, s.Retiring, 1)
+			assert.True(t, e.lost)
+			s.lostWhileProvisioning(s.Retiring[0].Name, t0, tuning0)
 			s.deleted(s.Retiring[0].Name)
+			assert.Equal(t, stepSteady, plan(&s, t0), "the next create waits: no tight loop")
+			assert.Contains(t, s.LastError, "before it ever ran")
 			assert.Equal(t, InstanceName("u1", 2), s.ensureInstance(t0))
 		})
 	}

@@ -81,6 +81,10 @@ type proxyWorkflow struct {
 
 	// interrupt is set by a signal that changes what plan() would choose.
 	interrupt bool
+	// republishAt is when to try again to write a status the API server refused (zero: no
+	// write pending); publishFailures counts the failures in a row.
+	republishAt     time.Time
+	publishFailures int
 	// published and memo remember what was last written, so nothing is written twice.
 	published *v1alpha1.ProxyStatus
 	memo      *contract.ProxyMemo
@@ -111,7 +115,9 @@ func (w *proxyWorkflow) run(ctx workflow.Context) error {
 				err = w.waitSignals(ctx, time.Time{})
 			}
 		case stepFinish:
-			return w.finish(ctx)
+			if done, err := w.finish(ctx); done || err != nil {
+				return err
+			}
 		case stepDelete:
 			err = w.deleteRetiring(ctx)
 		case stepHash:
@@ -233,15 +239,26 @@ func (w *proxyWorkflow) waitSignals(ctx workflow.Context, until time.Time) error
 	if !until.IsZero() {
 		timer = workflow.NewTimerWithOptions(tctx, until.Sub(workflow.Now(ctx)), workflow.TimerOptions{Summary: "back off before retrying"})
 	}
+	republish := w.republishTimer(tctx)
 	for !w.interrupt && !timerDone {
+		republishDue := false
 		sel := workflow.NewSelector(ctx)
 		w.addSignals(sel)
 		if timer != nil {
 			sel.AddFuture(timer, func(workflow.Future) { timerDone = true })
 		}
+		if republish != nil {
+			sel.AddFuture(republish, func(workflow.Future) { republishDue = true })
+		}
 		sel.Select(ctx)
 		if w.version < versionLongLived {
 			continue
+		}
+		if republishDue {
+			if err := w.publishState(ctx); err != nil {
+				return err
+			}
+			republish = w.republishTimer(tctx)
 		}
 		if w.memoDirty {
 			if err := w.publishState(ctx); err != nil {
@@ -368,7 +385,11 @@ func (w *proxyWorkflow) waitRunning(ctx workflow.Context, name string) error {
 		w.failed(ctx, err)
 		return nil
 	}
-	w.apply(w.state.waited(name, res))
+	e := w.state.waited(name, res)
+	w.apply(e)
+	if e.lost && w.version >= versionLongLived {
+		w.state.lostWhileProvisioning(name, workflow.Now(ctx), w.tuning)
+	}
 	return nil
 }
 
@@ -423,7 +444,11 @@ func (w *proxyWorkflow) deleteRetiring(ctx workflow.Context) error {
 	return nil
 }
 
-func (w *proxyWorkflow) finish(ctx workflow.Context) error {
+// finish releases the Proxy's finalizer once every instance is gone, and reports whether
+// the workflow is done. If the API server refuses for longer than the local activity's
+// retries, it waits and tries again (a run of an older version failed instead); a run that
+// reaches its budget meanwhile continues as new and tries again there.
+func (w *proxyWorkflow) finish(ctx workflow.Context) (bool, error) {
 	s := w.state
 	w.details(ctx, "instances deleted; releasing the Proxy's finalizer")
 	lctx := workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
@@ -431,8 +456,22 @@ func (w *proxyWorkflow) finish(ctx workflow.Context) error {
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 30 * time.Second},
 	})
 	ref := activities.ObjectRef{Namespace: w.in.Namespace, Name: w.in.Name, UID: s.UID}
-	if err := workflow.ExecuteLocalActivity(lctx, a.ReleaseFinalizer, ref).Get(ctx, nil); err != nil {
-		return err
+	for attempt := 1; ; attempt++ {
+		err := workflow.ExecuteLocalActivity(lctx, a.ReleaseFinalizer, ref).Get(ctx, nil)
+		if err == nil {
+			break
+		}
+		if w.version < versionLongLived {
+			return true, err
+		}
+		w.log.Warn("releasing the finalizer failed; will try again", "attempt", attempt, "error", err)
+		w.details(ctx, fmt.Sprintf("instances deleted; releasing the Proxy's finalizer failed (%s), attempt %d", errorMessage(err), attempt))
+		if err := w.sleep(ctx, w.tuning.backoff(attempt)); err != nil {
+			return false, err
+		}
+		if over, _ := w.overBudget(ctx); over {
+			return false, nil
+		}
 	}
 	w.drainSignals()
 	if s.Successor != nil {
@@ -440,10 +479,10 @@ func (w *proxyWorkflow) finish(ctx workflow.Context) error {
 		next := w.in
 		next.State = s.successor()
 		w.state = next.State
-		return workflow.NewContinueAsNewError(ctx, ProxyWorkflow, next)
+		return true, workflow.NewContinueAsNewError(ctx, ProxyWorkflow, next)
 	}
 	w.log.Info("proxy deleted", "uid", s.UID)
-	return nil
+	return true, nil
 }
 
 // steady watches the proxy until something needs the workflow: a signal that changes the
@@ -474,9 +513,10 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 		timer = workflow.NewTimerWithOptions(tctx, max(wake.Sub(workflow.Now(ctx)), 0), workflow.TimerOptions{Summary: wakeReason})
 	}
 	w.details(ctx, w.steadyReason(wake, wakeReason))
+	republish := w.republishTimer(tctx)
 
 	for {
-		var monitorDone, timerDone bool
+		var monitorDone, timerDone, republishDue bool
 		sel := workflow.NewSelector(ctx)
 		w.addSignals(sel)
 		if monitor != nil {
@@ -485,10 +525,18 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 		if timer != nil {
 			sel.AddFuture(timer, func(workflow.Future) { timerDone = true })
 		}
+		if republish != nil {
+			sel.AddFuture(republish, func(workflow.Future) { republishDue = true })
+		}
 		sel.Select(ctx)
 		switch {
 		case w.interrupt:
 			return nil
+		case republishDue:
+			if err := w.publishState(ctx); err != nil {
+				return err
+			}
+			republish = w.republishTimer(tctx)
 		case w.memoDirty && !monitorDone && !timerDone:
 			// A report: publish the cooldowns and keep watching.
 			if err := w.publishState(ctx); err != nil {
@@ -599,10 +647,17 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 		})
 		in := activities.PublishInput{Namespace: w.in.Namespace, Name: w.in.Name, UID: s.UID, Status: st}
 		if err := workflow.ExecuteLocalActivity(lctx, a.PublishStatus, in).Get(ctx, nil); err != nil {
-			// Status is a view; the workflow's state is the truth. Try again next change.
-			w.log.Warn("publishing status failed", "error", err)
+			// Status is a view; the workflow's state is the truth. A run of an older version
+			// tries again at its next change; this one also on a timer of its own, so the
+			// status is right again soon after the API server is back.
+			w.log.Warn("publishing status failed; will try again", "error", err)
+			if w.version >= versionLongLived {
+				w.publishFailures++
+				w.republishAt = workflow.Now(ctx).Add(min(republishBase<<min(w.publishFailures-1, 6), republishMax))
+			}
 		} else {
 			w.published = &st
+			w.publishFailures, w.republishAt = 0, time.Time{}
 		}
 	}
 	healthy := st.Phase == v1alpha1.PhaseReady
@@ -712,6 +767,24 @@ func (w *proxyWorkflow) steadyReason(wake time.Time, why string) string {
 }
 
 // --- continue-as-new -----------------------------------------------------------------
+
+// How soon a status the API server refused is written again: 30s, doubling to 5 minutes.
+// The local activity itself already retried for about a minute.
+const (
+	republishBase = 30 * time.Second
+	republishMax  = 5 * time.Minute
+)
+
+// republishTimer starts the timer of the next status write, if one is pending, or returns
+// nil. The steady and idle waits select on it, so a status that could not be written (the
+// API server was down) is written once it is back, without waiting for the next change.
+func (w *proxyWorkflow) republishTimer(ctx workflow.Context) workflow.Future {
+	if w.version < versionLongLived || w.republishAt.IsZero() {
+		return nil
+	}
+	return workflow.NewTimerWithOptions(ctx, max(w.republishAt.Sub(workflow.Now(ctx)), 0),
+		workflow.TimerOptions{Summary: "write the Proxy's status again"})
+}
 
 // runEnd is when this run has lived long enough: it then continues as new.
 func (w *proxyWorkflow) runEnd() time.Time { return w.runStart.Add(w.tuning.MaxRunAge) }

@@ -168,6 +168,8 @@ type harness struct {
 	// reg is the worker's provider registry; a test may take a provider away (a worker that
 	// lacks it) and put it back.
 	reg provider.Registry
+	// apiDown makes the Kubernetes API refuse status writes and finalizer releases.
+	apiDown bool
 
 	mu       sync.Mutex
 	statuses []v1alpha1.ProxyStatus
@@ -204,12 +206,18 @@ func newHarness(t *testing.T, first ...func(*harness)) *harness {
 	h.env.OnActivity(acts.PublishStatus, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.PublishInput) error {
 		h.mu.Lock()
 		defer h.mu.Unlock()
+		if h.apiDown {
+			return errAPIDown
+		}
 		h.statuses = append(h.statuses, in.Status)
 		return nil
 	})
 	h.env.OnActivity(acts.ReleaseFinalizer, mock.Anything, mock.Anything).Return(func(context.Context, activities.ObjectRef) error {
 		h.mu.Lock()
 		defer h.mu.Unlock()
+		if h.apiDown {
+			return errAPIDown
+		}
 		h.released++
 		return nil
 	})
@@ -675,6 +683,15 @@ func TestLostInstanceIsRecreated(t *testing.T) {
 
 // memo is the last memo the workflow published.
 func (h *harness) memo() contract.ProxyMemo { return h.rec.lastMemo() }
+
+var errAPIDown = errors.New("connect: connection refused (kube-apiserver down)")
+
+// setAPIDown takes the Kubernetes API down or brings it back.
+func (h *harness) setAPIDown(down bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.apiDown = down
+}
 
 func permanentErr(msg string) error { return provider.Permanent(errors.New(msg)) }
 
