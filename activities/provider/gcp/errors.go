@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	"cloud.google.com/go/compute/apiv1/computepb"
 	"github.com/googleapis/gax-go/v2/apierror"
 	"google.golang.org/api/googleapi"
 
@@ -22,14 +23,33 @@ const (
 	callList   call = "aggregatedList"
 )
 
-// Reasons as the Compute API spells them, in the legacy errors[].reason field and in the
-// google.rpc.ErrorInfo detail. Compared case-insensitively, because both spellings occur.
+// Reasons as the Compute API spells them: in the legacy errors[].reason field and the
+// google.rpc.ErrorInfo detail of a direct error, and in the errors[].code field of a failed
+// operation. Compared case-insensitively, because both spellings occur. A reason means the
+// same wherever it appears, so an operation error and a direct error of the same reason are
+// classified alike.
 var (
-	rateLimitReasons = []string{"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"}
-	quotaReasons     = []string{"quotaExceeded", "QUOTA_EXCEEDED", "dailyLimitExceeded"}
+	rateLimitReasons = []string{"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED",
+		// Too many operations on one resource in a short time; GCE reports it as a 403.
+		"RESOURCE_OPERATION_RATE_EXCEEDED"}
+	// quotaReasons are refusals for want of room, which only waiting (or an operator adding
+	// room) fixes: quota, and the zone running out of hardware (a stockout, which GCE
+	// reports inside the insert operation once the insert itself was accepted). The
+	// stockout codes are those of Compute Engine's "Troubleshoot resource availability
+	// errors" page, the bulk API's insufficientCapacity, and a subnet out of addresses.
+	quotaReasons = []string{"quotaExceeded", "QUOTA_EXCEEDED", "dailyLimitExceeded",
+		"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+		"REGION_RESOURCE_POOL_EXHAUSTED", "RESOURCE_POOL_EXHAUSTED",
+		"insufficientCapacity", "INSUFFICIENT_CAPACITY", "IP_SPACE_EXHAUSTED"}
 	// busyReasons answer a request on an instance another operation is busy with
 	// (resourceNotReady: a delete issued again while the first one runs): waiting fixes it.
-	busyReasons = []string{"resourceNotReady", "resourceInUseByAnotherResource"}
+	busyReasons = []string{"resourceNotReady", "RESOURCE_NOT_READY", "resourceInUseByAnotherResource"}
+	// permanentOperationCodes are operation error codes that retrying the same insert
+	// cannot fix: a machine type, image, network or subnetwork that does not exist or is
+	// refused, and a missing permission. A direct error says as much with its HTTP status
+	// (404, 400, 403); an operation's status is not relied on, see classifyOperation.
+	permanentOperationCodes = []string{"RESOURCE_NOT_FOUND", "INVALID_FIELD_VALUE", "INVALID_USAGE",
+		"PERMISSIONS_ERROR", "invalid", "notFound", "forbidden"}
 )
 
 // classify is the one place Compute API errors become the provider taxonomy. The order
@@ -44,15 +64,17 @@ func classify(c call, err error) error {
 		// Network trouble, timeouts, cancelled contexts: nothing the user can fix.
 		return err
 	}
+	if herr.Code == http.StatusTooManyRequests {
+		// Even with a QuotaFailure detail: a 429 is a per-minute rate quota, which passes.
+		return err
+	}
 	reasons, quotaDetail := errorReasons(err, herr)
+	if kind, ok := kindByReason(reasons, quotaDetail); ok {
+		return withKind(kind, err)
+	}
 	switch {
-	case herr.Code == http.StatusTooManyRequests || hasReason(reasons, rateLimitReasons):
-		return err
-	case quotaDetail || hasReason(reasons, quotaReasons) ||
-		herr.Code == http.StatusForbidden && strings.Contains(strings.ToLower(herr.Message), "quota"):
+	case herr.Code == http.StatusForbidden && strings.Contains(strings.ToLower(herr.Message), "quota"):
 		return provider.QuotaError(err)
-	case hasReason(reasons, busyReasons):
-		return err
 	case herr.Code == http.StatusNotFound && (c == callGet || c == callDelete):
 		return fmt.Errorf("%w: %w", provider.ErrNotFound, err)
 	case herr.Code >= 500:
@@ -70,6 +92,83 @@ func classify(c call, err error) error {
 	default:
 		return err
 	}
+}
+
+// kindByReason is the part of the taxonomy that reasons alone decide, shared by direct and
+// operation errors: rate limits and busy resources are waits, quota and stockouts are
+// quota. ok is false when no reason decides.
+func kindByReason(reasons []string, quotaDetail bool) (kind provider.Kind, ok bool) {
+	switch {
+	case hasReason(reasons, rateLimitReasons):
+		return provider.KindTransient, true
+	case quotaDetail || hasReason(reasons, quotaReasons):
+		return provider.KindQuota, true
+	case hasReason(reasons, busyReasons):
+		return provider.KindTransient, true
+	default:
+		return provider.KindTransient, false
+	}
+}
+
+// operationError is an operation that ended with errors. Its message names the operation,
+// the zone and every error code and message, since that is all the Proxy's status will
+// say about why no VM appeared.
+type operationError struct {
+	op   *computepb.Operation
+	zone string
+}
+
+func (e *operationError) Error() string {
+	parts := make([]string, 0, len(e.op.GetError().GetErrors()))
+	for _, oe := range e.op.GetError().GetErrors() {
+		parts = append(parts, oe.GetCode()+": "+oe.GetMessage())
+	}
+	return fmt.Sprintf("operation %s failed in zone %s: %s", e.op.GetName(), e.zone, strings.Join(parts, "; "))
+}
+
+// classifyOperation classifies a finished operation's errors, or returns nil if it has
+// none. Codes are reasons by another name and are judged by the same lists as a direct
+// error's (kindByReason); past those, only codes known to be permanent are, and every
+// other code is transient. The operation's httpErrorStatusCode is deliberately not used
+// the way a direct error's status is: GCE gives stockouts and internal failures 4xx and
+// 5xx statuses inconsistently, and a wrong permanent verdict parks the Proxy as Failed.
+func classifyOperation(op *computepb.Operation, zone string) error {
+	errs := op.GetError().GetErrors()
+	if len(errs) == 0 {
+		return nil
+	}
+	var reasons []string
+	quotaDetail := false
+	for _, oe := range errs {
+		reasons = append(reasons, oe.GetCode())
+		for _, d := range oe.GetErrorDetails() {
+			if r := d.GetErrorInfo().GetReason(); r != "" {
+				reasons = append(reasons, r)
+			}
+			if d.GetQuotaInfo() != nil {
+				quotaDetail = true
+			}
+		}
+	}
+	err := &operationError{op: op, zone: zone}
+	if kind, ok := kindByReason(reasons, quotaDetail); ok {
+		return withKind(kind, err)
+	}
+	if hasReason(reasons, permanentOperationCodes) {
+		return provider.Permanent(err)
+	}
+	return err
+}
+
+// isNotReady reports GCE's answer to a request on an instance that another operation (a
+// delete still running, an insert not finished) is busy with.
+func isNotReady(err error) bool {
+	var herr *googleapi.Error
+	if !errors.As(err, &herr) {
+		return false
+	}
+	reasons, _ := errorReasons(err, herr)
+	return hasReason(reasons, []string{"resourceNotReady", "RESOURCE_NOT_READY"})
 }
 
 // errorReasons gathers the reasons from every place the API puts them. The ErrorInfo

@@ -13,6 +13,7 @@ import (
 
 	compute "cloud.google.com/go/compute/apiv1"
 	"cloud.google.com/go/compute/apiv1/computepb"
+	gax "github.com/googleapis/gax-go/v2"
 	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
 	"google.golang.org/protobuf/proto"
@@ -35,7 +36,17 @@ type Config struct {
 type Provider struct {
 	client         *compute.InstancesClient
 	defaultProject string
+	// pollFirst and pollMax pace the polls of an insert operation: the first pause, then
+	// doubling up to the last. Tests shorten them.
+	pollFirst, pollMax time.Duration
 }
+
+// Pauses between polls of an insert operation. An insert usually finishes within tens of
+// seconds; polling more often than every few seconds would only spend API rate quota.
+const (
+	defaultPollFirst = time.Second
+	defaultPollMax   = 5 * time.Second
+)
 
 var _ provider.Provider = (*Provider)(nil)
 
@@ -51,7 +62,8 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gcp: compute client: %w", err)
 	}
-	return &Provider{client: client, defaultProject: cfg.DefaultProject}, nil
+	return &Provider{client: client, defaultProject: cfg.DefaultProject,
+		pollFirst: defaultPollFirst, pollMax: defaultPollMax}, nil
 }
 
 // Close releases the client's connections.
@@ -90,20 +102,76 @@ func (p *Provider) refFor(req provider.CreateRequest) ref {
 // created before a zone edit is still found, and deleted, in its old zone.
 func (p *Provider) ProviderID(req provider.CreateRequest) string { return p.refFor(req).String() }
 
-// Create implements provider.Provider. It returns as soon as the API accepts the insert:
-// the operation is never waited on, and the instance's progress is observed through Get.
+// Create implements provider.Provider. It waits for the insert operation to finish,
+// because GCE accepts an insert first and only then finds out whether the zone has the
+// hardware or the project the quota: a stockout or quota refusal is reported inside the
+// operation alone, and without waiting the VM would simply never appear. The wait is
+// bounded by ctx; if ctx ends first, the error is transient and the retry, sending the same
+// request ID, is answered with the same operation and waits again (or finds the instance).
 func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (provider.Instance, error) {
 	r := p.refFor(req)
 	ins, err := buildInsert(req, r.project)
 	if err != nil {
 		return provider.Instance{}, err
 	}
-	op, err := p.client.Insert(ctx, ins)
-	if isAlreadyExists(err) {
-		return p.adopt(ctx, r, req.ProxyUID)
+	id := requestID(callInsert, r, req.ProxyUID)
+	for hop := 0; ; hop++ {
+		ins.RequestId = proto.String(id)
+		op, err := p.client.Insert(ctx, ins)
+		if isAlreadyExists(err) {
+			return p.adopt(ctx, r, req.ProxyUID)
+		}
+		if err != nil {
+			return provider.Instance{}, redact(fmt.Errorf("gcp insert %s: %w", r, classify(callInsert, err)), req.CloudInit)
+		}
+		if !op.Done() {
+			return p.awaitInsert(ctx, r, req, ins, op)
+		}
+		// GCE answers a new insert with an operation still pending or running, so one that
+		// is already done is an earlier attempt's, recognised by its request ID.
+		if len(op.Proto().GetError().GetErrors()) == 0 {
+			inst, err := p.get(ctx, r)
+			if !errors.Is(err, provider.ErrNotFound) {
+				if err != nil {
+					return provider.Instance{}, err
+				}
+				return p.owned(r, inst, req.ProxyUID)
+			}
+			// Created, then deleted since: this name is being used again, and needs a
+			// request GCE has not seen.
+		}
+		// A failed earlier attempt, or one whose instance is gone: sending its ID again
+		// would only fetch its operation again, so this attempt needs a new one.
+		if hop == maxRequestIDHops {
+			return provider.Instance{}, fmt.Errorf(
+				"gcp insert %s: the last %d attempts under this name failed and GCE still remembers their request IDs; retrying once it forgets them (an hour or more)",
+				r, maxRequestIDHops)
+		}
+		id = nextRequestID(id, op.Proto())
 	}
-	if err != nil {
-		return provider.Instance{}, redact(fmt.Errorf("gcp insert %s: %w", r, classify(callInsert, err)), req.CloudInit)
+}
+
+// awaitInsert waits for an accepted insert's operation and reports its outcome. An error
+// inside the operation is classified like a direct API error of the same reason, so a
+// stockout or quota refusal becomes provider.QuotaError (a wait, shown as QuotaExceeded)
+// instead of an instance that never appears.
+func (p *Provider) awaitInsert(ctx context.Context, r ref, req provider.CreateRequest, ins *computepb.InsertInstanceRequest, op *compute.Operation) (provider.Instance, error) {
+	if err := p.wait(ctx, op); err != nil {
+		if ctx.Err() != nil {
+			return provider.Instance{}, fmt.Errorf(
+				"gcp insert %s: operation %s still running when the call ran out of time (a retry waits for it again): %w", r, op.Name(), err)
+		}
+		// The operation cannot be read (an API error polling it). The instance may well be
+		// on its way; report it as Get sees it, as if the operation were not there, rather
+		// than fail a create that went through. A stockout then shows as the instance
+		// vanishing, which the workflow answers with a new instance.
+		if inst, gerr := p.adopt(ctx, r, req.ProxyUID); gerr == nil {
+			return inst, nil
+		}
+		return provider.Instance{}, fmt.Errorf("gcp insert %s: polling operation %s: %w", r, op.Name(), err)
+	}
+	if err := classifyOperation(op.Proto(), r.zone); err != nil {
+		return provider.Instance{}, redact(fmt.Errorf("gcp insert %s: %w", r, err), req.CloudInit)
 	}
 	inst := provider.Instance{
 		Name:       r.name,
@@ -119,6 +187,28 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	return inst, nil
 }
 
+// wait polls op until it is done or ctx ends. It returns nil once the operation is done,
+// whether it succeeded or failed: its outcome is in op.Proto(). The client's own Wait is
+// not used because its pauses grow to a minute, half the caller's whole activity.
+func (p *Provider) wait(ctx context.Context, op *compute.Operation) error {
+	pause := p.pollFirst
+	for {
+		// Poll returns an error for an operation that finished with one, after recording
+		// it: that outcome is the caller's to read, not a failure to poll.
+		err := op.Poll(ctx)
+		if op.Done() {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := gax.Sleep(ctx, pause); err != nil {
+			return err
+		}
+		pause = min(2*pause, p.pollMax)
+	}
+}
+
 // adopt answers an insert refused with 409. After a crash the name is taken by our own
 // earlier attempt, which is success; if another Proxy (or a person) owns the name, taking
 // the VM over would hand its traffic, and later its deletion, to the wrong owner.
@@ -131,6 +221,11 @@ func (p *Provider) adopt(ctx context.Context, r ref, proxyUID string) (provider.
 	if err != nil {
 		return provider.Instance{}, err
 	}
+	return p.owned(r, inst, proxyUID)
+}
+
+// owned returns inst if it carries proxyUID's label, and a permanent error otherwise.
+func (p *Provider) owned(r ref, inst provider.Instance, proxyUID string) (provider.Instance, error) {
 	if owner := inst.ProxyUID(); owner != proxyUID {
 		return provider.Instance{}, provider.Permanent(fmt.Errorf(
 			"gcp insert %s: the name is taken by an instance labelled %s=%q, not this Proxy", r, provider.LabelProxyUID, owner))
@@ -177,18 +272,54 @@ func (p *Provider) get(ctx context.Context, r ref) (provider.Instance, error) {
 	return toInstance(inst, r.project, r.zone), nil
 }
 
-// Delete implements provider.Provider. Like Create it does not wait: the caller polls Get
-// until the instance is gone.
+// Delete implements provider.Provider. It does not wait for the operation: the caller
+// polls Get until the instance is gone, and issues the delete again while it lingers.
 func (p *Provider) Delete(ctx context.Context, providerID string) error {
 	r, err := parseProviderID(providerID)
 	if err != nil {
 		return err
 	}
-	_, err = p.client.Delete(ctx, &computepb.DeleteInstanceRequest{Project: r.project, Zone: r.zone, Instance: r.name})
-	if err = classify(callDelete, err); err != nil && !errors.Is(err, provider.ErrNotFound) {
-		return fmt.Errorf("gcp delete %s: %w", r, err)
+	id := requestID(callDelete, r, "")
+	for hop := 0; ; hop++ {
+		op, err := p.client.Delete(ctx, &computepb.DeleteInstanceRequest{
+			Project: r.project, Zone: r.zone, Instance: r.name, RequestId: proto.String(id),
+		})
+		if isNotReady(err) {
+			// Another operation on the instance is still running, most often a delete
+			// issued before (by an earlier attempt whose request ID GCE has forgotten, or
+			// by someone else). That is a delete in progress, not a failure: the caller
+			// polls Get until the instance is gone and asks again if it stays.
+			return nil
+		}
+		if err = classify(callDelete, err); err != nil {
+			if errors.Is(err, provider.ErrNotFound) {
+				return nil
+			}
+			return fmt.Errorf("gcp delete %s: %w", r, err)
+		}
+		if !op.Done() {
+			return nil
+		}
+		// Done at once: an earlier delete under this request ID, recognised by GCE. If it
+		// succeeded the instance is gone, unless one has been created under the name since.
+		if len(op.Proto().GetError().GetErrors()) == 0 {
+			_, err := p.get(ctx, r)
+			if errors.Is(err, provider.ErrNotFound) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		}
+		// A failed earlier delete, or one that deleted a previous instance of this name:
+		// sending its ID again would only fetch it again, so this attempt needs a new one.
+		if hop == maxRequestIDHops {
+			return fmt.Errorf(
+				"gcp delete %s: the last %d deletes of this name did not take and GCE still remembers their request IDs; retrying once it forgets them (an hour or more)",
+				r, maxRequestIDHops)
+		}
+		id = nextRequestID(id, op.Proto())
 	}
-	return nil
 }
 
 // labelValue is GCP's label value syntax; checking it keeps the filter expression below

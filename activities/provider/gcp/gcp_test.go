@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"testing"
+	"time"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"github.com/stretchr/testify/assert"
@@ -25,6 +26,8 @@ func newTestProvider(t *testing.T) (*Provider, *gcptest.Server) {
 	p, err := New(t.Context(), Config{DefaultProject: testProject, ClientOptions: srv.ClientOptions()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
+	// Operations the fake holds RUNNING are polled without the real pauses.
+	p.pollFirst, p.pollMax = time.Millisecond, 5*time.Millisecond
 	return p, srv
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 	"unicode"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,6 +20,12 @@ import (
 // pieces instead of one response the API server must build in memory.
 const defaultPageSize = 500
 
+// lostMargin is how long past its deletion timestamp a terminating pod is still waited for.
+// The API server sets that timestamp to the deletion time plus the grace period, by which
+// the kubelet has stopped Squid; a kubelet that is up confirms within seconds after. The
+// margin also absorbs clock skew between the API server and this worker.
+const lostMargin = 30 * time.Second
+
 // Provider runs one Squid pod per instance. Provider IDs are "<namespace>/<name>".
 //
 // Client should read from the API server, not a cache: Get must see a pod created a moment
@@ -29,6 +36,26 @@ type Provider struct {
 
 	// pageSize overrides defaultPageSize (tests).
 	pageSize int64
+	// now is the clock that judges how long a pod has been terminating; nil is time.Now.
+	// Tests move it forward instead of waiting out a grace period.
+	now func() time.Time
+}
+
+func (p *Provider) clock() time.Time {
+	if p.now != nil {
+		return p.now()
+	}
+	return time.Now()
+}
+
+// lost reports a pod stuck terminating: past its grace period by more than lostMargin, and
+// still there. Only the kubelet removes a terminating pod, so this is one whose node is
+// gone or cut off; it will not finish on its own, and nothing in the cluster removes it
+// until someone deletes the Node. A Proxy deletion must not hang on such a pod, and the
+// Proxy must get a replacement, so the provider counts the pod as gone (Get) and removes
+// the API object by force (Delete).
+func (p *Provider) lost(pod *corev1.Pod) bool {
+	return pod.DeletionTimestamp != nil && p.clock().Sub(pod.DeletionTimestamp.Time) > lostMargin
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -111,19 +138,40 @@ func (p *Provider) Get(ctx context.Context, providerID string) (provider.Instanc
 		}
 		return provider.Instance{}, classify("get pod "+key.String(), err)
 	}
+	if p.lost(&pod) {
+		// Gone as far as the Proxy is concerned: its Squid no longer serves, and waiting
+		// for the object would wait for a node that is not coming back. Delete removes the
+		// object.
+		return provider.Instance{}, fmt.Errorf("pod %s: %w (still terminating; its grace period ended at %s: its node is lost)",
+			key, provider.ErrNotFound, pod.DeletionTimestamp.UTC().Format(time.RFC3339))
+	}
 	return toInstance(&pod), nil
 }
 
 // Delete implements provider.Provider. It only asks: the kubelet stops Squid within the grace
-// period, and the workflow polls Get until the pod is gone.
+// period, and the workflow polls Get until the pod is gone. A pod stuck terminating past
+// its grace period (see lost) is deleted by force instead, since its kubelet will never
+// confirm and the object would otherwise stay.
 func (p *Provider) Delete(ctx context.Context, providerID string) error {
 	key, err := parseID(providerID)
 	if err != nil {
 		return err
 	}
-	pod := &corev1.Pod{}
-	pod.Namespace, pod.Name = key.Namespace, key.Name
-	if err := p.Client.Delete(ctx, pod); err != nil && !apierrors.IsNotFound(err) {
+	var pod corev1.Pod
+	if err := p.Client.Get(ctx, key, &pod); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return classify("get pod "+key.String(), err)
+	}
+	var opts []client.DeleteOption
+	if p.lost(&pod) {
+		// Grace period 0 removes the object without the kubelet's confirmation. Should the
+		// node come back, its kubelet stops the orphaned Squid itself. The UID
+		// precondition keeps the force for this pod alone, not a new one of the same name.
+		opts = append(opts, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
+	}
+	if err := p.Client.Delete(ctx, &pod, opts...); err != nil && !apierrors.IsNotFound(err) {
 		return classify("delete pod "+key.String(), err)
 	}
 	return nil

@@ -524,3 +524,127 @@ func TestCreateInMissingNamespaceIsTransient(t *testing.T) {
 	assert.NotErrorIs(t, err, provider.ErrNotFound, "the instance is not gone; its namespace is missing")
 	assert.Equal(t, provider.KindTransient, provider.Class(err), "creating the namespace fixes it")
 }
+
+// createScheduled creates req's pod as if bound to a node whose kubelet never answers (there
+// is no kubelet here), with finalizers if given, and returns its provider ID. Finalizers are
+// removed when the test ends, so the namespace can go.
+func (f *fixture) createScheduled(req provider.CreateRequest, finalizers ...string) string {
+	f.t.Helper()
+	pod := buildPod(req)
+	pod.Spec.NodeName = "node-that-is-lost"
+	pod.Finalizers = finalizers
+	require.NoError(f.t, f.c.Create(f.ctx, pod))
+	if len(finalizers) > 0 {
+		f.t.Cleanup(func() {
+			var p corev1.Pod
+			if err := f.c.Get(context.Background(), client.ObjectKeyFromObject(pod), &p); err != nil {
+				return
+			}
+			p.Finalizers = nil
+			assert.NoError(f.t, f.c.Update(context.Background(), &p), "remove the test's finalizer")
+		})
+	}
+	return f.ns + "/" + pod.Name
+}
+
+// at is a Provider on f's client whose clock reads the time t returns.
+func (f *fixture) at(t func() time.Time) *Provider {
+	return &Provider{Client: f.c, now: t}
+}
+
+// A pod whose node is lost stays Terminating: its kubelet never confirms. Past its grace
+// period (and the margin) it counts as gone, so neither a Proxy's deletion nor its
+// replacement waits for a node that is not coming back, and Delete removes it by force.
+func TestLostPodCountsAsGoneAndIsDeletedByForce(t *testing.T) {
+	f := newFixture(t)
+	id := f.createScheduled(f.request("px-lost-0"))
+
+	require.NoError(t, f.p.Delete(f.ctx, id))
+	pod := f.pod(id)
+	require.NotNil(t, pod.DeletionTimestamp, "terminating: no kubelet confirms")
+	deadline := pod.DeletionTimestamp.Time // deletion time plus the grace period
+	assert.Equal(t, provider.StateDeleting, f.get(id).State)
+
+	justBefore := f.at(func() time.Time { return deadline.Add(lostMargin - time.Second) })
+	inst, err := justBefore.Get(f.ctx, id)
+	require.NoError(t, err, "within the margin the kubelet may still confirm")
+	assert.Equal(t, provider.StateDeleting, inst.State)
+	require.NoError(t, justBefore.Delete(f.ctx, id))
+	assert.NotNil(t, f.pod(id), "a plain delete again: the pod is still waited for")
+
+	later := f.at(func() time.Time { return deadline.Add(lostMargin + time.Second) })
+	_, err = later.Get(f.ctx, id)
+	require.ErrorIs(t, err, provider.ErrNotFound)
+	assert.Equal(t, provider.KindTransient, provider.Class(err))
+	assert.Contains(t, err.Error(), "its node is lost")
+
+	require.NoError(t, later.Delete(f.ctx, id))
+	var gone corev1.Pod
+	err = f.c.Get(f.ctx, client.ObjectKeyFromObject(pod), &gone)
+	assert.True(t, apierrors.IsNotFound(err), "the force delete removed the object: %v", err)
+	assert.NoError(t, later.Delete(f.ctx, id), "and deleting it again succeeds")
+}
+
+// With a finalizer of someone else's the object outlives even a force delete; it still
+// counts as gone, and deleting it again is not an error.
+func TestLostPodWithAFinalizer(t *testing.T) {
+	f := newFixture(t)
+	id := f.createScheduled(f.request("px-lost-1"), "proxyfleet.test/hold")
+
+	require.NoError(t, f.p.Delete(f.ctx, id))
+	pod := f.pod(id)
+	require.NotNil(t, pod.DeletionTimestamp)
+	require.NotNil(t, pod.DeletionGracePeriodSeconds)
+	assert.Equal(t, terminationGrace, *pod.DeletionGracePeriodSeconds)
+	assert.Equal(t, provider.StateDeleting, f.get(id).State)
+
+	later := f.at(func() time.Time { return pod.DeletionTimestamp.Add(lostMargin + time.Minute) })
+	_, err := later.Get(f.ctx, id)
+	require.ErrorIs(t, err, provider.ErrNotFound)
+
+	require.NoError(t, later.Delete(f.ctx, id))
+	forced := f.pod(id)
+	require.NotNil(t, forced.DeletionGracePeriodSeconds)
+	assert.Zero(t, *forced.DeletionGracePeriodSeconds, "deleted by force")
+	_, err = later.Get(f.ctx, id)
+	assert.ErrorIs(t, err, provider.ErrNotFound)
+	require.NoError(t, later.Delete(f.ctx, id))
+}
+
+// The force is for the pod judged lost only: a pod created since under the same name is
+// deleted gracefully.
+func TestLostPodForceNeedsTheSameUID(t *testing.T) {
+	f := newFixture(t)
+	req := f.request("px-lost-2")
+	id := f.createScheduled(req)
+	require.NoError(t, f.p.Delete(f.ctx, id))
+	old := f.pod(id)
+
+	stale := &Provider{Client: staleGet{Client: f.c, pod: old}, now: func() time.Time { return old.DeletionTimestamp.Add(time.Hour) }}
+	// The old pod goes by force; a new one takes its name.
+	require.NoError(t, stale.Delete(f.ctx, id))
+	id = f.createScheduled(req)
+	fresh := f.pod(id)
+	require.NotEqual(t, old.UID, fresh.UID)
+
+	// A Delete that still sees the old pod (a stale read) must not force the new one.
+	err := stale.Delete(f.ctx, id)
+	require.Error(t, err)
+	assert.True(t, apierrors.IsConflict(err), "the UID precondition refused it: %v", err)
+	assert.Equal(t, provider.KindTransient, provider.Class(err), "the next attempt reads the pod again")
+	assert.Nil(t, f.pod(id).DeletionTimestamp, "the new pod is untouched")
+}
+
+// staleGet answers every Get of pod with the copy it holds.
+type staleGet struct {
+	client.Client
+	pod *corev1.Pod
+}
+
+func (c staleGet) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if p, ok := obj.(*corev1.Pod); ok && key == client.ObjectKeyFromObject(c.pod) {
+		c.pod.DeepCopyInto(p)
+		return nil
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}

@@ -1,6 +1,11 @@
 // Package gcptest is an in-memory Compute Engine REST API on 127.0.0.1, speaking just enough
-// of the instances resource (insert, get, delete, aggregatedList) for the gcp provider's
-// tests to run the real client library against it, with no network and no credentials.
+// of the instances resource (insert, get, delete, aggregatedList) and of zone operations
+// (get) for the gcp provider's tests to run the real client library against it, with no
+// network and no credentials.
+//
+// Like GCE, it answers an insert or delete with a running operation, which finishes when
+// polled (Outcome says how: after some polls, with an error), and it recognises a request
+// ID it has seen by answering with that request's operation instead of acting again.
 package gcptest
 
 import (
@@ -23,12 +28,14 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// API methods, as FailNext and Requests name them.
+// API methods, as FailNext, NextOperation and Requests name them.
 const (
 	MethodInsert         = "insert"
 	MethodGet            = "get"
 	MethodDelete         = "delete"
 	MethodAggregatedList = "aggregatedList"
+	// MethodGetOperation is zoneOperations.get, which polls an operation.
+	MethodGetOperation = "getOperation"
 )
 
 // Server is the fake API. Its zero value is not usable; call NewServer.
@@ -45,9 +52,40 @@ type Server struct {
 	failures  map[string][]failure
 	requests  map[string]int
 	seq       uint64
+
+	outcomes   map[string][]Outcome     // by method, for the next accepted requests
+	operations map[key]*operation       // by project, zone and operation name
+	byID       map[[2]string]*operation // by project and request ID, until forgotten
+	requestIDs map[string][]string      // by method, as received
+	deleting   map[key]*operation       // instances whose delete operation still runs
 }
 
 type key struct{ project, zone, name string }
+
+// Outcome says how the operation of an accepted insert or delete goes. The zero Outcome
+// is the default: the operation is DONE at its first poll, an inserted instance exists at
+// once (PROVISIONING), and a deleted one is gone at once.
+type Outcome struct {
+	// RunningPolls is how many polls answer RUNNING before the operation is DONE. While a
+	// delete runs, its instance is STOPPING, and another delete of it is refused with 400
+	// resourceNotReady, as GCE does.
+	RunningPolls int
+	// ErrorCode, when set, makes the operation end with this error (errors[].code, such as
+	// ZONE_RESOURCE_POOL_EXHAUSTED) and ErrorMessage. A failed insert's instance exists
+	// while the operation runs and is gone once it is DONE; a failed delete's instance is
+	// back in the status it had.
+	ErrorCode, ErrorMessage string
+	// HTTPStatus is the failed operation's httpErrorStatusCode; 400 when unset.
+	HTTPStatus int
+}
+
+// operation is one insert's or delete's operation and what finishing it does.
+type operation struct {
+	proto     *computepb.Operation
+	outcome   Outcome
+	pollsLeft int
+	finish    func(failed bool) // applies the operation's effect on the instances
+}
 
 type failure struct {
 	code            int
@@ -77,6 +115,12 @@ func NewServer(t testing.TB) *Server {
 		zones:     map[key]bool{},
 		failures:  map[string][]failure{},
 		requests:  map[string]int{},
+
+		outcomes:   map[string][]Outcome{},
+		operations: map[key]*operation{},
+		byID:       map[[2]string]*operation{},
+		requestIDs: map[string][]string{},
+		deleting:   map[key]*operation{},
 	}
 	// httptest listens on 127.0.0.1 unless told otherwise by a flag no test here sets.
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
@@ -101,6 +145,79 @@ func (s *Server) FailNext(method string, code int, reason, message string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.failures[method] = append(s.failures[method], failure{code: code, reason: reason, message: message})
+}
+
+// NextOperation makes the operation of the next accepted request of method (MethodInsert
+// or MethodDelete) go as o says. Calls queue up, one operation each. A request answered
+// with an error (FailNext, 404, 409) or recognised by its request ID takes none.
+func (s *Server) NextOperation(method string, o Outcome) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.outcomes[method] = append(s.outcomes[method], o)
+}
+
+// FailNextOperation makes the operation of the next accepted request of method end with
+// an error, as GCE reports a stockout or quota refusal: the insert itself is accepted, and
+// only its operation says why the instance never came.
+func (s *Server) FailNextOperation(method string, httpStatus int, code, message string) {
+	s.NextOperation(method, Outcome{ErrorCode: code, ErrorMessage: message, HTTPStatus: httpStatus})
+}
+
+// HoldNextOperation makes the operation of the next accepted request of method answer
+// RUNNING to polls polls before it is DONE.
+func (s *Server) HoldNextOperation(method string, polls int) {
+	s.NextOperation(method, Outcome{RunningPolls: polls})
+}
+
+// CompleteOperations finishes every operation still running, as the time they take would.
+func (s *Server) CompleteOperations() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, op := range s.operations {
+		s.complete(op)
+	}
+}
+
+// ForgetRequestIDs forgets every request ID seen, as GCE does some time (at least an hour)
+// after a request: a request sent again with the same ID is then new.
+func (s *Server) ForgetRequestIDs() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.byID)
+}
+
+// RequestIDs are the requestId parameters of every request of method, in the order
+// received ("" for a request without one), so a test can check that a retry sends the
+// same ID.
+func (s *Server) RequestIDs(method string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.requestIDs[method])
+}
+
+// Operation is a snapshot of one operation.
+type Operation struct {
+	Name, Type, Status string
+	// ErrorCode is the first error's code; empty for a running or successful operation.
+	ErrorCode string
+}
+
+// Operations is a snapshot of every operation, in the order they were created.
+func (s *Server) Operations() []Operation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ops := slices.SortedFunc(maps.Values(s.operations), func(a, b *operation) int {
+		return int(a.proto.GetId()) - int(b.proto.GetId())
+	})
+	out := make([]Operation, 0, len(ops))
+	for _, op := range ops {
+		snap := Operation{Name: op.proto.GetName(), Type: op.proto.GetOperationType(), Status: op.proto.GetStatus().String()}
+		if errs := op.proto.GetError().GetErrors(); len(errs) > 0 {
+			snap.ErrorCode = errs[0].GetCode()
+		}
+		out = append(out, snap)
+	}
+	return out
 }
 
 // Requests is how many requests of method reached the fake, failed ones included.
@@ -266,6 +383,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		method = MethodDelete
 	case len(parts) == 4 && parts[0] == "projects" && parts[2] == "aggregated" && parts[3] == "instances" && r.Method == http.MethodGet:
 		method = MethodAggregatedList
+	case len(parts) == 6 && parts[0] == "projects" && parts[2] == "zones" && parts[4] == "operations" && r.Method == http.MethodGet:
+		method = MethodGetOperation
 	default:
 		s.t.Errorf("gcptest: unexpected request %s %s", r.Method, r.URL)
 		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("gcptest does not serve %s %s", r.Method, r.URL.Path))
@@ -275,24 +394,48 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.requests[method]++
+	requestID := r.URL.Query().Get("requestId")
+	s.requestIDs[method] = append(s.requestIDs[method], requestID)
 	if q := s.failures[method]; len(q) > 0 {
 		s.failures[method] = q[1:]
 		writeError(w, q[0].code, q[0].reason, q[0].message)
 		return
 	}
+	if requestID != "" && (method == MethodInsert || method == MethodDelete) {
+		if !validRequestID(requestID) {
+			writeError(w, http.StatusBadRequest, "invalid",
+				fmt.Sprintf("Invalid value for field 'requestId': '%s'. The request ID must be a valid UUID with the exception that zero UUID is not supported (00000000-0000-0000-0000-000000000000).", requestID))
+			return
+		}
+		// GCE recognises a request ID it has seen and answers with that request's
+		// operation, in whatever state it is now, without acting again.
+		if op, ok := s.byID[[2]string{parts[1], requestID}]; ok {
+			writeProto(w, op.proto)
+			return
+		}
+	}
 	switch method {
 	case MethodInsert:
-		s.insert(w, r, parts[1], parts[3])
+		s.insert(w, r, parts[1], parts[3], requestID)
 	case MethodGet:
 		s.get(w, key{parts[1], parts[3], parts[5]})
 	case MethodDelete:
-		s.delete(w, key{parts[1], parts[3], parts[5]})
+		s.delete(w, key{parts[1], parts[3], parts[5]}, requestID)
 	case MethodAggregatedList:
 		s.aggregatedList(w, r, parts[1])
+	case MethodGetOperation:
+		s.getOperation(w, key{parts[1], parts[3], parts[5]})
 	}
 }
 
-func (s *Server) insert(w http.ResponseWriter, r *http.Request, project, zone string) {
+// uuidForm is the textual form of a UUID; GCE takes any version but the zero UUID.
+var uuidForm = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+
+func validRequestID(id string) bool {
+	return uuidForm.MatchString(id) && id != "00000000-0000-0000-0000-000000000000"
+}
+
+func (s *Server) insert(w http.ResponseWriter, r *http.Request, project, zone, requestID string) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid", err.Error())
@@ -318,7 +461,13 @@ func (s *Server) insert(w http.ResponseWriter, r *http.Request, project, zone st
 	s.fill(project, zone, inst)
 	s.instances[k] = inst
 	s.zones[key{project: project, zone: zone}] = true
-	s.writeOperation(w, project, zone, "insert", inst.GetSelfLink())
+	op := s.newOperation(MethodInsert, project, zone, requestID, inst.GetSelfLink(), func(failed bool) {
+		// The instance existed while GCE tried to place it; a failed insert leaves none.
+		if failed && s.instances[k] == inst {
+			delete(s.instances, k)
+		}
+	})
+	writeProto(w, op.proto)
 }
 
 func (s *Server) get(w http.ResponseWriter, k key) {
@@ -330,15 +479,54 @@ func (s *Server) get(w http.ResponseWriter, k key) {
 	writeProto(w, inst)
 }
 
-func (s *Server) delete(w http.ResponseWriter, k key) {
+func (s *Server) delete(w http.ResponseWriter, k key, requestID string) {
 	inst, ok := s.instances[k]
 	if !ok {
 		writeNotFound(w, k)
 		return
 	}
-	// Real GCE lingers in STOPPING for a while; gone at once is enough for the client.
-	delete(s.instances, k)
-	s.writeOperation(w, k.project, k.zone, "delete", inst.GetSelfLink())
+	if s.deleting[k] != nil {
+		writeError(w, http.StatusBadRequest, "resourceNotReady",
+			fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' is not ready", k.project, k.zone, k.name))
+		return
+	}
+	if q := s.outcomes[MethodDelete]; len(q) == 0 || q[0] == (Outcome{}) {
+		// Real GCE lingers in STOPPING for a while; by default the fake has the instance
+		// gone at once, which is enough for most tests. NextOperation makes it linger.
+		delete(s.instances, k)
+		op := s.newOperation(MethodDelete, k.project, k.zone, requestID, inst.GetSelfLink(), func(bool) {})
+		writeProto(w, op.proto)
+		return
+	}
+	was := inst.GetStatus()
+	inst.Status = proto.String(computepb.Instance_STOPPING.String())
+	op := s.newOperation(MethodDelete, k.project, k.zone, requestID, inst.GetSelfLink(), func(failed bool) {
+		delete(s.deleting, k)
+		switch {
+		case s.instances[k] != inst:
+		case failed:
+			inst.Status = proto.String(was)
+		default:
+			delete(s.instances, k)
+		}
+	})
+	s.deleting[k] = op
+	writeProto(w, op.proto)
+}
+
+func (s *Server) getOperation(w http.ResponseWriter, k key) {
+	op, ok := s.operations[k]
+	if !ok {
+		writeError(w, http.StatusNotFound, "notFound",
+			fmt.Sprintf("The resource 'projects/%s/zones/%s/operations/%s' was not found", k.project, k.zone, k.name))
+		return
+	}
+	if op.pollsLeft > 0 {
+		op.pollsLeft--
+	} else {
+		s.complete(op)
+	}
+	writeProto(w, op.proto)
 }
 
 func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request, project string) {
@@ -388,24 +576,66 @@ func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request, project 
 	})
 }
 
-// writeOperation answers a mutation with a still-running zonal operation, as GCE does; the
-// provider never polls it, so the fake does not serve operations.
-func (s *Server) writeOperation(w http.ResponseWriter, project, zone, opType, target string) {
+// newOperation records a running zonal operation of method, pops its Outcome and
+// remembers it by request ID. finish is called once, when the operation ends. Callers
+// hold s.mu.
+func (s *Server) newOperation(method, project, zone, requestID, target string, finish func(failed bool)) *operation {
+	var o Outcome
+	if q := s.outcomes[method]; len(q) > 0 {
+		o, s.outcomes[method] = q[0], q[1:]
+	}
 	s.seq++
 	now := timestamp(time.Now())
-	writeProto(w, &computepb.Operation{
-		Kind:          proto.String("compute#operation"),
-		Id:            proto.Uint64(5000 + s.seq),
-		Name:          proto.String(fmt.Sprintf("operation-%d", s.seq)),
-		OperationType: proto.String(opType),
-		Status:        computepb.Operation_RUNNING.Enum(),
-		Progress:      proto.Int32(0),
-		TargetLink:    proto.String(target),
-		Zone:          proto.String(s.zoneURL(project, zone)),
-		InsertTime:    proto.String(now),
-		StartTime:     proto.String(now),
-		SelfLink:      proto.String(fmt.Sprintf("%s/operations/operation-%d", s.zoneURL(project, zone), s.seq)),
-	})
+	name := fmt.Sprintf("operation-%d", s.seq)
+	op := &operation{
+		proto: &computepb.Operation{
+			Kind:          proto.String("compute#operation"),
+			Id:            proto.Uint64(5000 + s.seq),
+			Name:          proto.String(name),
+			OperationType: proto.String(method),
+			Status:        computepb.Operation_RUNNING.Enum(),
+			Progress:      proto.Int32(0),
+			TargetLink:    proto.String(target),
+			Zone:          proto.String(s.zoneURL(project, zone)),
+			InsertTime:    proto.String(now),
+			StartTime:     proto.String(now),
+			SelfLink:      proto.String(fmt.Sprintf("%s/operations/%s", s.zoneURL(project, zone), name)),
+		},
+		outcome:   o,
+		pollsLeft: o.RunningPolls,
+		finish:    finish,
+	}
+	if requestID != "" {
+		op.proto.ClientOperationId = proto.String(requestID) // as GCE echoes it
+		s.byID[[2]string{project, requestID}] = op
+	}
+	s.operations[key{project, zone, name}] = op
+	return op
+}
+
+// complete ends op as its Outcome says, once. Callers hold s.mu.
+func (s *Server) complete(op *operation) {
+	if op.proto.GetStatus() == computepb.Operation_DONE {
+		return
+	}
+	op.pollsLeft = 0
+	op.proto.Status = computepb.Operation_DONE.Enum()
+	op.proto.Progress = proto.Int32(100)
+	op.proto.EndTime = proto.String(timestamp(time.Now()))
+	failed := op.outcome.ErrorCode != ""
+	if failed {
+		status := op.outcome.HTTPStatus
+		if status == 0 {
+			status = http.StatusBadRequest
+		}
+		op.proto.HttpErrorStatusCode = proto.Int32(int32(status))
+		op.proto.HttpErrorMessage = proto.String(strings.ToUpper(http.StatusText(status)))
+		op.proto.Error = &computepb.Error{Errors: []*computepb.Errors{{
+			Code:    proto.String(op.outcome.ErrorCode),
+			Message: proto.String(op.outcome.ErrorMessage),
+		}}}
+	}
+	op.finish(failed)
 }
 
 func writeProto(w http.ResponseWriter, m proto.Message) {

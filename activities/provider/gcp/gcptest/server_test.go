@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/api/googleapi"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -179,4 +180,130 @@ func TestInsertConflictAndCounters(t *testing.T) {
 	assert.Equal(t, map[string]string{"k": "v"}, got[0].Labels)
 	assert.Equal(t, 3, s.Requests(MethodInsert))
 	assert.Equal(t, 3, s.TotalRequests())
+}
+
+// operationOf decodes an operation from a response body.
+func operationOf(t *testing.T, raw []byte) *computepb.Operation {
+	t.Helper()
+	op := &computepb.Operation{}
+	require.NoError(t, protojson.Unmarshal(raw, op), string(raw))
+	return op
+}
+
+const (
+	instancesPath  = "/compute/v1/projects/p/zones/z/instances"
+	operationsPath = "/compute/v1/projects/p/zones/z/operations/"
+)
+
+func TestOperationsRunThenFinish(t *testing.T) {
+	s := NewServer(t)
+	s.HoldNextOperation(MethodInsert, 2)
+	resp, raw := do(t, s, http.MethodPost, instancesPath, `{"name":"px-a"}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(raw))
+	op := operationOf(t, raw)
+	assert.Equal(t, computepb.Operation_RUNNING, op.GetStatus(), "GCE answers an insert before it is done")
+	require.Len(t, s.Instances(), 1, "the instance exists while it is placed")
+
+	for i, want := range []computepb.Operation_Status{computepb.Operation_RUNNING, computepb.Operation_RUNNING, computepb.Operation_DONE, computepb.Operation_DONE} {
+		resp, raw := do(t, s, http.MethodGet, operationsPath+op.GetName(), "")
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(raw))
+		got := operationOf(t, raw)
+		assert.Equal(t, want, got.GetStatus(), "poll %d", i)
+		assert.Nil(t, got.GetError())
+	}
+	assert.Len(t, s.Instances(), 1)
+
+	resp, _ = do(t, s, http.MethodGet, operationsPath+"operation-404", "")
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+}
+
+func TestFailedInsertOperationLeavesNoInstance(t *testing.T) {
+	s := NewServer(t)
+	s.FailNextOperation(MethodInsert, http.StatusServiceUnavailable, "ZONE_RESOURCE_POOL_EXHAUSTED", "The zone 'projects/p/zones/z' does not have enough resources")
+	resp, raw := do(t, s, http.MethodPost, instancesPath, `{"name":"px-a"}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "the insert itself is accepted")
+	op := operationOf(t, raw)
+	assert.Equal(t, computepb.Operation_RUNNING, op.GetStatus())
+
+	_, raw = do(t, s, http.MethodGet, operationsPath+op.GetName(), "")
+	done := operationOf(t, raw)
+	assert.Equal(t, computepb.Operation_DONE, done.GetStatus())
+	require.Len(t, done.GetError().GetErrors(), 1)
+	assert.Equal(t, "ZONE_RESOURCE_POOL_EXHAUSTED", done.GetError().GetErrors()[0].GetCode())
+	assert.Equal(t, int32(503), done.GetHttpErrorStatusCode())
+	assert.Equal(t, "SERVICE UNAVAILABLE", done.GetHttpErrorMessage())
+	assert.Empty(t, s.Instances())
+	assert.Equal(t, []Operation{{Name: op.GetName(), Type: MethodInsert, Status: "DONE", ErrorCode: "ZONE_RESOURCE_POOL_EXHAUSTED"}}, s.Operations())
+}
+
+func TestRequestIDsAreRecognised(t *testing.T) {
+	s := NewServer(t)
+	const id = "3f2b8c1e-9a4d-4e6f-8b7a-1c2d3e4f5a6b"
+	s.HoldNextOperation(MethodInsert, 1)
+	_, raw := do(t, s, http.MethodPost, instancesPath+"?requestId="+id, `{"name":"px-a"}`)
+	first := operationOf(t, raw)
+	assert.Equal(t, id, first.GetClientOperationId())
+
+	// The same ID: the same operation, whatever the body, and nothing done again.
+	resp, raw := do(t, s, http.MethodPost, instancesPath+"?requestId="+id, `{"name":"px-b"}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(raw))
+	assert.Equal(t, first.GetName(), operationOf(t, raw).GetName())
+	assert.Len(t, s.Instances(), 1)
+
+	// Another ID, or none: a new request, refused as GCE would.
+	resp, _ = do(t, s, http.MethodPost, instancesPath+"?requestId=4f2b8c1e-9a4d-4e6f-8b7a-1c2d3e4f5a6b", `{"name":"px-a"}`)
+	assert.Equal(t, http.StatusConflict, resp.StatusCode)
+	resp, _ = do(t, s, http.MethodPost, instancesPath, `{"name":"px-a"}`)
+	assert.Equal(t, http.StatusConflict, resp.StatusCode)
+
+	s.ForgetRequestIDs()
+	resp, _ = do(t, s, http.MethodPost, instancesPath+"?requestId="+id, `{"name":"px-a"}`)
+	assert.Equal(t, http.StatusConflict, resp.StatusCode, "a forgotten ID is new")
+
+	for _, bad := range []string{"not-a-uuid", "00000000-0000-0000-0000-000000000000"} {
+		resp, raw := do(t, s, http.MethodPost, instancesPath+"?requestId="+bad, `{"name":"px-c"}`)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, bad)
+		assert.Contains(t, string(raw), "requestId")
+	}
+	assert.Equal(t, []string{id, id, "4f2b8c1e-9a4d-4e6f-8b7a-1c2d3e4f5a6b", "", id, "not-a-uuid", "00000000-0000-0000-0000-000000000000"},
+		s.RequestIDs(MethodInsert))
+}
+
+func TestDeleteWhileDeleting(t *testing.T) {
+	s := NewServer(t)
+	s.AddInstance("p", "z", &computepb.Instance{Name: proto.String("px-a"), Status: proto.String("RUNNING")})
+	s.HoldNextOperation(MethodDelete, 1)
+	resp, raw := do(t, s, http.MethodDelete, instancesPath+"/px-a", "")
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(raw))
+	op := operationOf(t, raw)
+	require.Len(t, s.Instances(), 1, "a deleting VM lingers")
+	assert.Equal(t, "STOPPING", s.Instances()[0].Status)
+
+	resp, raw = do(t, s, http.MethodDelete, instancesPath+"/px-a", "")
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	err := googleapi.CheckResponseWithBody(resp, raw)
+	var herr *googleapi.Error
+	require.ErrorAs(t, err, &herr)
+	require.Len(t, herr.Errors, 1)
+	assert.Equal(t, "resourceNotReady", herr.Errors[0].Reason)
+
+	do(t, s, http.MethodGet, operationsPath+op.GetName(), "") // RUNNING
+	require.Len(t, s.Instances(), 1)
+	do(t, s, http.MethodGet, operationsPath+op.GetName(), "") // DONE
+	assert.Empty(t, s.Instances())
+}
+
+func TestFailedDeleteOperationKeepsTheInstance(t *testing.T) {
+	s := NewServer(t)
+	s.AddInstance("p", "z", &computepb.Instance{Name: proto.String("px-a"), Status: proto.String("RUNNING")})
+	s.FailNextOperation(MethodDelete, 0, "INTERNAL_ERROR", "Internal error")
+	resp, _ := do(t, s, http.MethodDelete, instancesPath+"/px-a", "")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	s.CompleteOperations()
+	got := s.Instances()
+	require.Len(t, got, 1)
+	assert.Equal(t, "RUNNING", got[0].Status, "back in the status it had")
+	ops := s.Operations()
+	require.Len(t, ops, 1)
+	assert.Equal(t, "INTERNAL_ERROR", ops[0].ErrorCode)
 }
