@@ -15,7 +15,7 @@ PKGS      ?= ./...
 # Generated files: `make check-generated` fails when they differ from what the sources give.
 GENERATED := deploy/crd deploy/rbac operator/api/v1alpha1/zz_generated.deepcopy.go
 
-.PHONY: all tools build dev test-e2e generate generate-files check-generated lint fmt vet test help bench chaos chaos-short fuzz record-histories
+.PHONY: all tools build dev test-e2e generate generate-files check-generated lint fmt vet test soak help bench chaos chaos-short fuzz record-histories
 
 all: generate lint test
 
@@ -76,9 +76,14 @@ lint: tools check-generated vet ## gofmt, go vet, workflowcheck, staticcheck, ge
 E2E_PKG   ?= ./internal/e2e
 E2E_FLAGS ?= -count=1 -timeout 30m
 
-test: tools check-generated vet ## vet, unit and integration tests (-race), then end-to-end tests on the real stack
+test: tools check-generated vet ## vet, unit and integration tests (-race), the soak, then end-to-end tests on the real stack
 	$(GOTEST) $(TEST_FLAGS) $$($(GO) list $(PKGS) | grep -v '/internal/e2e$$')
+	$(MAKE) --no-print-directory soak
 	$(GOTEST) $(E2E_FLAGS) $(E2E_PKG)
+
+SOAK_DAYS ?= 90
+soak: ## one Proxy through SOAK_DAYS simulated days in Temporal's time-skipping test environment (seconds)
+	SOAK_DAYS=$(SOAK_DAYS) $(GOTEST) -count=1 -timeout 10m -run '^TestMonthsInMinutes$$' ./workflows/
 
 bench: tools ## benchmarks with the figures reported in docs/benchmarks.md (minutes; not part of make test)
 	$(GO) test ./discovery ./activities/probe -run '^$$' -bench . -benchtime 20000x

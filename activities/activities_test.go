@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/proxyfleet/proxyfleet/activities"
+	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
@@ -173,4 +174,25 @@ func TestHashCloudInit(t *testing.T) {
 			assert.Contains(t, appErr.Message(), tc.want)
 		})
 	}
+}
+
+// TestFindInstancesReadsTheReplacementCount: a run that starts without state learns how
+// many replacements earlier runs published, only from its own object.
+func TestFindInstancesReadsTheReplacementCount(t *testing.T) {
+	f := newFixture(t)
+	p := f.proxy(t, "counted")
+	_, err := f.env.ExecuteActivity(f.acts.PublishStatus, activities.PublishInput{Namespace: f.ns, Name: "counted", UID: string(p.UID),
+		Status: v1alpha1.ProxyStatus{Phase: v1alpha1.PhaseReady, Replacements: 7}})
+	require.NoError(t, err)
+	f.acts.Providers = provider.Registry{}
+	find := func(uid string) activities.FindResult {
+		t.Helper()
+		v, err := f.env.ExecuteActivity(f.acts.FindInstances, activities.FindInput{ProxyUID: uid, Namespace: f.ns, Name: "counted"})
+		require.NoError(t, err)
+		var res activities.FindResult
+		require.NoError(t, v.Get(&res))
+		return res
+	}
+	assert.Equal(t, int32(7), find(string(p.UID)).Replacements)
+	assert.Zero(t, find("another-object").Replacements, "another object's count is not ours")
 }

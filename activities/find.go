@@ -18,7 +18,18 @@ type OwnedInstance struct {
 
 // FindInput names the Proxy whose instances to find.
 type FindInput struct {
-	ProxyUID string `json:"proxyUID"`
+	ProxyUID  string `json:"proxyUID"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+}
+
+// FindResult is what a run that starts without state learns from the providers and from
+// the Proxy's last published status.
+type FindResult struct {
+	Instances []OwnedInstance `json:"instances,omitempty"`
+	// Replacements is status.replacements as earlier runs published it, so the count goes
+	// on instead of starting over.
+	Replacements int32 `json:"replacements,omitempty"`
 }
 
 // FindInstances lists, at every provider this worker has, the instances labelled with this
@@ -26,19 +37,28 @@ type FindInput struct {
 // terminate, a server limit or a reset) calls it before anything else: the instances
 // earlier runs created are then adopted or deleted instead of leaking. Every provider must
 // answer: a partial list could leave an instance no one deletes, so a failure is retried.
-func (a *Activities) FindInstances(ctx context.Context, in FindInput) ([]OwnedInstance, error) {
+func (a *Activities) FindInstances(ctx context.Context, in FindInput) (FindResult, error) {
 	if in.ProxyUID == "" {
 		// An empty UID would select the whole installation: never hand that to adoption.
-		return nil, classify("find instances", provider.Permanent(errors.New("no Proxy UID given")))
+		return FindResult{}, classify("find instances", provider.Permanent(errors.New("no Proxy UID given")))
 	}
-	var out []OwnedInstance
+	var out FindResult
 	for _, name := range slices.Sorted(maps.Keys(a.Providers)) {
 		list, err := a.Providers[name].ListOwned(ctx, provider.Owner{Installation: a.Installation, ProxyUID: in.ProxyUID})
 		if err != nil {
-			return nil, classify("find instances at "+string(name), err)
+			return FindResult{}, classify("find instances at "+string(name), err)
 		}
 		for _, inst := range list {
-			out = append(out, OwnedInstance{Provider: name, Instance: inst})
+			out.Instances = append(out.Instances, OwnedInstance{Provider: name, Instance: inst})
+		}
+	}
+	if a.Kube != nil && in.Name != "" {
+		p, err := a.ownProxy(ctx, ObjectRef{Namespace: in.Namespace, Name: in.Name, UID: in.ProxyUID})
+		if err != nil {
+			return FindResult{}, err
+		}
+		if p != nil {
+			out.Replacements = p.Status.Replacements
 		}
 	}
 	return out, nil

@@ -613,9 +613,11 @@ func portOr(p int32, spec *v1alpha1.ProxySpec) int32 {
 // as-is if its spec-hash label says it was built from the spec now wanted, otherwise
 // replaced make-before-break like any outdated instance. Everything else is retired. The
 // counter moves past every number found, so no new instance reuses an old name.
-func (s *ProxyState) adopt(found []activities.OwnedInstance, now time.Time) effect {
+func (s *ProxyState) adopt(res activities.FindResult, now time.Time) effect {
+	found := res.Instances
 	s.Unlisted = false
 	s.succeeded()
+	s.Replacements = max(s.Replacements, res.Replacements)
 	prefix := strings.TrimSuffix(InstanceName(s.UID, 0), "0")
 	number := func(name string) int {
 		n, err := strconv.Atoi(strings.TrimPrefix(name, prefix))

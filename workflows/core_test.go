@@ -561,6 +561,10 @@ func TestHashedAndSuccessor(t *testing.T) {
 	assert.Equal(t, stepCreate, plan(next, t0))
 }
 
+func found(instances ...activities.OwnedInstance) activities.FindResult {
+	return activities.FindResult{Instances: instances}
+}
+
 func owned(name string, st provider.State, hash string) activities.OwnedInstance {
 	inst := provider.Instance{Name: name, ProviderID: "p/" + name, State: st, CreatedAt: t0.Add(-24 * time.Hour),
 		Labels: map[string]string{provider.LabelProxyUID: "u1"}}
@@ -599,21 +603,26 @@ func TestAdopt(t *testing.T) {
 		assert.Equal(t, stepSteady, plan(&s, t0))
 		assert.Equal(t, stepList, plan(&s, s.RetryAt))
 	})
+	t.Run("the replacement count goes on from the published status", func(t *testing.T) {
+		s := fresh()
+		s.adopt(activities.FindResult{Replacements: 7}, t0)
+		assert.Equal(t, int32(7), s.Replacements)
+	})
 	t.Run("nothing found: create as usual, from 1", func(t *testing.T) {
 		s := fresh()
-		e := s.adopt(nil, t0)
+		e := s.adopt(activities.FindResult{}, t0)
 		assert.False(t, e.warn)
 		assert.Equal(t, stepCreate, plan(&s, t0))
 		assert.Equal(t, n(1), s.ensureInstance(t0))
 	})
 	t.Run("the newest running instance built from this spec is kept as-is", func(t *testing.T) {
 		s := fresh()
-		e := s.adopt([]activities.OwnedInstance{
+		e := s.adopt(found(
 			owned(n(3), provider.StateRunning, want),
 			owned(n(5), provider.StateRunning, want),
 			owned(n(6), provider.StateProvisioning, want),
 			owned(n(4), provider.StateStopped, want),
-		}, t0)
+		), t0)
 		assert.True(t, e.warn)
 		require.NotNil(t, s.Instance)
 		assert.Equal(t, n(5), s.Instance.Name, "running beats a newer one still provisioning")
@@ -629,21 +638,21 @@ func TestAdopt(t *testing.T) {
 	})
 	t.Run("an instance from another spec is adopted and replaced make-before-break", func(t *testing.T) {
 		s := fresh()
-		s.adopt([]activities.OwnedInstance{owned(n(2), provider.StateRunning, "")}, t0)
+		s.adopt(found(owned(n(2), provider.StateRunning, "")), t0)
 		require.NotNil(t, s.Instance)
 		assert.Equal(t, stepCreateNext, plan(&s, t0), "it serves while its replacement is built")
 		assert.Equal(t, n(3), s.ensureNext(t0))
 	})
 	t.Run("an instance still provisioning from another spec is retired first", func(t *testing.T) {
 		s := fresh()
-		s.adopt([]activities.OwnedInstance{owned(n(2), provider.StateProvisioning, "old")}, t0)
+		s.adopt(found(owned(n(2), provider.StateProvisioning, "old")), t0)
 		assert.Equal(t, stepRetireCurrent, plan(&s, t0))
 	})
 	t.Run("another provider's instance is retired, not adopted", func(t *testing.T) {
 		s := fresh()
 		o := owned(n(2), provider.StateRunning, want)
 		o.Provider = v1alpha1.ProviderGCP
-		s.adopt([]activities.OwnedInstance{o}, t0)
+		s.adopt(found(o), t0)
 		assert.Nil(t, s.Instance)
 		assert.Equal(t, []string{n(2)}, names(s.Retiring))
 		assert.Equal(t, v1alpha1.ProviderGCP, s.Retiring[0].Provider, "deleted where it is")
@@ -651,7 +660,7 @@ func TestAdopt(t *testing.T) {
 	t.Run("while deleting everything found is retired", func(t *testing.T) {
 		s := ProxyState{Unlisted: true}
 		s.requestDelete(contract.DeleteSignal{UID: "u1"})
-		s.adopt([]activities.OwnedInstance{owned(n(1), provider.StateRunning, want), owned(n(2), provider.StateRunning, want)}, t0)
+		s.adopt(found(owned(n(1), provider.StateRunning, want), owned(n(2), provider.StateRunning, want)), t0)
 		assert.Nil(t, s.Instance)
 		assert.Len(t, s.Retiring, 2)
 		assert.Equal(t, stepDelete, plan(&s, t0))
@@ -659,7 +668,7 @@ func TestAdopt(t *testing.T) {
 	t.Run("an External proxy adopts nothing", func(t *testing.T) {
 		s := ProxyState{Unlisted: true}
 		s.applySpec(SpecSignal{UID: "u1", Generation: 1, Spec: *externalSpec()})
-		s.adopt([]activities.OwnedInstance{owned(n(1), provider.StateRunning, "")}, t0)
+		s.adopt(found(owned(n(1), provider.StateRunning, "")), t0)
 		assert.Nil(t, s.Instance)
 		assert.Len(t, s.Retiring, 1)
 	})

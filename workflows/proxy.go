@@ -52,6 +52,7 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 		w.state = &ProxyState{}
 	}
 	w.version = workflow.GetVersion(ctx, versionChangeID, workflow.DefaultVersion, versionLatest)
+	w.cost = costStart
 	w.runStart = workflow.Now(ctx)
 	if in.State == nil && w.version >= versionLongLived {
 		w.state.Unlisted = true
@@ -76,6 +77,10 @@ type proxyWorkflow struct {
 	version  workflow.Version
 	runStart time.Time
 	signals  int
+	// cost is an upper bound on the history events this run has written, counted from
+	// what it did (see the cost constants). It bounds a run where the server's count is not
+	// available, and is the budget the tests can check.
+	cost int
 	// memoDirty is set by a report: cooldowns changed and discovery must see them.
 	memoDirty bool
 
@@ -164,24 +169,28 @@ func (w *proxyWorkflow) addSignals(sel workflow.Selector) {
 		var sig SpecSignal
 		c.ReceiveAsync(&sig)
 		w.signals++
+		w.cost += costSignal
 		w.apply(w.state.applySpec(sig))
 	})
 	sel.AddReceive(w.delCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig contract.DeleteSignal
 		c.ReceiveAsync(&sig)
 		w.signals++
+		w.cost += costSignal
 		w.apply(w.state.requestDelete(sig))
 	})
 	sel.AddReceive(w.repCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig contract.ReportSignal
 		c.ReceiveAsync(&sig)
 		w.signals++
+		w.cost += costSignal
 		w.apply(w.state.report(sig, w.now()))
 	})
 	sel.AddReceive(w.replCh, func(c workflow.ReceiveChannel, _ bool) {
 		var sig contract.ReplaceSignal
 		c.ReceiveAsync(&sig)
 		w.signals++
+		w.cost += costSignal
 		w.apply(w.state.requestReplace(sig))
 	})
 }
@@ -207,6 +216,7 @@ func (w *proxyWorkflow) drainSignals() {
 			return
 		}
 		w.signals++
+		w.cost += costSignal
 	}
 }
 
@@ -237,7 +247,7 @@ func (w *proxyWorkflow) waitSignals(ctx workflow.Context, until time.Time) error
 	defer cancel()
 	var timer workflow.Future
 	if !until.IsZero() {
-		timer = workflow.NewTimerWithOptions(tctx, until.Sub(workflow.Now(ctx)), workflow.TimerOptions{Summary: "back off before retrying"})
+		timer = w.timer(tctx, until.Sub(workflow.Now(ctx)), workflow.TimerOptions{Summary: "back off before retrying"})
 	}
 	republish := w.republishTimer(tctx)
 	for !w.interrupt && !timerDone {
@@ -313,8 +323,9 @@ func (w *proxyWorkflow) list(ctx workflow.Context) error {
 		StartToCloseTimeout: w.tuning.ActivityTimeout,
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, BackoffCoefficient: 2, MaximumInterval: 30 * time.Second, MaximumAttempts: 5},
 	})
-	var found []activities.OwnedInstance
-	_, err := w.await(ctx, workflow.ExecuteActivity(actx, a.FindInstances, activities.FindInput{ProxyUID: s.UID}), func() {}, false, &found)
+	var found activities.FindResult
+	in := activities.FindInput{ProxyUID: s.UID, Namespace: w.in.Namespace, Name: w.in.Name}
+	_, err := w.await(ctx, w.activity(actx, a.FindInstances, in), func() {}, false, &found)
 	if err != nil {
 		w.apply(s.failed(failTransient, "finding instances of earlier runs: "+errorMessage(err), workflow.Now(ctx), w.tuning))
 		return nil
@@ -332,7 +343,7 @@ func (w *proxyWorkflow) hash(ctx workflow.Context) error {
 		RetryPolicy:         &temporal.RetryPolicy{MaximumAttempts: 5, NonRetryableErrorTypes: []string{activities.ErrTypeCloudInit}},
 	})
 	var h string
-	err := workflow.ExecuteLocalActivity(lctx, a.HashCloudInit, activities.HashInput{Namespace: w.in.Namespace, Ref: ref}).Get(ctx, &h)
+	err := w.local(lctx, a.HashCloudInit, activities.HashInput{Namespace: w.in.Namespace, Ref: ref}).Get(ctx, &h)
 	if err != nil {
 		w.failed(ctx, err)
 		return nil
@@ -355,7 +366,7 @@ func (w *proxyWorkflow) create(ctx workflow.Context, name string) error {
 	var res activities.CreateResult
 	// Create is never abandoned: a cancelled call could still create the instance after a
 	// delete decided it did not exist. Signals wait until it returns.
-	_, err := w.await(ctx, workflow.ExecuteActivity(actx, a.CreateInstance, w.instanceInput(ref)), func() {}, false, &res)
+	_, err := w.await(ctx, w.activity(actx, a.CreateInstance, w.instanceInput(ref)), func() {}, false, &res)
 	if err != nil {
 		kind, msg := failureOf(err)
 		w.apply(w.state.createFailed(name, kind, msg, workflow.Now(ctx), w.tuning))
@@ -377,7 +388,7 @@ func (w *proxyWorkflow) waitRunning(ctx workflow.Context, name string) error {
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 30 * time.Second, NonRetryableErrorTypes: []string{activities.ErrTypePermanent}},
 	})
 	var res activities.WaitResult
-	interrupted, err := w.await(ctx, workflow.ExecuteActivity(actx, a.WaitRunning, w.instanceInput(ref)), cancel, true, &res)
+	interrupted, err := w.await(ctx, w.activity(actx, a.WaitRunning, w.instanceInput(ref)), cancel, true, &res)
 	if interrupted {
 		return nil
 	}
@@ -411,7 +422,7 @@ func (w *proxyWorkflow) verifyNext(ctx workflow.Context) error {
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: time.Minute},
 	})
 	var res activities.MonitorResult
-	interrupted, err := w.await(ctx, workflow.ExecuteActivity(actx, a.Monitor, in), cancel, true, &res)
+	interrupted, err := w.await(ctx, w.activity(actx, a.Monitor, in), cancel, true, &res)
 	if interrupted {
 		return nil
 	}
@@ -434,7 +445,7 @@ func (w *proxyWorkflow) deleteRetiring(ctx workflow.Context) error {
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 30 * time.Second, MaximumAttempts: 5},
 	})
 	// Deletes are not abandoned either: they are what keeps instances from leaking.
-	_, err := w.await(ctx, workflow.ExecuteActivity(actx, a.DeleteInstance, w.instanceInput(&ref)), func() {}, false, nil)
+	_, err := w.await(ctx, w.activity(actx, a.DeleteInstance, w.instanceInput(&ref)), func() {}, false, nil)
 	if err != nil {
 		s.deleteFailed(errorMessage(err), workflow.Now(ctx), w.tuning)
 		w.log.Warn("delete failed; will retry", "instance", ref.Name, "error", err)
@@ -457,7 +468,7 @@ func (w *proxyWorkflow) finish(ctx workflow.Context) (bool, error) {
 	})
 	ref := activities.ObjectRef{Namespace: w.in.Namespace, Name: w.in.Name, UID: s.UID}
 	for attempt := 1; ; attempt++ {
-		err := workflow.ExecuteLocalActivity(lctx, a.ReleaseFinalizer, ref).Get(ctx, nil)
+		err := w.local(lctx, a.ReleaseFinalizer, ref).Get(ctx, nil)
 		if err == nil {
 			break
 		}
@@ -504,13 +515,13 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 			HeartbeatTimeout:    monitorHeartbeatTimeout(in),
 			RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: time.Minute},
 		})
-		monitor = workflow.ExecuteActivity(mctx, a.Monitor, in)
+		monitor = w.activity(mctx, a.Monitor, in)
 	}
 	var timer workflow.Future
 	tctx, cancelTimer := workflow.WithCancel(ctx)
 	defer cancelTimer()
 	if !wake.IsZero() {
-		timer = workflow.NewTimerWithOptions(tctx, max(wake.Sub(workflow.Now(ctx)), 0), workflow.TimerOptions{Summary: wakeReason})
+		timer = w.timer(tctx, max(wake.Sub(workflow.Now(ctx)), 0), workflow.TimerOptions{Summary: wakeReason})
 	}
 	w.details(ctx, w.steadyReason(wake, wakeReason))
 	republish := w.republishTimer(tctx)
@@ -646,7 +657,7 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 			RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second, MaximumAttempts: 10},
 		})
 		in := activities.PublishInput{Namespace: w.in.Namespace, Name: w.in.Name, UID: s.UID, Status: st}
-		if err := workflow.ExecuteLocalActivity(lctx, a.PublishStatus, in).Get(ctx, nil); err != nil {
+		if err := w.local(lctx, a.PublishStatus, in).Get(ctx, nil); err != nil {
 			// Status is a view; the workflow's state is the truth. A run of an older version
 			// tries again at its next change; this one also on a timer of its own, so the
 			// status is right again soon after the API server is back.
@@ -666,6 +677,7 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 	if unchanged && w.saPhase == st.Phase && w.saHealthy != nil && *w.saHealthy == healthy {
 		return nil
 	}
+	w.cost += 2 * costUpsert
 	err := workflow.UpsertTypedSearchAttributes(ctx,
 		contract.SearchAttrPhase.ValueSet(string(st.Phase)),
 		contract.SearchAttrProvider.ValueSet(w.providerName()),
@@ -782,8 +794,40 @@ func (w *proxyWorkflow) republishTimer(ctx workflow.Context) workflow.Future {
 	if w.version < versionLongLived || w.republishAt.IsZero() {
 		return nil
 	}
-	return workflow.NewTimerWithOptions(ctx, max(w.republishAt.Sub(workflow.Now(ctx)), 0),
+	return w.timer(ctx, max(w.republishAt.Sub(workflow.Now(ctx)), 0),
 		workflow.TimerOptions{Summary: "write the Proxy's status again"})
+}
+
+// Upper bounds on the history events each thing a run does costs, workflow tasks included:
+// a signal, an activity completion and a timer firing may each need a workflow task
+// (scheduled, started, completed); an activity has scheduled, started, closed and perhaps
+// cancel-requested events; a timer started and fired or cancelled; a local activity a
+// marker (and perhaps a task); an upsert one event. The recorder in the tests counts the
+// same way and is checked against histories recorded on a real server.
+const (
+	costStart    = 5
+	costSignal   = 4
+	costActivity = 7
+	costTimer    = 5
+	costLocal    = 4
+	costUpsert   = 1
+)
+
+// activity, local and timer start an activity, a local activity or a timer, counting the
+// events they may cost.
+func (w *proxyWorkflow) activity(ctx workflow.Context, act any, arg any) workflow.Future {
+	w.cost += costActivity
+	return workflow.ExecuteActivity(ctx, act, arg)
+}
+
+func (w *proxyWorkflow) local(ctx workflow.Context, act any, arg any) workflow.Future {
+	w.cost += costLocal
+	return workflow.ExecuteLocalActivity(ctx, act, arg)
+}
+
+func (w *proxyWorkflow) timer(ctx workflow.Context, d time.Duration, opts workflow.TimerOptions) workflow.Future {
+	w.cost += costTimer
+	return workflow.NewTimerWithOptions(ctx, d, opts)
 }
 
 // runEnd is when this run has lived long enough: it then continues as new.
@@ -805,7 +849,7 @@ func (w *proxyWorkflow) overBudget(ctx workflow.Context) (bool, string) {
 	switch {
 	case info.GetContinueAsNewSuggested():
 		return true, "server suggested"
-	case info.GetCurrentHistoryLength() >= limit:
+	case info.GetCurrentHistoryLength() >= limit || w.cost >= limit:
 		return true, "events"
 	case info.GetCurrentHistorySize() >= w.tuning.MaxRunBytes:
 		return true, "bytes"

@@ -43,6 +43,8 @@ type fakeProvider struct {
 	// worker dies after the provider accepted the call.
 	createErrs        []error
 	applyDespiteError bool
+	// createHook, if set, may refuse a create (e.g. during a simulated quota window).
+	createHook func(name string) error
 	// provisioningGets makes that many Gets report Provisioning before Running.
 	provisioningGets int
 	ip               int
@@ -69,6 +71,9 @@ func (f *fakeProvider) Create(_ context.Context, req provider.CreateRequest) (pr
 	var err error
 	if len(f.createErrs) > 0 {
 		err, f.createErrs = f.createErrs[0], f.createErrs[1:]
+	}
+	if err == nil && f.createHook != nil {
+		err = f.createHook(req.Name)
 	}
 	if err != nil && !f.applyDespiteError {
 		f.ops = append(f.ops, "create-failed "+req.Name)
@@ -265,8 +270,12 @@ func (h *harness) specAt(d time.Duration, gen int64, spec v1alpha1.ProxySpec) {
 }
 
 func (h *harness) run(tuning Tuning) {
+	h.runInput(ProxyWorkflowInput{Namespace: "ns", Name: "p", Installation: "test", Tuning: tuning})
+}
+
+func (h *harness) runInput(in ProxyWorkflowInput) {
 	h.env.SetStartWorkflowOptions(client.StartWorkflowOptions{ID: contract.ProxyWorkflowID("ns", "p")})
-	h.env.ExecuteWorkflow(ProxyWorkflow, ProxyWorkflowInput{Namespace: "ns", Name: "p", Installation: "test", Tuning: tuning})
+	h.env.ExecuteWorkflow(ProxyWorkflow, in)
 }
 
 func fastTuning() Tuning {
