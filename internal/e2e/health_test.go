@@ -19,9 +19,12 @@ import (
 
 // TestKilledInstanceIsDetectedAndRecreated kills a running local proxy: the Proxy turns
 // Unhealthy within failureThreshold × interval plus a few seconds, the instance is created
-// again, and the Proxy returns to Ready.
+// again, and the Proxy returns to Ready. The drift check runs only every 10 minutes here:
+// the unhealthy verdict itself asks the provider, which reports the instance stopped.
 func TestKilledInstanceIsDetectedAndRecreated(t *testing.T) {
-	s := stack.Start(t, stack.Options{})
+	tuning := stack.FastTuning()
+	tuning.DriftInterval = 10 * time.Minute
+	s := stack.Start(t, stack.Options{Tuning: tuning})
 	ctx := context.Background()
 	ns := s.Namespace(t)
 	require.NoError(t, s.Kube.Client.Create(ctx, s.LocalProxy(ns, "victim")))

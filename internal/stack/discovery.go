@@ -25,14 +25,19 @@ func (d *Discovery) Stop() { d.stop() }
 // StartDiscovery runs discovery in-process as cmd/discovery does (discovery.Service), reading
 // the index from the stack's Temporal server with test-sized intervals, and returns once
 // its index is loaded.
-func (s *Stack) StartDiscovery(t testing.TB) *Discovery {
+// Options, if given, adjust the configuration first (e.g. a longer full pass).
+func (s *Stack) StartDiscovery(t testing.TB, options ...func(*discovery.ServiceConfig)) *Discovery {
 	t.Helper()
 	const token = "test-token"
-	svc := discovery.NewService(discovery.ServiceConfig{
+	cfg := discovery.ServiceConfig{
 		API:             discovery.Config{Token: token},
 		Namespace:       s.Temporal.Namespace,
 		RefreshInterval: 200 * time.Millisecond, FullResyncInterval: time.Minute, SweepInterval: 200 * time.Millisecond,
-	}, s.Temporal.Client, quietLog(), nil)
+	}
+	for _, o := range options {
+		o(&cfg)
+	}
+	svc := discovery.NewService(cfg, s.Temporal.Client, quietLog(), nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -54,6 +55,10 @@ type Options struct {
 	Client tclient.Client
 	// Installation defaults to a name unique to the test.
 	Installation string
+	// ResyncInterval turns on the controller's resync of stopped workflows at this
+	// interval. Off by default: the stacks of one test binary share a cluster, and a
+	// resync would restart an earlier test's stopped workflows on this stack's queue.
+	ResyncInterval time.Duration
 }
 
 // Stack is a running system.
@@ -145,7 +150,7 @@ func Start(t testing.TB, opts Options) *Stack {
 	t.Cleanup(s.Target.Close)
 
 	if !opts.NoController {
-		s.startManager(t)
+		s.startManager(t, opts.ResyncInterval)
 	}
 	if !opts.NoWorker {
 		s.StartWorker(t)
@@ -165,7 +170,7 @@ func quietLog() *slog.Logger {
 // manager) the stack's quiet one, once per process.
 var setLogger sync.Once
 
-func (s *Stack) startManager(t testing.TB) {
+func (s *Stack) startManager(t testing.TB, resync time.Duration) {
 	t.Helper()
 	log := quietLog()
 	setLogger.Do(func() { ctrl.SetLogger(logr.FromSlogHandler(log.Handler())) })
@@ -182,6 +187,7 @@ func (s *Stack) startManager(t testing.TB) {
 	ctx, cancel := context.WithCancel(context.Background())
 	require.NoError(t, controller.Setup(ctx, mgr, s.Temporal.Client, controller.Options{
 		Installation: s.Installation, TaskQueue: s.TaskQueue, Tuning: s.Tuning, RecheckDeleting: 2 * time.Second,
+		ResyncInterval: cmp.Or(resync, -1),
 	}))
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
