@@ -115,6 +115,9 @@ func TestEveryServerKilledDuringChurn(t *testing.T) {
 		{"discovery", sys.discovery.kill, sys.startDiscovery, ""},
 		{"temporal", func(t *testing.T) { s.Temporal.KillServer(t) }, func(t *testing.T) { s.Temporal.StartServer(t) }, needsTemporal},
 		{"kube-apiserver", func(t *testing.T) { s.Kube.KillAPIServer(t) }, func(t *testing.T) { s.Kube.StartAPIServer(t) }, needsKube},
+		// Not a server: workflows terminated by hand (or by a server limit). The operator's
+		// resync starts them again and each fresh run adopts what the old one left.
+		{"workflows-terminated", sys.terminateSome, func(*testing.T) {}, ""},
 	}
 	for _, f := range faults {
 		ok := t.Run(f.name, func(t *testing.T) {
@@ -173,7 +176,8 @@ func (sys *system) startProcesses(t *testing.T) {
 		"--tuning-retry-base", ft.RetryBase.String(), "--tuning-retry-max", ft.RetryMax.String(),
 		"--tuning-quota-retry", ft.QuotaRetry.String(), "--tuning-drift-interval", ft.DriftInterval.String(),
 		"--tuning-wait-running-max", ft.WaitRunningMax.String(),
-		"--tuning-activity-timeout", ft.ActivityTimeout.String(), "--tuning-heartbeat-timeout", ft.HeartbeatTimeout.String())...)
+		"--tuning-activity-timeout", ft.ActivityTimeout.String(), "--tuning-heartbeat-timeout", ft.HeartbeatTimeout.String(),
+		"--resync-interval", "1s")...)
 	// Discovery comes back on the same port after its restart.
 	ports, err := testenv.FreePorts(1)
 	require.NoError(t, err)
@@ -356,6 +360,28 @@ func (sys *system) divergence() string {
 		problems = append(problems[:8], fmt.Sprintf("and %d more", len(problems)-8))
 	}
 	return strings.Join(problems, "; ")
+}
+
+// terminateSome terminates the workflows of a tenth of the fleet, as `temporal workflow
+// terminate` would: half among the Proxies being created right now, half among settled
+// ones. It spares the cooled Proxy (a terminated run forgets its cooldowns: discovery's
+// own copy outlives it, but not a discovery restart) and the Proxies asked to be replaced
+// (a terminated run forgets that request too; a new request would be needed).
+func (sys *system) terminateSome(t *testing.T) {
+	ctx := context.Background()
+	var candidates []string
+	for _, name := range sortedNames(sys.want) {
+		if name != "cooled" && sys.replaced[name] == "" {
+			candidates = append(candidates, name)
+		}
+	}
+	k := min(sys.cfg.churn, len(candidates))
+	picked := append(append([]string{}, candidates[len(candidates)-(k+1)/2:]...), candidates[:k/2]...)
+	for _, name := range picked {
+		err := sys.s.Temporal.Client.TerminateWorkflow(ctx, contract.ProxyWorkflowID(sys.ns, name), "", "chaos: terminated by hand")
+		require.NoError(t, err, name)
+	}
+	t.Logf("terminated the workflows of %v", picked)
 }
 
 // ban leases the cooled Proxy for bannedTarget and reports it banned, then waits until its
