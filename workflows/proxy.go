@@ -32,6 +32,11 @@ const (
 	versionLatest                     = versionLongLived
 )
 
+// LatestVersion is the version new runs start with. `make record-histories` writes the
+// histories it records into workflows/testdata/histories/v<LatestVersion>, beside those of
+// older versions, which the replay test keeps replaying until their code is retired.
+const LatestVersion = int(versionLatest)
+
 // ProxyWorkflow owns one Proxy for its whole life: it creates the instance, publishes its
 // address and health, replaces it make-before-break, and deletes it when the Proxy goes.
 // Its decisions come from plan(); this function carries them out and listens for signals.

@@ -159,11 +159,8 @@ func (o *recorderOutbound) GetVersion(ctx workflow.Context, changeID string, min
 // from real runs on the Temporal dev server, so a test that keeps the bound under a limit
 // keeps the real history under it too.
 func TestRecorderBoundsRealHistories(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("testdata", "*.json"))
-	require.NoError(t, err)
-	require.NotEmpty(t, files)
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) {
+	for _, f := range recordedHistories(t) {
+		t.Run(filepath.Base(filepath.Dir(f))+"/"+filepath.Base(f), func(t *testing.T) {
 			fh, err := os.Open(f)
 			require.NoError(t, err)
 			defer fh.Close()
@@ -174,6 +171,7 @@ func TestRecorderBoundsRealHistories(t *testing.T) {
 			r, err := worker.NewWorkflowReplayerWithOptions(worker.WorkflowReplayerOptions{Interceptors: []interceptor.WorkerInterceptor{rec}})
 			require.NoError(t, err)
 			r.RegisterWorkflowWithOptions(ProxyWorkflow, workflow.RegisterOptions{Name: contract.ProxyWorkflowType})
+			r.RegisterWorkflowWithOptions(GCWorkflow, workflow.RegisterOptions{Name: contract.GCWorkflowType})
 			require.NoError(t, r.ReplayWorkflowHistory(nil, hist))
 
 			c := rec.take()

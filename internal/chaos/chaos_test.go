@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.temporal.io/api/enums/v1"
 	tclient "go.temporal.io/sdk/client"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -331,6 +332,16 @@ func (sys *system) divergence() string {
 	for _, name := range sys.gone {
 		if p, ok := got[name]; ok {
 			add("%s was deleted but still exists (finalizers %v)", name, p.Finalizers)
+		}
+	}
+	// A Proxy whose workflow stopped still shows its last status: ask Temporal.
+	for _, name := range sortedNames(sys.want) {
+		desc, err := sys.s.Temporal.Client.DescribeWorkflow(context.Background(), contract.ProxyWorkflowID(sys.ns, name), "")
+		switch {
+		case err != nil:
+			add("describe %s's workflow: %v", name, err)
+		case desc.Status != enums.WORKFLOW_EXECUTION_STATUS_RUNNING:
+			add("%s's workflow is %s", name, desc.Status)
 		}
 	}
 	byUID := map[string][]string{}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,12 +14,14 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
+	"github.com/proxyfleet/proxyfleet/workflows"
 )
 
-// recordHistory saves a workflow's history into workflows/testdata when RECORD_HISTORIES is
-// set, so the replay test there checks that today's workflow code still replays the
-// histories of real runs. Run `make record-histories` after a deliberate change of workflow
-// behaviour, with workflow versioning for anything already in production.
+// recordHistory saves a workflow's history (its latest run) into
+// workflows/testdata/histories/v<LatestVersion> when RECORD_HISTORIES is set, so the replay
+// test there checks that today's workflow code still replays the histories of real runs.
+// Older versions' directories are left as they are. Run `make record-histories` after a
+// change that needed a new workflow version (docs/operations.md).
 func recordHistory(t *testing.T, s *stack.Stack, workflowID, file string) {
 	t.Helper()
 	if os.Getenv("RECORD_HISTORIES") == "" {
@@ -36,7 +39,7 @@ func recordHistory(t *testing.T, s *stack.Stack, workflowID, file string) {
 	require.NoError(t, err)
 	root, err := testenv.RepoRoot()
 	require.NoError(t, err)
-	path := filepath.Join(root, "workflows", "testdata", file)
+	path := filepath.Join(root, "workflows", "testdata", "histories", fmt.Sprintf("v%d", workflows.LatestVersion), file)
 	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
 	require.NoError(t, os.WriteFile(path, raw, 0o644))
 	t.Logf("recorded %d events of %s into %s", len(h.Events), workflowID, path)
