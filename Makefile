@@ -101,5 +101,6 @@ fuzz: ## run every fuzz target for FUZZTIME each (their seed corpora also run in
 	$(GO) test ./discovery -run '^$$' -fuzz '^FuzzDecodeLeaseRequest$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./discovery -run '^$$' -fuzz '^FuzzParseQuerySelector$$' -fuzztime $(FUZZTIME)
 
-record-histories: tools ## re-record workflows/testdata from real runs (after a deliberate workflow change)
-	RECORD_HISTORIES=1 $(GO) test ./internal/e2e -run 'TestProxyLifecycle|TestDeleteWhileProvisioning|TestCloudInitSecretNeverInHistory' -count=1
+RECORD_TESTS = TestProxyLifecycle|TestDeleteWhileProvisioning|TestCloudInitSecretNeverInHistory|TestTerminatedRunIsRestartedAndAdopts|TestTimersReportsAndBans|TestQuotaThenPermanentFailure|TestContinuedRun|TestScheduledGCDeletesExactlyTheOrphans
+record-histories: tools ## record histories of real runs into workflows/testdata/histories/v<latest> (older versions' stay)
+	RECORD_HISTORIES=1 $(GO) test ./internal/e2e -run '^($(RECORD_TESTS))$$' -count=1

@@ -99,6 +99,7 @@ func TestScheduledGCDeletesExactlyTheOrphans(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	require.NoError(t, s.Temporal.Client.GetWorkflow(wctx, run, "").Get(wctx, &res), "the sweep did not finish")
+	recordHistory(t, s, run, "gc-sweep.json")
 
 	d, err := h.Describe(ctx)
 	require.NoError(t, err)

@@ -24,11 +24,17 @@ import (
 // change that needed a new workflow version (docs/operations.md).
 func recordHistory(t *testing.T, s *stack.Stack, workflowID, file string) {
 	t.Helper()
+	recordRun(t, s, workflowID, "", file)
+}
+
+// recordRun records one run of a workflow (runID "" is the latest).
+func recordRun(t *testing.T, s *stack.Stack, workflowID, runID, file string) {
+	t.Helper()
 	if os.Getenv("RECORD_HISTORIES") == "" {
 		return
 	}
 	ctx := context.Background()
-	it := s.Temporal.Client.GetWorkflowHistory(ctx, workflowID, "", false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	it := s.Temporal.Client.GetWorkflowHistory(ctx, workflowID, runID, false, enums.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
 	var h historypb.History
 	for it.HasNext() {
 		ev, err := it.Next()

@@ -109,4 +109,9 @@ func TestTerminatedRunIsRestartedAndAdopts(t *testing.T) {
 		list, err := c.c.ListProxies(ctx, c.selector(), &healthy)
 		return err == nil && list.Count == 1
 	}, 30*time.Second, 100*time.Millisecond, "discovery does not list the proxy again")
+
+	require.NoError(t, s.Kube.Client.Delete(ctx, p))
+	s.WaitGone(t, ns, "kept", time.Minute)
+	assert.Empty(t, s.InstancesOf(uid))
+	recordHistory(t, s, id, "adopt-after-terminate.json")
 }
