@@ -48,15 +48,6 @@ type effect struct {
 	lost bool
 }
 
-func (e effect) or(o effect) effect {
-	e.replan = e.replan || o.replan
-	e.publish = e.publish || o.publish
-	if o.note != "" {
-		e.note, e.warn = o.note, o.warn
-	}
-	return e
-}
-
 // Limits on what a state carries across continue-as-new, whatever arrives: a proxy reported
 // on 100,000 targets carries at most this many of each, with targets of bounded length.
 const (

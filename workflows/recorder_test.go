@@ -63,6 +63,8 @@ func (c runCounts) bytes() int {
 }
 
 // take returns the counts so far and starts counting a new run.
+//
+//workflowcheck:ignore
 func (r *recorder) take() runCounts {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -71,12 +73,18 @@ func (r *recorder) take() runCounts {
 	return c
 }
 
+// lastMemo is the memo the run published last.
+//
+//workflowcheck:ignore
 func (r *recorder) lastMemo() contract.ProxyMemo {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.memo
 }
 
+// add counts what f counts and the JSON bytes of payload.
+//
+//workflowcheck:ignore
 func (r *recorder) add(f func(c *runCounts), payload ...any) {
 	n := 0
 	for _, p := range payload {
@@ -102,6 +110,7 @@ func (i *recorderInbound) Init(outbound interceptor.WorkflowOutboundInterceptor)
 	return i.Next.Init(&recorderOutbound{WorkflowOutboundInterceptorBase: interceptor.WorkflowOutboundInterceptorBase{Next: outbound}, r: i.r})
 }
 
+//workflowcheck:ignore
 func (i *recorderInbound) HandleSignal(ctx workflow.Context, in *interceptor.HandleSignalInput) error {
 	i.r.mu.Lock()
 	i.r.signals++
@@ -140,6 +149,7 @@ func (o *recorderOutbound) UpsertTypedSearchAttributes(ctx workflow.Context, att
 	return o.Next.UpsertTypedSearchAttributes(ctx, attrs...)
 }
 
+//workflowcheck:ignore
 func (o *recorderOutbound) UpsertMemo(ctx workflow.Context, memo map[string]any) error {
 	o.r.add(func(c *runCounts) { c.upserts++ }, memo)
 	if m, ok := memo[contract.MemoKey].(contract.ProxyMemo); ok {

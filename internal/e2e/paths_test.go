@@ -50,15 +50,6 @@ func drive(t *testing.T, s *stack.Stack, name string, spec v1alpha1.ProxySpec, t
 	return d
 }
 
-func (d *driven) state() workflows.ProxyState {
-	d.t.Helper()
-	v, err := d.s.Temporal.Client.QueryWorkflow(context.Background(), d.id, "", contract.QueryState)
-	require.NoError(d.t, err)
-	var st workflows.ProxyState
-	require.NoError(d.t, v.Get(&st))
-	return st
-}
-
 func (d *driven) waitState(what string, ok func(workflows.ProxyState) bool) workflows.ProxyState {
 	d.t.Helper()
 	var last workflows.ProxyState
