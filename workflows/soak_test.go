@@ -65,7 +65,9 @@ type soakRun struct {
 // created twice, and the final status must match.
 //
 // It takes about 15 seconds. SOAK_DAYS shortens or lengthens it; SOAK_REPORT=path writes the
-// figures as JSON; SOAK_DEBUG=1 logs every run.
+// figures as JSON; SOAK_DEBUG=1 logs every run. SOAK_BASELINE_V0=1 runs the same reports and
+// replacements (no outage, no termination) with the workflow pinned to version 0, before
+// runs were bounded, and only reports what its one run grew to.
 func TestMonthsInMinutes(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector makes the soak take minutes; make test runs it without (make soak)")
@@ -119,6 +121,10 @@ func TestMonthsInMinutes(t *testing.T) {
 
 	quota := window{20 * day, 27 * day}
 	outages := []window{{33 * day, 33*day + 2*time.Hour}, {70 * day, 70*day + 30*time.Minute}, {total - 10*time.Minute, total + time.Hour}}
+	baseline := os.Getenv("SOAK_BASELINE_V0") != ""
+	if baseline {
+		outages = nil // version 0 failed the workflow when the finalizer could not be released
+	}
 	terminateAt := 50*day + 6*time.Hour
 
 	prov := newFakeProvider()
@@ -130,7 +136,7 @@ func TestMonthsInMinutes(t *testing.T) {
 	start := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
 	now := time.Duration(0)
 	in := ProxyWorkflowInput{Namespace: "ns", Name: "p", Installation: "test"}
-	terminated := false
+	terminated := baseline // the baseline is never terminated
 
 	for len(runs) < 1000 {
 		// The Proxy object keeps the last status any run published; a run that starts
@@ -140,6 +146,9 @@ func TestMonthsInMinutes(t *testing.T) {
 			published = st.Replacements
 		}
 		h := newHarness(t, func(h *harness) {
+			if baseline {
+				h.env.OnGetVersion(versionChangeID, workflow.DefaultVersion, versionLatest).Return(workflow.DefaultVersion)
+			}
 			acts := &activities.Activities{Providers: h.reg, Installation: "test"}
 			h.env.OnActivity(acts.FindInstances, mock.Anything, mock.Anything).Return(
 				func(ctx context.Context, in activities.FindInput) (activities.FindResult, error) {
@@ -247,6 +256,18 @@ func TestMonthsInMinutes(t *testing.T) {
 		if run.ending == "completed" {
 			break
 		}
+	}
+
+	if baseline {
+		r := runs[0]
+		t.Logf("version 0, %d days: %d run(s); the first: %d signals, %d events, %d bytes (bounds)", days, len(runs),
+			r.counts.signals, r.counts.events(), r.counts.bytes())
+		if path := os.Getenv("SOAK_REPORT"); path != "" {
+			b, _ := json.MarshalIndent(map[string]any{"version": 0, "days": days, "runs": len(runs),
+				"signals": r.counts.signals, "events": r.counts.events(), "bytes": r.counts.bytes()}, "", "  ")
+			require.NoError(t, os.WriteFile(path, b, 0o644))
+		}
+		return
 	}
 
 	// Every run ended as it should and stayed bounded.
