@@ -120,6 +120,20 @@ wait:
 	}, 2*time.Minute, 500*time.Millisecond, "local-1 was not replaced after the printed signal")
 	assert.Contains(t, printed["Web UI"], "http://127.0.0.1:8233")
 
+	// README tour step 5: kill local-2's instance; it is recreated and Ready again within
+	// seconds. The drift check runs only every 2 minutes here (production timings): the
+	// unhealthy verdict itself asks the provider.
+	local2 := "bin/kubectl get proxy local-2 -o jsonpath='{.status.instanceName}/{.status.phase}'"
+	killed, _, _ := strings.Cut(strings.TrimSpace(shell(local2)), "/")
+	require.NotEmpty(t, killed)
+	shell(fmt.Sprintf("curl -sS --fail -X POST http://127.0.0.1:8089/v1/instances/%s/kill", killed))
+	at := time.Now()
+	require.Eventually(t, func() bool {
+		name, phase, _ := strings.Cut(strings.TrimSpace(shell(local2)), "/")
+		return name != killed && phase == "Ready"
+	}, time.Minute, 500*time.Millisecond, "local-2 was not recreated within a minute of the kill")
+	t.Logf("local-2 recreated and Ready %s after its instance was killed", time.Since(at).Round(100*time.Millisecond))
+
 	// Ctrl-C stops everything: nothing of the group is left, and the ports are free again.
 	stop()
 	assert.ErrorIs(t, syscall.Kill(-pgid, 0), syscall.ESRCH, "processes of make dev are still running")
