@@ -21,6 +21,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
@@ -99,10 +100,9 @@ func (f *flakyTemporal) ListWorkflow(ctx context.Context, req *workflowservice.L
 	return f.real.ListWorkflow(ctx, req)
 }
 
-// startController runs the reconciler in a manager. No worker serves its task queue: the
-// tests look only at what the controller hands to Temporal. The periodic resync is not
-// added: tests call Resync on the returned reconciler when they want a pass.
-func startController(t *testing.T, tc controller.Temporal) *controller.ProxyReconciler {
+// testManager builds a quiet manager on the shared test cluster, with no metrics or probe
+// servers; several run in one test binary.
+func testManager(t *testing.T) manager.Manager {
 	t.Helper()
 	k := testenv.Kube(t)
 	mgr, err := ctrl.NewManager(k.Config, ctrl.Options{
@@ -112,6 +112,15 @@ func startController(t *testing.T, tc controller.Temporal) *controller.ProxyReco
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	require.NoError(t, err)
+	return mgr
+}
+
+// startController runs the reconciler in a manager. No worker serves its task queue: the
+// tests look only at what the controller hands to Temporal. The periodic resync is not
+// added: tests call Resync on the returned reconciler when they want a pass.
+func startController(t *testing.T, tc controller.Temporal) *controller.ProxyReconciler {
+	t.Helper()
+	mgr := testManager(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &controller.ProxyReconciler{
 		Client: mgr.GetClient(), Temporal: tc, Events: mgr.GetEventRecorder("proxyfleet-operator"),
