@@ -14,7 +14,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/workflowservice/v1"
 	tclient "go.temporal.io/sdk/client"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -334,14 +334,28 @@ func (sys *system) divergence() string {
 			add("%s was deleted but still exists (finalizers %v)", name, p.Finalizers)
 		}
 	}
-	// A Proxy whose workflow stopped still shows its last status: ask Temporal.
-	for _, name := range sortedNames(sys.want) {
-		desc, err := sys.s.Temporal.Client.DescribeWorkflow(context.Background(), contract.ProxyWorkflowID(sys.ns, name), "")
-		switch {
-		case err != nil:
-			add("describe %s's workflow: %v", name, err)
-		case desc.Status != enums.WORKFLOW_EXECUTION_STATUS_RUNNING:
-			add("%s's workflow is %s", name, desc.Status)
+	// A Proxy whose workflow stopped still shows its last status: ask Temporal, in one list.
+	running := map[string]bool{}
+	var token []byte
+	for {
+		resp, err := sys.s.Temporal.Client.ListWorkflow(context.Background(), &workflowservice.ListWorkflowExecutionsRequest{
+			Query:    fmt.Sprintf("WorkflowId STARTS_WITH %q AND ExecutionStatus = 'Running'", contract.ProxyWorkflowID(sys.ns, "")),
+			PageSize: 1000, NextPageToken: token,
+		})
+		if err != nil {
+			add("list running workflows: %v", err)
+			break
+		}
+		for _, ex := range resp.GetExecutions() {
+			running[ex.GetExecution().GetWorkflowId()] = true
+		}
+		if token = resp.GetNextPageToken(); len(token) == 0 {
+			for _, name := range sortedNames(sys.want) {
+				if !running[contract.ProxyWorkflowID(sys.ns, name)] {
+					add("%s's workflow is not running", name)
+				}
+			}
+			break
 		}
 	}
 	byUID := map[string][]string{}
