@@ -46,8 +46,10 @@ const drainTimeout = 10 * time.Second
 type coalescer struct {
 	mu    sync.Mutex
 	until map[string]time.Time
-	// pruneAt is the size at which expired entries are next swept out.
-	pruneAt int
+	// pruneAt is the size at which expired entries are next swept out, nextSweep the
+	// earliest time they may be.
+	pruneAt   int
+	nextSweep time.Time
 }
 
 // maxCoalesced bounds the coalescer's memory; past it, reports are forwarded uncoalesced.
@@ -67,15 +69,19 @@ func (c *coalescer) admit(key string, now, until time.Time) bool {
 	if t, ok := c.until[key]; ok && t.After(now) {
 		return false
 	}
-	if len(c.until) >= c.pruneAt {
+	if len(c.until) >= c.pruneAt && !now.Before(c.nextSweep) {
+		// At most one sweep a second: a map full of live cooldowns must not be swept on
+		// every report.
+		c.nextSweep = now.Add(time.Second)
 		for k, t := range c.until {
 			if !t.After(now) {
 				delete(c.until, k)
 			}
 		}
-		c.pruneAt = max(1024, 2*len(c.until))
+		// Never beyond the cap, or a full map would stop being swept.
+		c.pruneAt = min(max(1024, 2*len(c.until)), maxCoalesced)
 	}
-	if len(c.until) < maxCoalesced {
+	if _, known := c.until[key]; known || len(c.until) < maxCoalesced {
 		c.until[key] = until
 	}
 	return true
