@@ -222,6 +222,9 @@ func (a *Activities) DeleteInstance(ctx context.Context, in InstanceInput) error
 				// the Proxy's finalizer. The workflow keeps retrying with backoff, visibly.
 				return fmt.Errorf("delete %s: %w", id, err)
 			}
+			// Each call is bounded by half the heartbeat timeout; two in a row need a beat
+			// between them.
+			activity.RecordHeartbeat(ctx, i)
 		}
 		cctx, cancel := a.callContext(ctx)
 		_, err := p.Get(cctx, id)

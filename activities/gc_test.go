@@ -2,6 +2,7 @@ package activities_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -64,4 +65,41 @@ func TestListInstancesOfOneProxy(t *testing.T) {
 	require.ErrorAs(t, err, &appErr, "nobody's instances are never listed")
 	assert.Equal(t, activities.ErrTypePermanent, appErr.Type())
 	assert.True(t, appErr.NonRetryable())
+}
+
+// failingLister is a provider whose list always fails, as a cloud in an outage.
+type failingLister struct{ provider.Provider }
+
+func (failingLister) ListOwned(context.Context, provider.Owner) ([]provider.Instance, error) {
+	return nil, errors.New("503 backend unavailable")
+}
+
+// TestFindInstancesAsksTheSpecsProviderFirst: the spec's provider must answer (a partial
+// answer could leak an instance), another provider's outage is skipped, and a worker
+// without the spec's provider answers with a retryable error.
+func TestFindInstancesAsksTheSpecsProviderFirst(t *testing.T) {
+	m := newMonitorEnv(t) // a local daemon
+	env := m.NewTestActivityEnvironment()
+	m.acts.Providers = provider.Registry{v1alpha1.ProviderLocal: m.prov, v1alpha1.ProviderGCP: failingLister{}}
+	env.RegisterActivity(m.acts)
+	_, err := m.prov.Create(context.Background(), provider.CreateRequest{Name: "px-f-1", ProxyUID: "uid-f", Installation: "test",
+		Spec: v1alpha1.ProxySpec{Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{}}})
+	require.NoError(t, err)
+
+	v, err := env.ExecuteActivity(m.acts.FindInstances, activities.FindInput{ProxyUID: "uid-f", Provider: v1alpha1.ProviderLocal})
+	require.NoError(t, err, "gcp's outage does not stop a local Proxy")
+	var res activities.FindResult
+	require.NoError(t, v.Get(&res))
+	require.Len(t, res.Instances, 1)
+	assert.Equal(t, "px-f-1", res.Instances[0].Instance.Name)
+
+	_, err = env.ExecuteActivity(m.acts.FindInstances, activities.FindInput{ProxyUID: "uid-f", Provider: v1alpha1.ProviderGCP})
+	require.Error(t, err, "the spec's own provider must answer")
+
+	_, err = env.ExecuteActivity(m.acts.FindInstances, activities.FindInput{ProxyUID: "uid-f", Provider: v1alpha1.ProviderKubernetes})
+	require.Error(t, err)
+	var appErr *temporal.ApplicationError
+	if errors.As(err, &appErr) {
+		assert.False(t, appErr.NonRetryable(), "a worker without the provider: another may have it")
+	}
 }

@@ -78,7 +78,7 @@ func (s *ProxyState) applySpec(sig SpecSignal) effect {
 	}
 	if s.UID != "" && sig.UID != s.UID {
 		s.retireAll()
-		*s = ProxyState{Retiring: s.Retiring}
+		*s = ProxyState{Retiring: s.Retiring, legacy: s.legacy}
 		e = effect{note: "spec for a different object UID; retiring the old object's instances", warn: true}
 	}
 	if sig.Generation < s.Generation || sig.Generation == s.Generation && sig.SecretVersion == s.SecretVersion {
@@ -103,7 +103,7 @@ func (s *ProxyState) applySpec(sig SpecSignal) effect {
 // object must never be provisioned.
 func (s *ProxyState) requestDelete(sig contract.DeleteSignal) effect {
 	if s.UID != "" && sig.UID != "" && sig.UID != s.UID {
-		if s.Deleting {
+		if s.Deleting && !s.legacy {
 			s.DeletedSuccessor = sig.UID
 			if s.Successor != nil && s.Successor.UID == sig.UID {
 				s.Successor = nil
@@ -145,7 +145,7 @@ func (s *ProxyState) report(sig contract.ReportSignal, now time.Time) effect {
 	if s.Spec == nil || s.Deleting || (sig.Result != contract.ReportBanned && sig.Result != contract.ReportRateLimited) {
 		return effect{}
 	}
-	if len(sig.Target) > maxTargetLen {
+	if len(sig.Target) > maxTargetLen && !s.legacy {
 		// Discovery refuses such targets; a signal sent by hand must not bloat the state.
 		return effect{note: fmt.Sprintf("report ignored: target longer than %d characters", maxTargetLen), warn: true}
 	}
@@ -225,6 +225,9 @@ func (s *ProxyState) banWindow() time.Duration {
 // bans than that are kept.
 func (s *ProxyState) banLimit() int {
 	if l := s.Spec.Lifecycle; l != nil && l.BanReplaceTargets != nil {
+		if s.legacy {
+			return int(*l.BanReplaceTargets)
+		}
 		return min(int(*l.BanReplaceTargets), maxBans)
 	}
 	return 0
@@ -343,7 +346,9 @@ func (s *ProxyState) retireNext() { s.retire(s.Next.Name) }
 
 // created records a Create that returned: the provider accepted the instance.
 func (s *ProxyState) created(name string, res activities.CreateResult) {
-	s.succeeded()
+	// The attempt count stays until the instance runs: one lost before it ever ran backs
+	// off longer each time (lostWhileProvisioning).
+	s.LastError, s.Quota, s.RetryAt = "", "", time.Time{}
 	ref := s.find(name) // signals may have moved it to Retiring meanwhile
 	if ref == nil {
 		return
@@ -386,6 +391,9 @@ func (s *ProxyState) waited(name string, res activities.WaitResult) effect {
 	ref.State, ref.IP, ref.Port = res.Instance.State, res.Instance.IP, portOr(res.Instance.Port, &ref.Spec)
 	if ref.ProviderID == "" {
 		ref.ProviderID = res.Instance.ProviderID
+	}
+	if ref.Running() {
+		s.Attempt = 0
 	}
 	return effect{}
 }
@@ -461,6 +469,10 @@ func (s *ProxyState) deleteFailed(msg string, now time.Time, t Tuning) {
 // hashed records the cloud-init Secret's hash.
 func (s *ProxyState) hashed(h string) {
 	s.SecretHash, s.NeedHash, s.CloudInitError = h, false, ""
+	if s.Instance != nil && s.Instance.Hash == "" && s.Spec != nil {
+		// An adopted instance of unknown spec (see adopt) is taken as built from this one.
+		s.Instance.Hash = DesiredHash(s.Spec, h)
+	}
 }
 
 // --- health --------------------------------------------------------------------------
@@ -648,6 +660,14 @@ func (s *ProxyState) adopt(res activities.FindResult, now time.Time) effect {
 			Provider: f.Provider, Name: f.Instance.Name, ProviderID: f.Instance.ProviderID, Created: true,
 			State: f.Instance.State, IP: f.Instance.IP, Hash: f.Instance.Labels[provider.LabelSpecHash],
 			CreatedAt: f.Instance.CreatedAt,
+		}
+		if r.Hash == "" && s.Spec != nil && f.Provider == s.Spec.Provider {
+			// Built before instances carried their spec hash (version 0): taken as built from
+			// the spec now wanted, or every proxy would be replaced when its run moves to
+			// this version. Until the cloud-init hash is known it stays empty (hashed fills it).
+			if !s.NeedHash {
+				r.Hash = DesiredHash(s.Spec, s.SecretHash)
+			}
 		}
 		if s.Spec != nil {
 			r.Spec = *s.Spec

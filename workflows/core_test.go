@@ -57,6 +57,13 @@ func names(refs []InstanceRef) []string {
 
 func ptr[T any](v T) *T { return &v }
 
+// respec applies the next generation of s's spec after mut.
+func (s *ProxyState) respec(gen int64, mut func(*v1alpha1.ProxySpec)) {
+	spec := *s.Spec
+	mut(&spec)
+	s.applySpec(SpecSignal{UID: s.UID, Generation: gen, Spec: spec})
+}
+
 func TestApplySpec(t *testing.T) {
 	spec1 := managedSpec()
 	spec2 := managedSpec(func(s *v1alpha1.ProxySpec) { s.Port = 8080 })
@@ -286,8 +293,27 @@ func TestCreateTransitions(t *testing.T) {
 		assert.True(t, s.Instance.Created)
 		assert.Equal(t, "p/"+name, s.Instance.ProviderID)
 		assert.Equal(t, int32(3128), s.Instance.Port, "the spec's port until the provider says")
-		assert.Zero(t, s.Attempt)
+		assert.Empty(t, s.LastError)
+		assert.True(t, s.RetryAt.IsZero())
+		assert.Equal(t, 2, s.Attempt, "counted until the instance runs")
 		assert.Equal(t, stepWaitRunning, plan(&s, t0))
+		s.waited(name, activities.WaitResult{Instance: provider.Instance{State: provider.StateRunning, IP: "10.0.0.1"}})
+		assert.Zero(t, s.Attempt, "reset once it runs")
+	})
+	t.Run("instances lost before they ever ran back off longer each time", func(t *testing.T) {
+		s := fresh()
+		var waits []time.Duration
+		now := t0
+		for range 4 {
+			name := s.ensureInstance(now)
+			s.created(name, activities.CreateResult{})
+			s.waited(name, activities.WaitResult{Gone: true})
+			s.lostWhileProvisioning(name, now, tuning0)
+			s.deleted(name)
+			waits = append(waits, s.RetryAt.Sub(now))
+			now = s.RetryAt
+		}
+		assert.Equal(t, []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second, 40 * time.Second}, waits)
 	})
 	t.Run("created after a rotation raced the hash takes the newer data", func(t *testing.T) {
 		s := fresh()
@@ -638,10 +664,30 @@ func TestAdopt(t *testing.T) {
 	})
 	t.Run("an instance from another spec is adopted and replaced make-before-break", func(t *testing.T) {
 		s := fresh()
-		s.adopt(found(owned(n(2), provider.StateRunning, "")), t0)
+		s.adopt(found(owned(n(2), provider.StateRunning, "0123456789abcdef")), t0)
 		require.NotNil(t, s.Instance)
 		assert.Equal(t, stepCreateNext, plan(&s, t0), "it serves while its replacement is built")
 		assert.Equal(t, n(3), s.ensureNext(t0))
+	})
+	t.Run("an instance without a spec hash (version 0) is kept as it is", func(t *testing.T) {
+		s := fresh()
+		s.adopt(found(owned(n(2), provider.StateRunning, "")), t0)
+		require.NotNil(t, s.Instance)
+		assert.Equal(t, stepSteady, plan(&s, t0), "moving a fleet to this version replaces nothing")
+		s.respec(4, func(p *v1alpha1.ProxySpec) { p.Port = 9 })
+		assert.Equal(t, stepCreateNext, plan(&s, t0), "a later spec change still replaces it")
+	})
+	t.Run("with cloud-init, the hash is taken once the Secret is hashed", func(t *testing.T) {
+		s := ProxyState{Unlisted: true}
+		s.applySpec(SpecSignal{UID: "u1", Generation: 1, Spec: *managedSpec(func(p *v1alpha1.ProxySpec) {
+			p.CloudInit = &v1alpha1.CloudInit{SecretRef: v1alpha1.SecretKeyRef{Name: "ci", Key: "k"}}
+		})})
+		s.adopt(found(owned(n(1), provider.StateRunning, "")), t0)
+		assert.Empty(t, s.Instance.Hash)
+		assert.Equal(t, stepHash, plan(&s, t0))
+		s.hashed("h1")
+		assert.Equal(t, DesiredHash(s.Spec, "h1"), s.Instance.Hash)
+		assert.Equal(t, stepSteady, plan(&s, t0))
 	})
 	t.Run("an instance still provisioning from another spec is retired first", func(t *testing.T) {
 		s := fresh()
@@ -676,6 +722,25 @@ func TestAdopt(t *testing.T) {
 
 // TestSignalOrderings walks orderings of spec, delete, replace and report through the core
 // and checks where each ends.
+// TestLegacyRunsKeepTheirOutcomes: decisions added with version 1 keep their version-0
+// outcome on a run of version 0, so its recorded history replays.
+func TestLegacyRunsKeepTheirOutcomes(t *testing.T) {
+	legacy := func() ProxyState { s := steadyState(); s.legacy = true; return s }
+	s := legacy()
+	assert.True(t, s.report(contract.ReportSignal{Target: string(make([]byte, 300)), Result: contract.ReportBanned}, t0).publish,
+		"version 0 took any target")
+	s = legacy()
+	s.requestDelete(contract.DeleteSignal{UID: "u1"})
+	s.requestDelete(contract.DeleteSignal{UID: "u2"})
+	s.applySpec(SpecSignal{UID: "u2", Generation: 1, Spec: *managedSpec()})
+	assert.NotNil(t, s.Successor, "version 0 provisioned a successor deleted while the old object deleted")
+	s = legacy()
+	s.Spec.Lifecycle = &v1alpha1.Lifecycle{BanReplaceTargets: ptr(int32(500))}
+	assert.Equal(t, 500, s.banLimit())
+	s.applySpec(SpecSignal{UID: "other", Generation: 1, Spec: *managedSpec()})
+	assert.True(t, s.legacy, "a reset for another object keeps the run's version")
+}
+
 func TestSignalOrderings(t *testing.T) {
 	specA := SpecSignal{UID: "A", Generation: 1, Spec: *managedSpec()}
 	specB := SpecSignal{UID: "B", Generation: 1, Spec: *managedSpec()}

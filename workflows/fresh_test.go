@@ -1,13 +1,16 @@
 package workflows
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/require"
 
+	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
@@ -54,11 +57,10 @@ func TestFreshRunAdoptsWhatEarlierRunsLeft(t *testing.T) {
 }
 
 // TestFreshRunReplacesAnInstanceOfAnotherSpec: the instance left behind was built from an
-// older spec (or before instances carried their spec hash): it keeps serving until its
-// replacement is verified.
+// older spec: it keeps serving until its replacement is verified.
 func TestFreshRunReplacesAnInstanceOfAnotherSpec(t *testing.T) {
 	h := newHarness(t)
-	h.leftBehind("", InstanceName(h.uid, 2))
+	h.leftBehind("0123456789abcdef", InstanceName(h.uid, 2))
 	h.specAt(0, 1, h.spec())
 	h.checkAt(30*time.Minute, func() {
 		assert.Equal(t, []string{InstanceName(h.uid, 3)}, h.prov.names())
@@ -116,4 +118,32 @@ func TestWorkerWithoutTheProviderDoesNotLatchFailed(t *testing.T) {
 	h.run(fastTuning())
 	h.requireCompleted()
 	assert.Empty(t, h.prov.names())
+}
+
+// TestAnotherObjectsSpecDuringTheListAdoptsNothing: while a run that started without state
+// is listing object A's instances, a spec for object B (A was replaced without its delete
+// reaching us) arrives. A's instances must not become B's.
+func TestAnotherObjectsSpecDuringTheListAdoptsNothing(t *testing.T) {
+	h := newHarness(t, func(h *harness) {
+		acts := &activities.Activities{Providers: h.reg, Installation: "test"}
+		h.env.OnActivity(acts.FindInstances, mock.Anything, mock.Anything).After(time.Minute).Return(
+			func(ctx context.Context, in activities.FindInput) (activities.FindResult, error) {
+				return acts.FindInstances(ctx, in)
+			})
+	})
+	h.leftBehind("", InstanceName(h.uid, 1))
+	h.specAt(0, 1, h.spec())
+	other := SpecSignal{UID: "uid-2", Generation: 1, Spec: h.spec()}
+	h.signalAt(30*time.Second, contract.SignalSpec, other)
+	h.checkAt(10*time.Minute, func() {
+		st := h.queryState()
+		assert.Equal(t, "uid-2", st.UID)
+		if assert.NotNil(t, st.Instance) {
+			assert.Equal(t, InstanceName("uid-2", 1), st.Instance.Name, "B got its own instance")
+		}
+		assert.Contains(t, h.prov.names(), InstanceName(h.uid, 1), "A's instance was not taken over (GC's to sweep)")
+	})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: "uid-2"})
+	h.run(fastTuning())
+	h.requireCompleted()
 }

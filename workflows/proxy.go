@@ -59,6 +59,7 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 	w.version = workflow.GetVersion(ctx, versionChangeID, workflow.DefaultVersion, versionLatest)
 	w.cost = costStart
 	w.runStart = workflow.Now(ctx)
+	w.state.legacy = w.version < versionLongLived
 	if in.State == nil && w.version >= versionLongLived {
 		w.state.Unlisted = true
 	}
@@ -330,7 +331,18 @@ func (w *proxyWorkflow) list(ctx workflow.Context) error {
 	})
 	var found activities.FindResult
 	in := activities.FindInput{ProxyUID: s.UID, Namespace: w.in.Namespace, Name: w.in.Name}
+	if s.Spec != nil && s.Spec.EffectiveMode() == v1alpha1.ModeManaged {
+		in.Provider = s.Spec.Provider
+		if s.Spec.GCP != nil {
+			in.Project = s.Spec.GCP.Project
+		}
+	}
 	_, err := w.await(ctx, w.activity(actx, a.FindInstances, in), func() {}, false, &found)
+	if !s.Unlisted || s.UID != in.ProxyUID {
+		// A spec for another object arrived meanwhile: these instances are not its own
+		// (the old object's were retired with its state; its sweep is GC's).
+		return nil
+	}
 	if err != nil {
 		w.apply(s.failed(failTransient, "finding instances of earlier runs: "+errorMessage(err), workflow.Now(ctx), w.tuning))
 		return nil

@@ -207,6 +207,10 @@ type ProxyState struct {
 	// carry the Proxy's UID label, which earlier runs may have left, and adopts or retires
 	// them.
 	Unlisted bool `json:"unlisted,omitempty"`
+
+	// legacy is set (by the loop, never carried) on a run of version 0: decisions added
+	// since keep their old outcome there, so its history replays.
+	legacy bool
 }
 
 // sortedKeys returns the keys in order, so workflow code never depends on map order.

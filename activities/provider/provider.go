@@ -50,6 +50,8 @@ type Owner struct {
 	Installation string
 	// ProxyUID narrows the selection to one Proxy's instances (optional).
 	ProxyUID string
+	// Project is where a provider with projects (gcp) looks; empty is its default.
+	Project string
 }
 
 // Owns reports whether labels carry o's ownership labels. Providers check every listed

@@ -1,6 +1,7 @@
 package gcp
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -352,8 +353,9 @@ func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provi
 	if err != nil {
 		return nil, err
 	}
+	project := cmp.Or(owner.Project, p.defaultProject)
 	it := p.client.AggregatedList(ctx, &computepb.AggregatedListInstancesRequest{
-		Project: p.defaultProject,
+		Project: project,
 		Filter:  proto.String(filter),
 	})
 	var out []provider.Instance
@@ -363,7 +365,7 @@ func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provi
 			return out, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("gcp list instances in project %s: %w", p.defaultProject, classify(callList, err))
+			return nil, fmt.Errorf("gcp list instances in project %s: %w", project, classify(callList, err))
 		}
 		scopeZone := strings.TrimPrefix(pair.Key, "zones/")
 		for _, inst := range pair.Value.GetInstances() {
@@ -372,7 +374,7 @@ func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provi
 			if !owner.Owns(inst.GetLabels()) {
 				continue
 			}
-			out = append(out, toInstance(inst, p.defaultProject, scopeZone))
+			out = append(out, toInstance(inst, project, scopeZone))
 		}
 	}
 }

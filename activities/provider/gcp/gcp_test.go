@@ -514,3 +514,22 @@ func TestOwnerFilter(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, `(labels.proxyfleet-installation = "prod-eu") (labels.proxyfleet-uid = "0b6d1c1e-8a7e-4d0c-9d57-6f1e3c2a9b10")`, f)
 }
+
+// TestListOwnedInAnotherProject: a Proxy may put its VM in another project
+// (spec.gcp.project); a run that lost its state must look there, not in the default one.
+func TestListOwnedInAnotherProject(t *testing.T) {
+	p, _ := newTestProvider(t)
+	const uid = "0b6d1c1e-8a7e-4d0c-9d57-6f1e3c2a9b10"
+	req := gcpRequest("px-far", minimalSpec())
+	req.ProxyUID = uid
+	req.Spec.GCP.Project = "proj-b"
+	create(t, p, req)
+
+	inDefault, err := p.ListOwned(t.Context(), provider.Owner{Installation: "prod-eu", ProxyUID: uid})
+	require.NoError(t, err)
+	assert.Empty(t, inDefault)
+	got, err := p.ListOwned(t.Context(), provider.Owner{Installation: "prod-eu", ProxyUID: uid, Project: "proj-b"})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	assert.Equal(t, "projects/proj-b/zones/europe-west1-b/instances/px-far", got[0].ProviderID)
+}
