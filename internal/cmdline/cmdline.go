@@ -35,14 +35,17 @@ func Env(key, def string) string {
 	return def
 }
 
-// Temporal are the flags that locate the Temporal server.
+// Temporal are the flags that locate the Temporal server and secure the connection.
 type Temporal struct {
 	Address, Namespace string
+	Security           TemporalSecurity
 }
 
-// TemporalFlags registers --temporal-address and --temporal-namespace.
+// TemporalFlags registers --temporal-address, --temporal-namespace and the TLS and API key
+// flags (see TemporalSecurity).
 func TemporalFlags() *Temporal {
 	t := &Temporal{}
+	t.securityFlags()
 	flag.StringVar(&t.Address, "temporal-address", Env("TEMPORAL_ADDRESS", "127.0.0.1:7233"), "Temporal frontend host:port (env TEMPORAL_ADDRESS)")
 	flag.StringVar(&t.Namespace, "temporal-namespace", Env("TEMPORAL_NAMESPACE", "default"), "Temporal namespace (env TEMPORAL_NAMESPACE)")
 	return t
@@ -68,11 +71,15 @@ func (t *Temporal) ClientOptions(log *slog.Logger) (client.Options, error) {
 	if err != nil {
 		return client.Options{}, err
 	}
-	return client.Options{
+	opts := client.Options{
 		HostPort: t.Address, Namespace: t.Namespace,
 		Logger:       tlog.NewStructuredLogger(log),
 		Interceptors: []interceptor.ClientInterceptor{tracing},
-	}, nil
+	}
+	if err := t.Security.apply(&opts); err != nil {
+		return client.Options{}, err
+	}
+	return opts, nil
 }
 
 // Dial connects to Temporal with ClientOptions. A lazy client connects on first use, so
