@@ -35,9 +35,11 @@ const DefaultManagedPort int32 = 3128
 const DefaultSquidImage = "ubuntu/squid:6.6-24.04_beta"
 
 // Duration is a Go duration string such as "10s", "5m" or "1h30m". The pattern keeps
-// CEL's duration() from failing at admission with an opaque evaluation error.
-// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
-// +kubebuilder:validation:MaxLength=32
+// CEL's duration() from failing at admission with an opaque evaluation error: at most six
+// digits per unit and 16 characters in all cannot exceed the ~292 years a duration holds,
+// so a value too large is refused by the schema, naming the field.
+// +kubebuilder:validation:Pattern=`^([0-9]{1,6}(\.[0-9]{1,9})?(ns|us|ms|s|m|h))+$`
+// +kubebuilder:validation:MaxLength=16
 type Duration string
 
 // ProxySpec is the desired state of one egress proxy.
@@ -129,10 +131,11 @@ type AttributeValue string
 
 // Endpoint is a host and port.
 type Endpoint struct {
-	// Host is a DNS name or an IP address.
+	// Host is a DNS name or an IP address (IPv6 without brackets): something that can be
+	// dialled as a host.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:XValidation:rule="!self.contains('/') && !self.contains(' ') && !self.contains('@')",message="endpoint.host must be a bare host name or IP address, not a URL"
+	// +kubebuilder:validation:XValidation:rule="isIP(self) || self.matches('^[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?([.][A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*[.]?$')",message="endpoint.host must be a DNS name or an IP address (IPv6 without brackets), not a URL or host:port"
 	Host string `json:"host"`
 
 	// Port is the proxy's TCP port.

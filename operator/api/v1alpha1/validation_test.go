@@ -157,7 +157,17 @@ func TestInvalidProxiesAreRejected(t *testing.T) {
 		{"external with lifecycle", "mode: External\nendpoint: {host: a.example, port: 8080}\nlifecycle: {maxAge: 1h}\n" + hc,
 			"spec.lifecycle is for Managed proxies only"},
 		{"external endpoint is a URL", "mode: External\nendpoint: {host: 'http://a.example', port: 8080}\n" + hc,
-			"endpoint.host must be a bare host name or IP address"},
+			"endpoint.host must be a DNS name or an IP address"},
+		{"external endpoint is host:port", "mode: External\nendpoint: {host: 'a.example:8080', port: 8080}\n" + hc,
+			"endpoint.host must be a DNS name or an IP address"},
+		{"external endpoint in brackets", "mode: External\nendpoint: {host: '[::1]', port: 8080}\n" + hc,
+			"endpoint.host must be a DNS name or an IP address (IPv6 without brackets)"},
+		{"external endpoint with an empty label", "mode: External\nendpoint: {host: 'a..example', port: 8080}\n" + hc,
+			"endpoint.host must be a DNS name or an IP address"},
+		{"duration too large to evaluate", "provider: local\nlocal: {}\nlifecycle: {maxAge: 99999999999h}\n" + hc,
+			"spec.lifecycle.maxAge in body should match"},
+		{"duration too long", "provider: local\nlocal: {}\nlifecycle: {maxAge: 1h1h1h1h1h1h1h1h1h}\n" + hc,
+			"spec.lifecycle.maxAge: Too long"},
 		{"managed without provider", "local: {}\n" + hc,
 			"Managed proxies need spec.provider"},
 		{"managed with endpoint", "provider: local\nlocal: {}\nendpoint: {host: a.example, port: 8080}\n" + hc,
@@ -253,5 +263,15 @@ func TestCRDPrinterColumns(t *testing.T) {
 	require.NoError(t, err)
 	for _, col := range []string{"name: Phase", "name: IP", "name: Healthy", "name: Latency", "name: Age", "- px"} {
 		assert.True(t, bytes.Contains(raw, []byte(col)), "CRD lacks %q", col)
+	}
+}
+
+// TestEndpointHostsThatCanBeDialled: DNS names, IPv4 and IPv6 addresses (without brackets)
+// are accepted as an External endpoint's host.
+func TestEndpointHostsThatCanBeDialled(t *testing.T) {
+	ns := newNamespace(t)
+	for i, host := range []string{"proxy.example.com", "proxy-1.eu.example.", "10.1.2.3", "::1", "2001:db8::7", "localhost"} {
+		spec := "mode: External\nendpoint: {host: '" + host + "', port: 8080}\nhealthCheck: {url: 'http://127.0.0.1:1/'}"
+		assert.NoError(t, createProxy(t, ns, "host-"+strconv.Itoa(i), spec), host)
 	}
 }
