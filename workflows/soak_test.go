@@ -79,13 +79,13 @@ func TestMonthsInMinutes(t *testing.T) {
 	}
 	total := time.Duration(days) * day
 	uid := "uid-1"
-	two := int32(100)
+	banTargets := int32(100)
 	banWindow := v1alpha1.Duration("1h")
 	spec := v1alpha1.ProxySpec{
 		Mode: v1alpha1.ModeManaged, Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{},
 		HealthCheck: v1alpha1.HealthCheck{URL: "http://127.0.0.1:1/", Interval: "10s", Timeout: "5s", SuccessThreshold: 2, FailureThreshold: 3, ExpectedStatus: 200},
 		MaxLeases:   4,
-		Lifecycle:   &v1alpha1.Lifecycle{BanReplaceTargets: &two, BanWindow: &banWindow},
+		Lifecycle:   &v1alpha1.Lifecycle{BanReplaceTargets: &banTargets, BanWindow: &banWindow},
 	}
 	specSignal := SpecSignal{UID: uid, Generation: 1, Spec: spec}
 
