@@ -159,52 +159,44 @@ func TestMonitorChecksTheProviderWhenAProxyTurnsUnhealthy(t *testing.T) {
 	assert.False(t, res.Health.Healthy, "the verdict travels with it")
 }
 
-// hangingProvider never answers Get or Delete until its caller gives up, as a cloud API
-// that accepted the connection and went silent.
-type hangingProvider struct {
-	provider.Provider
-	calls chan struct{}
-}
-
-func (h *hangingProvider) ProviderID(req provider.CreateRequest) string { return req.Name }
-
-func (h *hangingProvider) Get(ctx context.Context, _ string) (provider.Instance, error) {
-	h.calls <- struct{}{}
-	<-ctx.Done()
-	return provider.Instance{}, ctx.Err()
-}
-
-func (h *hangingProvider) Delete(ctx context.Context, _ string) error {
-	h.calls <- struct{}{}
-	<-ctx.Done()
-	return ctx.Err()
+// silentAPI is a provider's control API on loopback that accepts every request and never
+// answers, as a cloud API that went silent; calls counts the requests it got.
+func silentAPI(t *testing.T) (url string, calls chan struct{}) {
+	t.Helper()
+	calls = make(chan struct{}, 100)
+	srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		calls <- struct{}{}
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, calls
 }
 
 // TestHungProviderCallsAreCutShort: a provider call that never returns is abandoned after
 // the call timeout, so the activity keeps heartbeating and can be cancelled (a wait polls
 // again) or fails and is retried by Temporal (a delete), instead of holding its slot
-// forever.
+// forever. The real local provider talks to a control API that never answers.
 func TestHungProviderCallsAreCutShort(t *testing.T) {
-	setup := func(t *testing.T) (*hangingProvider, *activities.Activities, *testsuite.TestActivityEnvironment, context.CancelFunc) {
-		hp := &hangingProvider{calls: make(chan struct{}, 100)}
-		acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderLocal: hp}, Installation: "test",
+	setup := func(t *testing.T) (chan struct{}, *activities.Activities, *testsuite.TestActivityEnvironment, context.CancelFunc) {
+		url, calls := silentAPI(t)
+		acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderLocal: local.NewProvider(url)}, Installation: "test",
 			CallTimeout: 50 * time.Millisecond}
 		var s testsuite.WorkflowTestSuite
 		env := s.NewTestActivityEnvironment()
 		env.RegisterActivity(acts)
 		ctx, cancel := context.WithCancel(context.Background())
 		env.SetWorkerOptions(worker.Options{BackgroundActivityContext: ctx})
-		return hp, acts, env, cancel
+		return calls, acts, env, cancel
 	}
 	in := activities.InstanceInput{Provider: v1alpha1.ProviderLocal, Name: "px-hung", PollInterval: 10 * time.Millisecond, MaxWait: time.Hour}
 
 	t.Run("wait polls again", func(t *testing.T) {
-		hp, acts, env, cancel := setup(t)
+		calls, acts, env, cancel := setup(t)
 		done := make(chan error, 1)
 		go func() { _, err := env.ExecuteActivity(acts.WaitRunning, in); done <- err }()
 		for range 3 {
 			select {
-			case <-hp.calls:
+			case <-calls:
 			case <-time.After(10 * time.Second):
 				t.Fatal("the hung call was never cut short and tried again")
 			}
