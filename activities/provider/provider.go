@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
@@ -40,6 +41,10 @@ const (
 	// as-is only if it was built from the spec it now wants; the label is how it can tell
 	// without remembering anything.
 	LabelSpecHash = "proxyfleet-spec-hash"
+	// LabelKeyID is the ID of the fleet key the instance's credentials are derived from
+	// (8 lowercase hex characters). The instance's name is the other input; a workflow
+	// that adopts an instance learns from the label how to derive its credentials.
+	LabelKeyID = "proxyfleet-key-id"
 )
 
 // Owner selects instances by their ownership labels: an installation's, or, with
@@ -111,6 +116,11 @@ type CreateRequest struct {
 	Port         int32
 	Spec         v1alpha1.ProxySpec
 	CloudInit    []byte
+	// Credentials are what the instance must require of every client (the worker's probes,
+	// crawlers), derived from the fleet key KeyID. Like CloudInit, they live in memory
+	// only; a provider stores at most a hash of the password on the instance.
+	Credentials proxyauth.Credentials
+	KeyID       string
 	// SpecHash is the workflow's hash of the spec the instance is built from, stored as
 	// LabelSpecHash so a workflow that lost its state can tell whether an instance it finds
 	// still matches the spec. Empty omits the label.
@@ -126,6 +136,9 @@ func (r CreateRequest) Labels() map[string]string {
 	}
 	if r.SpecHash != "" {
 		labels[LabelSpecHash] = r.SpecHash
+	}
+	if r.KeyID != "" {
+		labels[LabelKeyID] = r.KeyID
 	}
 	return labels
 }

@@ -51,4 +51,16 @@ type ProxyMemo struct {
 	Provider string `json:"provider,omitempty"`
 	// Cooldowns maps a target ("" for every target) to when the proxy may serve it again.
 	Cooldowns map[string]time.Time `json:"cooldowns,omitempty"`
+	// Auth says where the proxy's credentials come from, never what they are; nil for a
+	// proxy that takes none (an External proxy without a credentials Secret).
+	Auth *ProxyAuth `json:"auth,omitempty"`
+}
+
+// ProxyAuth locates a proxy's credentials for the holders of the fleet key (see
+// internal/proxyauth): a Managed instance's are derived from the key KeyID and the
+// instance's name; an External proxy's are Sealed for the Proxy's UID.
+type ProxyAuth struct {
+	KeyID    string `json:"keyID,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	Sealed   string `json:"sealed,omitempty"`
 }
