@@ -3,6 +3,8 @@ package stack
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"log/slog"
@@ -32,6 +34,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/activities/provider/registry"
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/internal/worker"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
@@ -76,6 +79,10 @@ type Stack struct {
 	TaskQueue    string
 	Installation string
 	Tuning       workflows.Tuning
+	// Keyring is the fleet key the stack's worker and discovery share; FleetKey is its
+	// text, as --fleet-key-path would hold it (for processes a test starts itself).
+	Keyring  *proxyauth.Keyring
+	FleetKey string
 
 	mu     sync.Mutex
 	events []DaemonEvent
@@ -113,6 +120,10 @@ func Start(t testing.TB, opts Options) *Stack {
 	if s.Tuning == (workflows.Tuning{}) {
 		s.Tuning = FastTuning()
 	}
+	s.FleetKey = NewFleetKey(t)
+	kr, err := proxyauth.Parse(s.FleetKey)
+	require.NoError(t, err)
+	s.Keyring = kr
 	id := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
 	if len(id) > 40 {
 		id = id[:40]
@@ -156,6 +167,14 @@ func Start(t testing.TB, opts Options) *Stack {
 		s.StartWorker(t)
 	}
 	return s
+}
+
+// NewFleetKey returns a fresh random fleet key, as an operator would generate one.
+func NewFleetKey(t testing.TB) string {
+	b := make([]byte, proxyauth.MinKeyBytes)
+	_, err := rand.Read(b)
+	require.NoError(t, err)
+	return base64.StdEncoding.EncodeToString(b)
 }
 
 func quietLog() *slog.Logger {
