@@ -53,6 +53,7 @@ type Duration string
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !(has(self.gcp) || has(self.kubernetes) || has(self.local))",message="External proxies take no provider block (gcp, kubernetes, local)"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.port)",message="spec.port is for Managed proxies; External proxies set spec.endpoint.port"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.lifecycle)",message="spec.lifecycle is for Managed proxies only: an External endpoint cannot be replaced"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.egress)",message="spec.egress is for Managed proxies only: an External proxy's rules are its operator's"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || has(self.provider)",message="Managed proxies need spec.provider (gcp, kubernetes or local)"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || !has(self.endpoint)",message="spec.endpoint is for External proxies; a Managed proxy's address comes from its instance"
 // +kubebuilder:validation:XValidation:rule="!has(self.provider) || self.provider != 'gcp' || has(self.gcp)",message="provider gcp needs the spec.gcp block"
@@ -115,6 +116,10 @@ type ProxySpec struct {
 	// +optional
 	Lifecycle *Lifecycle `json:"lifecycle,omitempty"`
 
+	// Egress limits where a Managed proxy forwards to. Changing it replaces the instance.
+	// +optional
+	Egress *Egress `json:"egress,omitempty"`
+
 	// MaxLeases is how many crawler leases the proxy holds at once. The default of 4 lets a
 	// proxy carry a few sticky sessions without one crawler's volume getting it banned.
 	// +kubebuilder:default=4
@@ -142,7 +147,61 @@ type Endpoint struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=65535
 	Port int32 `json:"port"`
+
+	// CredentialsSecretRef names a Secret in the Proxy's namespace whose keys username and
+	// password (the kubernetes.io/basic-auth layout) the proxy requires. Probes send them,
+	// and crawlers receive them in lease answers only. Changing the Secret's data takes
+	// effect within the worker's drift interval (2 minutes by default): the next lease gets
+	// the new ones. Unset for a proxy that takes no credentials.
+	// +optional
+	CredentialsSecretRef *SecretRef `json:"credentialsSecretRef,omitempty"`
 }
+
+// SecretRef names a Secret in the Proxy's namespace.
+type SecretRef struct {
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
+}
+
+// Keys of an External proxy's credentials Secret.
+const (
+	CredentialsUsernameKey = "username"
+	CredentialsPasswordKey = "password"
+)
+
+// Egress limits where a Managed proxy forwards to. Whatever is set here, the proxy requires
+// the credentials the system gave it and strips X-Forwarded-For, Via, Forwarded and
+// Proxy-Authorization before a request leaves it.
+type Egress struct {
+	// AllowedDestinations are networks the proxy may reach although they are refused by
+	// default: loopback, link-local (the cloud metadata server at 169.254.169.254), private
+	// (10/8, 172.16/12, 192.168/16, fc00::/7) and shared (100.64/10) ranges. Each is a CIDR
+	// such as 10.20.0.0/16. Allow only what crawlers must reach through the proxy: anything
+	// allowed is reachable by every holder of the proxy's credentials.
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=set
+	// +optional
+	AllowedDestinations []CIDR `json:"allowedDestinations,omitempty"`
+
+	// Ports are the destination ports requests and CONNECT tunnels may go to (default 80
+	// and 443).
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=set
+	// +optional
+	Ports []PortNumber `json:"ports,omitempty"`
+}
+
+// CIDR is an IPv4 or IPv6 network in CIDR notation.
+// +kubebuilder:validation:MaxLength=43
+// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="must be a CIDR such as 10.20.0.0/16 or fd00::/8"
+type CIDR string
+
+// PortNumber is a TCP port.
+// +kubebuilder:validation:Minimum=1
+// +kubebuilder:validation:Maximum=65535
+type PortNumber int32
 
 // CloudInit references the Secret key holding an instance's boot configuration.
 type CloudInit struct {

@@ -222,6 +222,22 @@ func TestInvalidProxiesAreRejected(t *testing.T) {
 			"attribute values must be at most 63 alphanumerics"},
 		{"maxLeases zero", "provider: local\nlocal: {}\nmaxLeases: 0\n" + hc,
 			"spec.maxLeases in body should be greater than or equal to 1"},
+		{"external with egress", "mode: External\nendpoint: {host: a.example, port: 8080}\negress: {ports: [443]}\n" + hc,
+			"spec.egress is for Managed proxies only"},
+		{"egress destination not a CIDR", "provider: local\nlocal: {}\negress: {allowedDestinations: ['10.0.0.1']}\n" + hc,
+			`spec.egress.allowedDestinations[0]: Invalid value: "10.0.0.1": must be a CIDR`},
+		{"egress destination a hostname", "provider: local\nlocal: {}\negress: {allowedDestinations: ['10.0.0.0/8', 'metadata.google.internal']}\n" + hc,
+			`spec.egress.allowedDestinations[1]: Invalid value: "metadata.google.internal": must be a CIDR`},
+		{"egress port zero", "provider: local\nlocal: {}\negress: {ports: [443, 0]}\n" + hc,
+			"spec.egress.ports[1] in body should be greater than or equal to 1"},
+		{"egress port too large", "provider: local\nlocal: {}\negress: {ports: [65536]}\n" + hc,
+			"spec.egress.ports[0] in body should be less than or equal to 65535"},
+		{"egress port twice", "provider: local\nlocal: {}\negress: {ports: [443, 443]}\n" + hc,
+			"spec.egress.ports[1]: Duplicate value: 443"},
+		{"credentials Secret name invalid", "mode: External\nendpoint: {host: a.example, port: 8080, credentialsSecretRef: {name: 'Not_A_Name'}}\n" + hc,
+			"spec.endpoint.credentialsSecretRef.name in body should match"},
+		{"credentials Secret without name", "mode: External\nendpoint: {host: a.example, port: 8080, credentialsSecretRef: {}}\n" + hc,
+			"spec.endpoint.credentialsSecretRef.name: Required value"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
