@@ -21,6 +21,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities/probe"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
@@ -51,6 +52,10 @@ type Activities struct {
 	// CallTimeout bounds one provider call made by a long-running activity (default 20s,
 	// and never more than half the activity's heartbeat timeout).
 	CallTimeout time.Duration
+	// Keyring holds the fleet key Managed instances' credentials are derived from and
+	// External ones are sealed with. A worker without one creates nothing (the error says
+	// so) and probes only proxies that take no credentials.
+	Keyring *proxyauth.Keyring
 }
 
 // Prober sends one probe through a proxy.
@@ -125,6 +130,8 @@ type CreateResult struct {
 	Instance provider.Instance `json:"instance"`
 	// SecretHash is the hash of the cloud-init data the instance was actually built from.
 	SecretHash string `json:"secretHash,omitempty"`
+	// KeyID is the fleet key the instance's credentials are derived from (with its name).
+	KeyID string `json:"keyID,omitempty"`
 }
 
 // CreateInstance asks the provider for an instance. It is idempotent: the name is
@@ -145,11 +152,26 @@ func (a *Activities) CreateInstance(ctx context.Context, in InstanceInput) (Crea
 		req.CloudInit = data
 		res.SecretHash = hashData(data)
 	}
+	if a.Keyring == nil {
+		// Not permanent: in a rolling change of the worker's settings, another worker may
+		// hold the key. An instance without credentials would be an open proxy.
+		return CreateResult{}, classify("create "+in.Name, errors.New("this worker has no fleet key (--fleet-key-path or PROXYFLEET_FLEET_KEY): it cannot give the instance credentials"))
+	}
+	req.KeyID = a.Keyring.PrimaryID()
+	if req.Credentials, err = a.Keyring.Managed(req.KeyID, req.Name); err != nil {
+		return CreateResult{}, classify("create "+in.Name, err)
+	}
 	inst, err := p.Create(ctx, req)
 	if err != nil {
 		return CreateResult{}, classify("create "+in.Name, err)
 	}
 	res.Instance = inst
+	// An instance an earlier attempt created keeps the credentials it was made with: its
+	// label says which key they come from, even if the primary key changed since.
+	res.KeyID = req.KeyID
+	if id, ok := inst.Labels[provider.LabelKeyID]; ok {
+		res.KeyID = id
+	}
 	a.log().InfoContext(ctx, "instance created", "provider", in.Provider, "instance", inst.Name, "providerID", inst.ProviderID)
 	return res, nil
 }

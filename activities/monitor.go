@@ -34,6 +34,9 @@ const (
 	MonitorLatency = "latency" // latency moved enough to be worth recording
 	MonitorGone    = "gone"    // the instance no longer exists
 	MonitorStopped = "stopped" // the instance exists but will not serve again
+	// MonitorCredentials: an External proxy's credentials Secret changed; Sealed holds
+	// the new ones, sealed, for the workflow to publish.
+	MonitorCredentials = "credentials"
 )
 
 // MonitorInput configures one Monitor run.
@@ -51,6 +54,9 @@ type MonitorInput struct {
 	// every minute, a fleet of 1,000 under load wrote ~17 statuses and workflow tasks a
 	// second, which delayed the health verdicts that matter.
 	LatencyEvery time.Duration `json:"latencyEvery,omitempty"`
+	// Auth says which credentials probes present; nil presents none. An External proxy's
+	// Secret is read again every DriftInterval.
+	Auth *ProbeAuth `json:"auth,omitempty"`
 }
 
 // MonitorResult is a change worth recording.
@@ -58,6 +64,8 @@ type MonitorResult struct {
 	Reason   string            `json:"reason"`
 	Health   Health            `json:"health"`
 	Instance provider.Instance `json:"instance,omitempty"`
+	// Sealed is set with MonitorCredentials.
+	Sealed string `json:"sealed,omitempty"`
 }
 
 // monitorProgress is heartbeated, so a Monitor resumed on another worker keeps its counts.
@@ -106,6 +114,13 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 	if st.LastDrift.IsZero() {
 		st.LastDrift = time.Now()
 	}
+	// An External proxy's Secret is read now and every drift interval: a rotated password
+	// reaches the probes and, through the workflow's memo, the next lease.
+	creds := a.probeCredentials(ctx, in.Auth)
+	if in.Auth != nil && creds.sealed != in.Auth.Sealed {
+		return MonitorResult{Reason: MonitorCredentials, Health: st.Health, Sealed: creds.sealed}, nil
+	}
+	lastCreds := time.Now()
 
 	// A proxy with no verdict is probed at once; one with a verdict (a restart) waits a
 	// random part of the interval, so a restarted worker does not probe its whole fleet in
@@ -122,10 +137,21 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 		}
 		wait = jitter(interval)
 
-		res := a.prober().Probe(ctx, probe.Request{
-			Proxy: in.Target, URL: in.HealthCheck.URL, Timeout: timeout,
-			ExpectedStatus: in.HealthCheck.EffectiveExpectedStatus(),
-		})
+		if in.Auth != nil && in.Auth.Secret != "" && time.Since(lastCreds) >= drift {
+			lastCreds = time.Now()
+			if creds = a.probeCredentials(ctx, in.Auth); creds.sealed != in.Auth.Sealed {
+				return MonitorResult{Reason: MonitorCredentials, Health: st.Health, Sealed: creds.sealed}, nil
+			}
+		}
+		var res probe.Result
+		if creds.problem != "" {
+			res = probe.Result{Kind: probe.KindProxyAuth, Message: creds.problem}
+		} else {
+			res = a.prober().Probe(ctx, probe.Request{
+				Proxy: in.Target, URL: in.HealthCheck.URL, Timeout: timeout,
+				ExpectedStatus: in.HealthCheck.EffectiveExpectedStatus(), Credentials: creds.creds,
+			})
+		}
 		if ctx.Err() != nil {
 			return MonitorResult{}, ctx.Err()
 		}

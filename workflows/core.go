@@ -355,6 +355,7 @@ func (s *ProxyState) created(name string, res activities.CreateResult) {
 	}
 	ref.Created = true
 	ref.ProviderID = res.Instance.ProviderID
+	ref.KeyID = res.KeyID
 	ref.State, ref.IP, ref.Port = res.Instance.State, res.Instance.IP, portOr(res.Instance.Port, &ref.Spec)
 	if ref.Spec.CloudInit != nil && res.SecretHash != "" && res.SecretHash != s.SecretHash && !s.Deleting {
 		// The Secret changed between hashing and creating: the instance was built from the
@@ -489,6 +490,10 @@ func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time
 		s.Health.Since = prev.Since
 	}
 	switch res.Reason {
+	case activities.MonitorCredentials:
+		// The memo carries the new sealed credentials to discovery at the next publish.
+		s.Sealed = res.Sealed
+		return effect{publish: true, note: "the credentials Secret changed; leases now hand out the new credentials"}
 	case activities.MonitorGone, activities.MonitorStopped:
 		if s.Instance != nil {
 			name := s.Instance.Name
@@ -659,7 +664,7 @@ func (s *ProxyState) adopt(res activities.FindResult, now time.Time) effect {
 		r := InstanceRef{
 			Provider: f.Provider, Name: f.Instance.Name, ProviderID: f.Instance.ProviderID, Created: true,
 			State: f.Instance.State, IP: f.Instance.IP, Hash: f.Instance.Labels[provider.LabelSpecHash],
-			CreatedAt: f.Instance.CreatedAt,
+			CreatedAt: f.Instance.CreatedAt, KeyID: f.Instance.Labels[provider.LabelKeyID],
 		}
 		if r.Hash == "" && s.Spec != nil && f.Provider == s.Spec.Provider {
 			// Built before instances carried their spec hash (version 0): taken as built from

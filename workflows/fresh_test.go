@@ -125,7 +125,7 @@ func TestWorkerWithoutTheProviderDoesNotLatchFailed(t *testing.T) {
 // reaching us) arrives. A's instances must not become B's.
 func TestAnotherObjectsSpecDuringTheListAdoptsNothing(t *testing.T) {
 	h := newHarness(t, func(h *harness) {
-		acts := &activities.Activities{Providers: h.reg, Installation: "test"}
+		acts := &activities.Activities{Providers: h.reg, Installation: "test", Keyring: testKeys}
 		h.env.OnActivity(acts.FindInstances, mock.Anything, mock.Anything).After(time.Minute).Return(
 			func(ctx context.Context, in activities.FindInput) (activities.FindResult, error) {
 				return acts.FindInstances(ctx, in)

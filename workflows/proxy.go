@@ -430,6 +430,7 @@ func (w *proxyWorkflow) verifyNext(ctx workflow.Context) error {
 	in := activities.MonitorInput{
 		Target:      net.JoinHostPort(next.IP, strconv.Itoa(int(next.Port))),
 		HealthCheck: s.Spec.HealthCheck,
+		Auth:        managedAuth(next),
 	}
 	actx, cancel := workflow.WithCancel(ctx)
 	actx = workflow.WithActivityOptions(actx, workflow.ActivityOptions{
@@ -601,14 +602,27 @@ func (w *proxyWorkflow) monitorInput() (activities.MonitorInput, bool) {
 	switch {
 	case s.Spec.EffectiveMode() == v1alpha1.ModeExternal:
 		in.Target = net.JoinHostPort(s.Spec.Endpoint.Host, strconv.Itoa(int(s.Spec.Endpoint.Port)))
+		if ref := s.Spec.Endpoint.CredentialsSecretRef; ref != nil {
+			in.Auth = &activities.ProbeAuth{Namespace: w.in.Namespace, Secret: ref.Name, UID: s.UID, Sealed: s.Sealed}
+		}
 	case s.Instance.Running():
 		in.Target = net.JoinHostPort(s.Instance.IP, strconv.Itoa(int(s.Instance.Port)))
 		ii := w.instanceInput(s.Instance)
 		in.Instance = &ii
+		in.Auth = managedAuth(s.Instance)
 	default:
 		return in, false
 	}
 	return in, true
+}
+
+// managedAuth is how a Managed instance's credentials are found: derived from its key and
+// name. An instance built before instances had credentials has no key and takes none.
+func managedAuth(ref *InstanceRef) *activities.ProbeAuth {
+	if ref == nil || ref.KeyID == "" {
+		return nil
+	}
+	return &activities.ProbeAuth{KeyID: ref.KeyID, Instance: ref.Name}
 }
 
 func monitorHeartbeatTimeout(in activities.MonitorInput) time.Duration {
@@ -734,6 +748,14 @@ func (w *proxyWorkflow) memoOf(st v1alpha1.ProxyStatus) contract.ProxyMemo {
 			}
 			m.Attributes[k] = string(s.Spec.Attributes[k])
 		}
+	}
+	switch {
+	case s.Spec != nil && s.Spec.EffectiveMode() == v1alpha1.ModeExternal:
+		if s.Spec.Endpoint != nil && s.Spec.Endpoint.CredentialsSecretRef != nil && s.Sealed != "" {
+			m.Auth = &contract.ProxyAuth{Sealed: s.Sealed}
+		}
+	case s.Instance != nil && s.Instance.KeyID != "":
+		m.Auth = &contract.ProxyAuth{KeyID: s.Instance.KeyID, Instance: s.Instance.Name}
 	}
 	now := w.now()
 	for _, target := range sortedKeys(s.Cooldowns) {

@@ -203,7 +203,7 @@ func newHarness(t *testing.T, first ...func(*harness)) *harness {
 	h.env.SetWorkerOptions(worker.Options{Interceptors: []interceptor.WorkerInterceptor{h.rec}})
 	h.start = h.env.Now()
 	h.reg = provider.Registry{v1alpha1.ProviderLocal: h.prov}
-	acts := &activities.Activities{Providers: h.reg, Installation: "test"}
+	acts := &activities.Activities{Providers: h.reg, Installation: "test", Keyring: testKeys}
 	h.env.RegisterActivity(acts)
 	for _, f := range first {
 		f(h)
@@ -602,7 +602,7 @@ func TestContinueAsNewKeepsState(t *testing.T) {
 	// The next run picks up where this one stopped: no new instance, straight to steady.
 	h2 := newHarness(t)
 	h2.prov = h.prov
-	acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderLocal: h.prov}, Installation: "test"}
+	acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderLocal: h.prov}, Installation: "test", Keyring: testKeys}
 	h2.env.RegisterActivity(acts)
 	h2.signalAt(10*time.Minute, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	next.Tuning.HistoryLimit = 0

@@ -149,7 +149,7 @@ func TestMonthsInMinutes(t *testing.T) {
 			if baseline {
 				h.env.OnGetVersion(versionChangeID, workflow.DefaultVersion, versionLatest).Return(workflow.DefaultVersion)
 			}
-			acts := &activities.Activities{Providers: h.reg, Installation: "test"}
+			acts := &activities.Activities{Providers: h.reg, Installation: "test", Keyring: testKeys}
 			h.env.OnActivity(acts.FindInstances, mock.Anything, mock.Anything).Return(
 				func(ctx context.Context, in activities.FindInput) (activities.FindResult, error) {
 					res, err := acts.FindInstances(ctx, in)

@@ -136,6 +136,9 @@ type InstanceRef struct {
 	CreatedAt time.Time `json:"createdAt"`
 	// Health is a replacement's own verdict, taken before traffic moves to it.
 	Health *activities.Health `json:"health,omitempty"`
+	// KeyID is the fleet key the instance's credentials are derived from (with Name); empty
+	// for an instance built before instances had credentials.
+	KeyID string `json:"keyID,omitempty"`
 }
 
 // Running reports whether the instance can carry traffic.
@@ -189,6 +192,11 @@ type ProxyState struct {
 	LastError     string    `json:"lastError,omitempty"`
 
 	Health activities.Health `json:"health"`
+
+	// Sealed is an External proxy's credentials as its Secret last gave them, sealed with
+	// the fleet key for this Proxy's UID (never in the clear): the memo hands it to
+	// discovery, which alone can open it.
+	Sealed string `json:"sealed,omitempty"`
 
 	// Cooldowns maps a target ("" for all) to the end of its cooldown; Bans maps a target to
 	// when it last banned the proxy. Both are cleared when a replacement is promoted.

@@ -20,6 +20,8 @@ import (
 	"os"
 	"syscall"
 	"time"
+
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 )
 
 // Kind names why a probe failed.
@@ -54,6 +56,9 @@ type Request struct {
 	ExpectedStatus int
 	// TLSConfig verifies https targets; nil uses the system roots.
 	TLSConfig *tls.Config
+	// Credentials are sent as Proxy-Authorization (basic) on the request or the CONNECT;
+	// empty sends none.
+	Credentials proxyauth.Credentials
 }
 
 // Result is the outcome of one probe.
@@ -131,6 +136,7 @@ func roundTrip(ctx context.Context, req Request, target *url.URL) (int, Kind, er
 	if target.Scheme == "http" {
 		get, _ := http.NewRequest(http.MethodGet, target.String(), nil)
 		get.Header.Set("User-Agent", "proxyfleet-probe")
+		authorize(get.Header, req.Credentials)
 		get.Close = true
 		if err := get.WriteProxy(conn); err != nil {
 			return 0, KindOther, fmt.Errorf("send request to proxy: %w", err)
@@ -142,7 +148,7 @@ func roundTrip(ctx context.Context, req Request, target *url.URL) (int, Kind, er
 		resp.Body.Close()
 		switch resp.StatusCode {
 		case http.StatusProxyAuthRequired:
-			return resp.StatusCode, KindProxyAuth, errors.New("proxy asks for authentication (407)")
+			return resp.StatusCode, KindProxyAuth, authError(req.Credentials)
 		case http.StatusBadGateway, http.StatusGatewayTimeout:
 			return resp.StatusCode, KindBadGateway, fmt.Errorf("proxy could not reach %s (%d)", target.Host, resp.StatusCode)
 		}
@@ -154,6 +160,7 @@ func roundTrip(ctx context.Context, req Request, target *url.URL) (int, Kind, er
 		host = net.JoinHostPort(target.Hostname(), "443")
 	}
 	connect := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: host}, Host: host, Header: http.Header{}}
+	authorize(connect.Header, req.Credentials)
 	if err := connect.Write(conn); err != nil {
 		return 0, KindOther, fmt.Errorf("send CONNECT to proxy: %w", err)
 	}
@@ -164,7 +171,9 @@ func roundTrip(ctx context.Context, req Request, target *url.URL) (int, Kind, er
 	resp.Body.Close()
 	switch {
 	case resp.StatusCode == http.StatusProxyAuthRequired:
-		return 0, KindProxyAuth, errors.New("proxy asks for authentication (407)")
+		return 0, KindProxyAuth, authError(req.Credentials)
+	case resp.StatusCode == http.StatusForbidden:
+		return 0, KindProxyError, fmt.Errorf("proxy refused CONNECT to %s (403): the destination or its port is not allowed (a Managed proxy's spec.egress)", host)
 	case resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusGatewayTimeout || resp.StatusCode == http.StatusServiceUnavailable:
 		return 0, KindBadGateway, fmt.Errorf("proxy could not open a tunnel to %s (%d)", host, resp.StatusCode)
 	case resp.StatusCode != http.StatusOK:
@@ -195,6 +204,22 @@ func roundTrip(ctx context.Context, req Request, target *url.URL) (int, Kind, er
 	}
 	tresp.Body.Close()
 	return tresp.StatusCode, KindNone, nil
+}
+
+// authorize adds the proxy credentials, if any.
+func authorize(h http.Header, c proxyauth.Credentials) {
+	if !c.Empty() {
+		h.Set("Proxy-Authorization", c.Header())
+	}
+}
+
+// authError says whether the proxy wanted credentials or refused the ones sent. Neither
+// message carries the credentials.
+func authError(c proxyauth.Credentials) error {
+	if c.Empty() {
+		return errors.New("proxy asks for authentication (407) and none is configured")
+	}
+	return fmt.Errorf("proxy refused the credentials of user %q (407)", c.Username)
 }
 
 func dialKind(err error) Kind {

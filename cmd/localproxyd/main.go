@@ -1,6 +1,7 @@
 // Command localproxyd runs real forward proxies on 127.0.0.1 for the local provider: the
 // worker asks it for instances over a JSON control API, and each instance is an HTTP proxy
-// (absolute-URI requests and CONNECT) on its own loopback port.
+// (absolute-URI requests and CONNECT, basic proxy credentials required) on its own
+// loopback port.
 package main
 
 import (

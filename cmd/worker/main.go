@@ -30,10 +30,15 @@ func main() {
 	cmdline.ListVar(&cfg.GC.Namespaces, "gc-namespaces", "", "comma-separated namespaces the worker can see Proxies in (empty: all)")
 	flag.BoolVar(&cfg.GC.AllowPartialView, "gc-allow-partial-view", false, "sweep even though --gc-namespaces limits the view (only if this installation's instances all belong to those namespaces)")
 
+	fleetKey := cmdline.FleetKeyVar()
+
 	cmdline.Main("worker", func(ctx context.Context, p *cmdline.Process) error {
 		var err error
 		if cfg.Providers.Enabled, err = registry.ParseNames(*providers); err != nil {
 			return fmt.Errorf("--providers: %w", err)
+		}
+		if cfg.Keyring, err = fleetKey(); err != nil {
+			return err
 		}
 		return worker.Run(ctx, p, temporal, cfg, *httpAddr)
 	})

@@ -164,8 +164,9 @@ func TestEveryServerKilledDuringChurn(t *testing.T) {
 func (sys *system) startProcesses(t *testing.T) {
 	s := sys.s
 	kubeconfig := "KUBECONFIG=" + s.Kube.Kubeconfig(t)
+	fleetKey := "PROXYFLEET_FLEET_KEY=" + s.FleetKey
 	temporal := []string{"--temporal-address", s.Temporal.HostPort, "--temporal-namespace", s.Temporal.Namespace}
-	sys.worker = newProcess(t, "worker", []string{kubeconfig}, append(temporal,
+	sys.worker = newProcess(t, "worker", []string{kubeconfig, fleetKey}, append(temporal,
 		"--task-queue", s.TaskQueue, "--installation", s.Installation,
 		"--providers", "local", "--local-daemon", s.DaemonURL,
 		"--http-address", "127.0.0.1:0", "--gc-interval", "0")...)
@@ -183,7 +184,7 @@ func (sys *system) startProcesses(t *testing.T) {
 	ports, err := testenv.FreePorts(1)
 	require.NoError(t, err)
 	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
-	sys.discovery = newProcess(t, "discovery", []string{"DISCOVERY_TOKEN=" + token}, append(temporal,
+	sys.discovery = newProcess(t, "discovery", []string{"DISCOVERY_TOKEN=" + token, fleetKey}, append(temporal,
 		"--listen", addr, "--refresh-interval", "200ms")...)
 	sys.crawler = dclient.New("http://"+addr, token)
 

@@ -7,6 +7,7 @@ package devstack
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -29,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/operator/api"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
@@ -155,18 +157,22 @@ func (s *stack) start(ctx context.Context) error {
 		return err
 	}
 	step("operator, worker and discovery")
+	keyPath, err := fleetKey(cfg.StateDir)
+	if err != nil {
+		return err
+	}
 	kenv := []string{"KUBECONFIG=" + s.kubecfg}
 	if err := s.spawn("operator", kenv, append(temporalFlags, "--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0")...); err != nil {
 		return err
 	}
-	if err := s.spawn("worker", kenv, append(temporalFlags, "--providers", "local,kubernetes", "--local-daemon", "http://"+daemonAddr, "--http-address", "127.0.0.1:0")...); err != nil {
+	if err := s.spawn("worker", kenv, append(temporalFlags, "--providers", "local,kubernetes", "--local-daemon", "http://"+daemonAddr, "--http-address", "127.0.0.1:0", "--fleet-key-path", keyPath)...); err != nil {
 		return err
 	}
 	tok := make([]byte, 16)
 	_, _ = rand.Read(tok)
 	s.token = hex.EncodeToString(tok)
 	if err := s.spawn("discovery", []string{"DISCOVERY_TOKEN=" + s.token}, "--temporal-address", s.temporal.FrontendHostPort(),
-		"--listen", fmt.Sprintf("127.0.0.1:%d", cfg.DiscoveryPort)); err != nil {
+		"--listen", fmt.Sprintf("127.0.0.1:%d", cfg.DiscoveryPort), "--fleet-key-path", keyPath); err != nil {
 		return err
 	}
 
@@ -289,4 +295,22 @@ proxyfleet is running. Logs: %s
 reach loopback targets only.) Press Ctrl-C to stop everything.
 READY
 `, rel(s.logs), c.UIPort, rel(s.kubecfg), lease, s.firstPort, c.DaemonPort, c.TemporalPort, contract.ProxyWorkflowID("default", "local-1"))
+}
+
+// fleetKey returns the path of the dev stack's fleet key, generating it the first time. It
+// lives in the state directory beside localproxyd's instances, whose credentials derive
+// from it, so a restarted stack can still use the proxies it left running.
+func fleetKey(stateDir string) (string, error) {
+	path := filepath.Join(stateDir, "fleet.key")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	key := make([]byte, proxyauth.MinKeyBytes)
+	if _, err := rand.Read(key); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(path, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write the fleet key: %w", err)
+	}
+	return path, nil
 }

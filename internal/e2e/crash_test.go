@@ -18,7 +18,7 @@ import (
 // startWorkerProcess runs cmd/worker against the stack, as a process the test can kill -9.
 func startWorkerProcess(t *testing.T, s *stack.Stack, kubeconfig string) *testenv.Process {
 	t.Helper()
-	w := testenv.LoggedProcess(t, "worker", testenv.Command(t, "worker"), []string{"KUBECONFIG=" + kubeconfig},
+	w := testenv.LoggedProcess(t, "worker", testenv.Command(t, "worker"), []string{"KUBECONFIG=" + kubeconfig, "PROXYFLEET_FLEET_KEY=" + s.FleetKey},
 		"--temporal-address", s.Temporal.HostPort,
 		"--temporal-namespace", s.Temporal.Namespace,
 		"--task-queue", s.TaskQueue,

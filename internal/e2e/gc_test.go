@@ -15,6 +15,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	kubeprovider "github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/schedules"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
@@ -40,7 +41,8 @@ func TestScheduledGCDeletesExactlyTheOrphans(t *testing.T) {
 		return map[string]string{provider.LabelProxyUID: uid, provider.LabelInstallation: installation, provider.LabelManagedBy: provider.ManagedByValue}
 	}
 	plant := func(name string, l map[string]string) {
-		_, err := s.Local.CreateRaw(ctx, name, local.CreateRequest{Labels: l, CreatedAt: &hoursAgo})
+		_, err := s.Local.CreateRaw(ctx, name, local.CreateRequest{Labels: l, CreatedAt: &hoursAgo,
+			Auth: local.NewAuth(proxyauth.Credentials{Username: proxyauth.ManagedUsername, Password: "planted-" + name})})
 		require.NoError(t, err)
 	}
 	plant("orphan-local", labels("gone-uid-1", s.Installation))

@@ -100,11 +100,11 @@ func TestEachBinaryExportsItsMetrics(t *testing.T) {
 	opMetrics, workerHTTP, discoveryAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	temporalFlags := []string{"--temporal-address", s.Temporal.HostPort, "--temporal-namespace", s.Temporal.Namespace,
 		"--task-queue", s.TaskQueue, "--installation", s.Installation}
-	env := []string{"KUBECONFIG=" + kubeconfig}
+	env := []string{"KUBECONFIG=" + kubeconfig, "PROXYFLEET_FLEET_KEY=" + s.FleetKey}
 
 	process(t, "operator", env, append(temporalFlags, "--metrics-bind-address", opMetrics, "--health-probe-bind-address", freeAddr(t))...)
 	process(t, "worker", env, append(temporalFlags, "--providers", "local", "--local-daemon", s.DaemonURL, "--http-address", workerHTTP)...)
-	process(t, "discovery", []string{"DISCOVERY_TOKEN=secret-token"}, "--temporal-address", s.Temporal.HostPort,
+	process(t, "discovery", []string{"DISCOVERY_TOKEN=secret-token", "PROXYFLEET_FLEET_KEY=" + s.FleetKey}, "--temporal-address", s.Temporal.HostPort,
 		"--temporal-namespace", s.Temporal.Namespace, "--listen", discoveryAddr, "--refresh-interval", "200ms")
 	h := s.Temporal.Client.ScheduleClient().GetHandle(ctx, contract.GCScheduleID)
 	t.Cleanup(func() { _ = h.Delete(context.Background()) })

@@ -46,12 +46,26 @@ type Daemon struct {
 }
 
 type instance struct {
-	info     local.InstanceInfo
+	info local.InstanceInfo
+	// auth is what the proxy requires: kept here to be saved, never put in info.
+	auth     *local.Auth
 	proxy    *ForwardProxy
 	server   *http.Server
 	listener net.Listener
 	ready    *time.Timer
 }
+
+// savedInstance is an instance as the state file keeps it: its info and the credentials it
+// requires (the password's hash; the daemon is never given the password). A state file
+// written before instances had credentials holds InstanceInfo objects alone, which parse
+// as savedInstances without Auth.
+type savedInstance struct {
+	local.InstanceInfo
+	RequiredAuth *local.Auth `json:"requiredAuth,omitempty"`
+}
+
+// errInvalid marks a request that can never succeed as it is (400 from the control API).
+var errInvalid = errors.New("invalid request")
 
 var nameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
@@ -71,14 +85,24 @@ func NewDaemon(opts DaemonOptions) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read state: %w", err)
 	}
-	var saved []local.InstanceInfo
+	var saved []savedInstance
 	if err := json.Unmarshal(raw, &saved); err != nil {
 		return nil, fmt.Errorf("parse state %s: %w", opts.StateFile, err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, info := range saved {
-		inst := &instance{info: info, proxy: &ForwardProxy{AllowRemote: opts.AllowRemote}}
+	for _, s := range saved {
+		info, auth := s.InstanceInfo, s.RequiredAuth
+		if err := auth.Validate(); err != nil {
+			// An instance saved by a daemon from before credentials (or with a damaged
+			// record) has none to require. It comes back refusing every request with 407
+			// rather than open: an open proxy is what no provider ever runs, and the
+			// worker's probes see the 407 and replace it with one that has credentials.
+			d.log.Warn("instance has no valid credentials; it refuses every request until replaced", "instance", info.Name, "reason", err.Error())
+			auth = nil
+		}
+		info.Auth = auth != nil
+		inst := &instance{info: info, auth: auth, proxy: d.newProxy(auth)}
 		inst.proxy.SetFault(info.Fault)
 		d.instances[info.Name] = inst
 		if info.State != local.StateStopped {
@@ -90,6 +114,10 @@ func NewDaemon(opts DaemonOptions) (*Daemon, error) {
 		}
 	}
 	return d, d.saveLocked()
+}
+
+func (d *Daemon) newProxy(auth *local.Auth) *ForwardProxy {
+	return &ForwardProxy{AllowRemote: d.opts.AllowRemote, Auth: auth}
 }
 
 // listen starts the instance's proxy on 127.0.0.1:port (0 picks a free port).
@@ -127,11 +155,20 @@ func (d *Daemon) stopLocked(inst *instance) {
 	inst.proxy.SetFault(local.FaultNone) // releases hung requests
 }
 
-// Create starts an instance, or returns the existing one: creating is idempotent.
+// Create starts an instance, or returns the existing one: creating is idempotent. An
+// existing instance is returned as it is and keeps the credentials it was created with,
+// whatever req.Auth says: a proxy's credentials do not change under its clients, and the
+// worker replaces (under a new name) an instance whose credentials are not the ones it
+// expects.
 func (d *Daemon) Create(name string, req local.CreateRequest) (local.InstanceInfo, bool, error) {
 	if !nameRE.MatchString(name) {
-		return local.InstanceInfo{}, false, fmt.Errorf("invalid instance name %q", name)
+		return local.InstanceInfo{}, false, fmt.Errorf("%w: instance name %q", errInvalid, name)
 	}
+	if err := req.Auth.Validate(); err != nil {
+		return local.InstanceInfo{}, false, fmt.Errorf("%w: %w", errInvalid, err)
+	}
+	// A copy, so the caller's struct cannot change what the instance requires.
+	auth := *req.Auth
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -145,8 +182,9 @@ func (d *Daemon) Create(name string, req local.CreateRequest) (local.InstanceInf
 		created = req.CreatedAt.UTC()
 	}
 	inst := &instance{
-		info:  local.InstanceInfo{Name: name, Labels: req.Labels, CreatedAt: created, State: local.StateProvisioning},
-		proxy: &ForwardProxy{AllowRemote: d.opts.AllowRemote},
+		info:  local.InstanceInfo{Name: name, Labels: req.Labels, CreatedAt: created, State: local.StateProvisioning, Auth: true},
+		auth:  &auth,
+		proxy: d.newProxy(&auth),
 	}
 	if d.opts.ProvisionDelay > 0 {
 		inst.ready = time.AfterFunc(d.opts.ProvisionDelay, func() {
@@ -269,9 +307,9 @@ func (d *Daemon) saveLocked() error {
 	if d.opts.StateFile == "" {
 		return nil
 	}
-	infos := make([]local.InstanceInfo, 0, len(d.instances))
+	infos := make([]savedInstance, 0, len(d.instances))
 	for _, inst := range d.instances {
-		infos = append(infos, inst.info)
+		infos = append(infos, savedInstance{InstanceInfo: inst.info, RequiredAuth: inst.auth})
 	}
 	sort.Slice(infos, func(i, j int) bool { return infos[i].Name < infos[j].Name })
 	raw, err := json.MarshalIndent(infos, "", "  ")
@@ -290,7 +328,9 @@ func (d *Daemon) saveLocked() error {
 
 // Handler is the control API:
 //
-//	PUT    /v1/instances/{name}        create (idempotent): 201 new, 200 existing
+//	PUT    /v1/instances/{name}        create (idempotent): 201 new, 200 existing;
+//	                                   {"labels":{…},"auth":{"username":…,"passwordSHA256":…}},
+//	                                   auth required (400 without)
 //	GET    /v1/instances/{name}        200 or 404
 //	DELETE /v1/instances/{name}        204 (also when missing)
 //	GET    /v1/instances?label.k=v     list by labels
@@ -312,7 +352,7 @@ func (d *Daemon) Handler() http.Handler {
 		}
 		info, created, err := d.Create(r.PathValue("name"), req)
 		switch {
-		case err != nil && strings.HasPrefix(err.Error(), "invalid"):
+		case errors.Is(err, errInvalid):
 			writeError(w, http.StatusBadRequest, err.Error())
 		case err != nil:
 			writeError(w, http.StatusServiceUnavailable, err.Error())

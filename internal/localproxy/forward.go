@@ -2,6 +2,10 @@ package localproxy
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net"
@@ -16,11 +20,24 @@ import (
 // ForwardProxy is an HTTP forward proxy: absolute-URI requests are forwarded, CONNECT opens
 // a TCP tunnel. By default it reaches only loopback targets, so a local fleet cannot be
 // used to send traffic anywhere else by accident.
+//
+// It behaves as the Squid instances of the other providers are configured to: every
+// request, plain or CONNECT, must carry basic proxy credentials, and a forwarded request
+// carries none of the headers that would tell the target about the client, the proxy or
+// its credentials (see strippedHeaders). Dev and tests then walk the auth path end to end.
 type ForwardProxy struct {
 	// AllowRemote lets the proxy reach non-loopback targets.
 	AllowRemote bool
 	// DialTimeout bounds connecting to a target.
 	DialTimeout time.Duration
+	// Auth is the credentials every request must carry; set it before the first request.
+	// Nil (or one that fails local.Auth.Validate) refuses every request with 407: a proxy
+	// that was given no credentials is misconfigured, and must not be an open one.
+	Auth *local.Auth
+
+	// wantUser and wantHash are Auth, parsed once; wantHash is nil when nothing can match.
+	wantUser []byte
+	wantHash []byte
 
 	mu    sync.RWMutex
 	fault local.Fault
@@ -65,6 +82,10 @@ func (p *ForwardProxy) init() {
 			IdleConnTimeout:       30 * time.Second,
 			ResponseHeaderTimeout: time.Minute,
 		}
+		if p.Auth.Validate() == nil {
+			p.wantUser = []byte(p.Auth.Username)
+			p.wantHash, _ = hex.DecodeString(p.Auth.PasswordSHA256)
+		}
 		p.mu.Lock()
 		if p.hung == nil {
 			p.hung = make(chan struct{})
@@ -95,25 +116,60 @@ func (p *ForwardProxy) dial(ctx context.Context, network, addr string) (net.Conn
 	return d.DialContext(ctx, network, addr)
 }
 
+// authorized reports whether h carries the proxy's credentials. The user name and the
+// SHA-256 of the password are compared in constant time, and both always, so the answer's
+// timing tells nothing about which of them was wrong or how much of the hash matched.
+func (p *ForwardProxy) authorized(h http.Header) bool {
+	values := h.Values("Proxy-Authorization")
+	if p.wantHash == nil || len(values) != 1 {
+		return false
+	}
+	user, password, ok := parseBasic(values[0])
+	if !ok {
+		return false
+	}
+	sum := sha256.Sum256([]byte(password))
+	userOK := subtle.ConstantTimeCompare([]byte(user), p.wantUser)
+	passwordOK := subtle.ConstantTimeCompare(sum[:], p.wantHash)
+	return userOK&passwordOK == 1
+}
+
+// parseBasic reads a "Basic base64(user:password)" header value (the scheme in any case).
+func parseBasic(v string) (user, password string, ok bool) {
+	const prefix = "Basic "
+	if len(v) < len(prefix) || !strings.EqualFold(v[:len(prefix)], prefix) {
+		return "", "", false
+	}
+	raw, err := base64.StdEncoding.DecodeString(v[len(prefix):])
+	if err != nil {
+		return "", "", false
+	}
+	return strings.Cut(string(raw), ":")
+}
+
 // ServeHTTP implements the proxy.
 func (p *ForwardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.init()
 	p.mu.RLock()
 	fault, hung := p.fault, p.hung
 	p.mu.RUnlock()
-	switch fault {
-	case local.FaultAuth:
-		w.Header().Set("Proxy-Authenticate", `Basic realm="proxyfleet-local"`)
-		http.Error(w, "proxy authentication required", http.StatusProxyAuthRequired)
-		return
-	case local.FaultBadGateway:
-		http.Error(w, "bad gateway (injected fault)", http.StatusBadGateway)
-		return
-	case local.FaultHang:
+	if fault == local.FaultHang {
+		// A hung proxy answers nothing, not even a demand for credentials.
 		select {
 		case <-hung:
 		case <-r.Context().Done():
 		}
+		return
+	}
+	// Credentials come before everything else the proxy does, as in Squid: a client
+	// without them learns nothing about targets or upstream failures.
+	if fault == local.FaultAuth || !p.authorized(r.Header) {
+		w.Header().Set("Proxy-Authenticate", `Basic realm="proxyfleet"`)
+		http.Error(w, "proxy authentication required", http.StatusProxyAuthRequired)
+		return
+	}
+	if fault == local.FaultBadGateway {
+		http.Error(w, "bad gateway (injected fault)", http.StatusBadGateway)
 		return
 	}
 	if r.Method == http.MethodConnect {
@@ -127,6 +183,11 @@ func (p *ForwardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	removeHopHeaders(out.Header)
+	for _, k := range strippedHeaders {
+		out.Header.Del(k)
+	}
+	// http.Transport sends the headers it is given and adds none of these;
+	// httputil.ReverseProxy would add X-Forwarded-For, which is why it is not used here.
 	resp, err := p.transport.RoundTrip(out)
 	if err != nil {
 		http.Error(w, "upstream: "+err.Error(), http.StatusBadGateway)
@@ -184,6 +245,12 @@ func closeWrite(c net.Conn) {
 	}
 	c.Close()
 }
+
+// strippedHeaders are removed from every forwarded request, also when the client sent them
+// itself, as the real Squid instances are configured to: a target must not learn the
+// crawler's address, that a proxy is in the way, or the proxy's credentials. The last two
+// are hop-by-hop headers too; they are listed so this list reads the same as Squid's.
+var strippedHeaders = []string{"X-Forwarded-For", "Via", "Forwarded", "Proxy-Authorization", "Proxy-Connection"}
 
 var hopHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",

@@ -222,7 +222,7 @@ func (s *Stack) startManager(t testing.TB, resync time.Duration) {
 func (s *Stack) NewWorker(t testing.TB, queue string) *worker.Worker {
 	t.Helper()
 	w, err := worker.New(context.Background(), worker.Config{
-		TaskQueue: queue, Installation: s.Installation,
+		TaskQueue: queue, Installation: s.Installation, Keyring: s.Keyring,
 		Providers: registry.Config{
 			Enabled:        []v1alpha1.Provider{v1alpha1.ProviderLocal, v1alpha1.ProviderKubernetes},
 			LocalDaemonURL: s.DaemonURL,

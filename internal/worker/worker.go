@@ -26,6 +26,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/activities/provider/registry"
 	"github.com/proxyfleet/proxyfleet/internal/cmdline"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/schedules"
 	"github.com/proxyfleet/proxyfleet/operator/api"
 	"github.com/proxyfleet/proxyfleet/workflows"
@@ -45,6 +46,9 @@ type Config struct {
 	MaxConcurrentActivities int
 	// GC configures the proxy-gc schedule.
 	GC GCConfig
+	// Keyring is the fleet key shared with discovery: Managed instances' credentials are
+	// derived from it, External ones sealed with it.
+	Keyring *proxyauth.Keyring
 }
 
 // GCConfig configures the orphan-sweep schedule the worker creates or updates at start.
@@ -95,7 +99,7 @@ func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Clie
 		return nil, err
 	}
 	acts := &activities.Activities{Providers: providers, Kube: kube, Installation: cfg.Installation,
-		Temporal: tc, Metrics: actMetrics, Log: log}
+		Temporal: tc, Metrics: actMetrics, Log: log, Keyring: cfg.Keyring}
 	opts := workflows.WorkerOptions()
 	opts.MaxConcurrentActivityExecutionSize = cfg.MaxConcurrentActivities
 	w := sdkworker.New(tc, cfg.TaskQueue, opts)

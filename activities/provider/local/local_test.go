@@ -1,7 +1,9 @@
 package local_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"io"
@@ -9,7 +11,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,8 +24,27 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
+
+// keyring derives the instances' credentials as the worker does.
+var keyring = func() *proxyauth.Keyring {
+	kr, err := proxyauth.Parse(base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, proxyauth.MinKeyBytes)))
+	if err != nil {
+		panic(err)
+	}
+	return kr
+}()
+
+// credsFor are the credentials of the instance named name.
+func credsFor(name string) proxyauth.Credentials {
+	c, err := keyring.Managed(keyring.PrimaryID(), name)
+	if err != nil {
+		panic(err) // only an empty name fails
+	}
+	return c
+}
 
 // serve runs a daemon's control API on loopback and returns a Provider for it.
 func serve(t *testing.T, d *localproxy.Daemon) *local.Provider {
@@ -43,17 +67,34 @@ func target(t *testing.T) *httptest.Server {
 	return srv
 }
 
-func fetchVia(proxyAddr, u string) (*http.Response, error) {
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: proxyAddr}), DisableKeepAlives: true,
-	}}
-	return c.Get(u)
+// fetchVia gets u through the proxy at proxyAddr as an ordinary Go client does: with the
+// credentials in the proxy URL (none when c is empty), on every plain request and on
+// CONNECT for https targets. Its transport is client's (for a TLS target's trust), or a
+// new one.
+func fetchVia(proxyAddr, u string, c proxyauth.Credentials, client *http.Client) (*http.Response, error) {
+	proxyURL := &url.URL{Scheme: "http", Host: proxyAddr}
+	if !c.Empty() {
+		proxyURL.User = url.UserPassword(c.Username, c.Password)
+	}
+	tr := &http.Transport{}
+	if client != nil {
+		tr = client.Transport.(*http.Transport).Clone()
+	}
+	tr.Proxy, tr.DisableKeepAlives = http.ProxyURL(proxyURL), true
+	return (&http.Client{Timeout: 5 * time.Second, Transport: tr}).Get(u)
 }
 
+// addr is the instance's proxy address.
+func addr(inst provider.Instance) string {
+	return net.JoinHostPort(inst.IP, strconv.Itoa(int(inst.Port)))
+}
+
+// req is a create request as the worker makes it, with the instance's credentials.
 func req(name, uid string) provider.CreateRequest {
 	return provider.CreateRequest{
 		Name: name, ProxyUID: uid, Installation: "inst-a", Namespace: "ns",
-		Spec: v1alpha1.ProxySpec{Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{}},
+		Spec:        v1alpha1.ProxySpec{Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{}},
+		Credentials: credsFor(name), KeyID: keyring.PrimaryID(),
 	}
 }
 
@@ -72,8 +113,8 @@ func TestProviderLifecycle(t *testing.T) {
 	assert.Equal(t, "uid-a", inst.ProxyUID())
 	assert.Equal(t, "inst-a", inst.Labels[provider.LabelInstallation])
 
-	// A real proxy: a request through it reaches the target.
-	resp, err := fetchVia(net.JoinHostPort(inst.IP, strconv.Itoa(int(inst.Port))), tgt.URL+"/x")
+	// A real proxy: a request through it with the instance's credentials reaches the target.
+	resp, err := fetchVia(addr(inst), tgt.URL+"/x", credsFor("px-a-1"), nil)
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -99,7 +140,7 @@ func TestProviderLifecycle(t *testing.T) {
 	got, err := p.Get(ctx, "px-a-1")
 	require.NoError(t, err)
 	assert.Equal(t, provider.StateStopped, got.State)
-	_, err = fetchVia(net.JoinHostPort(inst.IP, strconv.Itoa(int(inst.Port))), tgt.URL+"/x")
+	_, err = fetchVia(addr(inst), tgt.URL+"/x", credsFor("px-a-1"), nil)
 	require.Error(t, err)
 
 	require.NoError(t, p.Delete(ctx, "px-a-1"))
@@ -222,4 +263,207 @@ func TestCreateLabelsTheSpecHash(t *testing.T) {
 	without, err := p.Create(ctx, req("px-b-1", "uid-b"))
 	require.NoError(t, err)
 	assert.NotContains(t, without.Labels, provider.LabelSpecHash, "no hash, no label")
+}
+
+func TestCreateRequiresCredentials(t *testing.T) {
+	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
+	require.NoError(t, err)
+	defer d.Close()
+	p := serve(t, d)
+
+	for name, c := range map[string]proxyauth.Credentials{
+		"none":        {},
+		"no password": {Username: proxyauth.ManagedUsername},
+		"no username": {Password: "p"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := req("px-a-1", "uid-a")
+			r.Credentials = c
+			_, err := p.Create(context.Background(), r)
+			require.Error(t, err)
+			assert.Equal(t, provider.KindPermanent, provider.Class(err), "retrying cannot supply credentials")
+			assert.Contains(t, err.Error(), "no credentials")
+		})
+	}
+	assert.Empty(t, d.List(nil), "nothing was created")
+}
+
+// TestControlAPIRefusesCreateWithoutAuth: a caller of the control API that sends no
+// credentials (an older client) gets a permanent error naming the field.
+func TestControlAPIRefusesCreateWithoutAuth(t *testing.T) {
+	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
+	require.NoError(t, err)
+	defer d.Close()
+	p := serve(t, d)
+
+	_, err = p.CreateRaw(context.Background(), "px-raw-1", local.CreateRequest{Labels: map[string]string{"k": "v"}})
+	require.Error(t, err)
+	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+	assert.Contains(t, err.Error(), "auth is required")
+	assert.Empty(t, d.List(nil))
+
+	info, err := p.CreateRaw(context.Background(), "px-raw-1", local.CreateRequest{Auth: local.NewAuth(credsFor("px-raw-1"))})
+	require.NoError(t, err)
+	assert.True(t, info.Auth)
+}
+
+func TestInstanceRequiresItsCredentials(t *testing.T) {
+	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
+	require.NoError(t, err)
+	defer d.Close()
+	p := serve(t, d)
+	inst, err := p.Create(context.Background(), req("px-a-1", "uid-a"))
+	require.NoError(t, err)
+
+	plain := target(t)
+	secure := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "secure "+r.URL.Path)
+	}))
+	t.Cleanup(secure.Close)
+
+	right := credsFor("px-a-1")
+	cases := []struct {
+		name  string
+		creds proxyauth.Credentials
+		ok    bool
+	}{
+		{"no credentials", proxyauth.Credentials{}, false},
+		{"wrong password", proxyauth.Credentials{Username: right.Username, Password: right.Password + "x"}, false},
+		{"wrong username", proxyauth.Credentials{Username: "someone", Password: right.Password}, false},
+		{"another instance's", credsFor("px-a-2"), false},
+		{"right", right, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := fetchVia(addr(inst), plain.URL+"/plain", tc.creds, nil)
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if tc.ok {
+				assert.Equal(t, http.StatusOK, resp.StatusCode, "plain HTTP")
+				assert.Equal(t, "target /plain", string(body))
+			} else {
+				assert.Equal(t, http.StatusProxyAuthRequired, resp.StatusCode, "plain HTTP")
+				assert.Equal(t, `Basic realm="proxyfleet"`, resp.Header.Get("Proxy-Authenticate"))
+			}
+
+			// https: Go's client sends the proxy URL's credentials on CONNECT.
+			resp, err = fetchVia(addr(inst), secure.URL+"/tunnel", tc.creds, secure.Client())
+			if !tc.ok {
+				require.Error(t, err, "CONNECT")
+				assert.Contains(t, err.Error(), "Proxy Authentication Required")
+				return
+			}
+			require.NoError(t, err, "CONNECT")
+			body, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, "secure /tunnel", string(body))
+		})
+	}
+}
+
+func TestInstanceStripsHeaders(t *testing.T) {
+	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
+	require.NoError(t, err)
+	defer d.Close()
+	p := serve(t, d)
+	inst, err := p.Create(context.Background(), req("px-a-1", "uid-a"))
+	require.NoError(t, err)
+
+	seen := make(chan http.Header, 1)
+	tgt := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Clone()
+	}))
+	t.Cleanup(tgt.Close)
+
+	c := credsFor("px-a-1")
+	proxyURL := &url.URL{Scheme: "http", Host: addr(inst), User: url.UserPassword(c.Username, c.Password)}
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(proxyURL), DisableKeepAlives: true}}
+	r, err := http.NewRequest(http.MethodGet, tgt.URL+"/", nil)
+	require.NoError(t, err)
+	r.Header.Set("X-Forwarded-For", "203.0.113.7")
+	r.Header.Set("Via", "1.1 crawler")
+	r.Header.Set("Forwarded", "for=203.0.113.7")
+	resp, err := client.Do(r)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	var got http.Header
+	select {
+	case got = <-seen:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the target saw no request")
+	}
+	for _, k := range []string{"X-Forwarded-For", "Via", "Forwarded", "Proxy-Authorization", "Proxy-Connection"} {
+		assert.Empty(t, got.Values(k), "the target saw %s", k)
+	}
+}
+
+// TestCreateKeepsAnInstancesCredentials: creating a name that exists returns the instance
+// as it is; it goes on requiring the credentials it was created with.
+func TestCreateKeepsAnInstancesCredentials(t *testing.T) {
+	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
+	require.NoError(t, err)
+	defer d.Close()
+	p := serve(t, d)
+	ctx := context.Background()
+	first, err := p.Create(ctx, req("px-a-1", "uid-a"))
+	require.NoError(t, err)
+
+	other := req("px-a-1", "uid-a")
+	other.Credentials = credsFor("px-other-1")
+	again, err := p.Create(ctx, other)
+	require.NoError(t, err)
+	assert.Equal(t, first.Port, again.Port)
+
+	tgt := target(t)
+	resp, err := fetchVia(addr(first), tgt.URL+"/", other.Credentials, nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusProxyAuthRequired, resp.StatusCode, "the second request's credentials were not taken")
+	resp, err = fetchVia(addr(first), tgt.URL+"/", credsFor("px-a-1"), nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// TestCredentialsSurviveADaemonRestart: the daemon keeps what an instance requires in its
+// state file, as a hash: a restarted daemon still requires the credentials, and the file
+// never holds the password.
+func TestCredentialsSurviveADaemonRestart(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state.json")
+	d1, err := localproxy.NewDaemon(localproxy.DaemonOptions{StateFile: state})
+	require.NoError(t, err)
+	p1 := serve(t, d1)
+	r := req("px-a-1", "uid-a")
+	const canary = "canary-7d41e0-never-stored"
+	r.Credentials.Password = canary
+	inst, err := p1.Create(context.Background(), r)
+	require.NoError(t, err)
+	require.NoError(t, d1.Close())
+
+	raw, err := os.ReadFile(state)
+	require.NoError(t, err)
+	assert.NotContains(t, string(raw), canary, "the state file holds no password")
+	assert.NotContains(t, string(raw), strings.TrimPrefix(r.Credentials.Header(), "Basic "), "nor the header that carries it")
+
+	d2, err := localproxy.NewDaemon(localproxy.DaemonOptions{StateFile: state})
+	require.NoError(t, err)
+	defer d2.Close()
+	p2 := serve(t, d2)
+	got, err := p2.Get(context.Background(), "px-a-1")
+	require.NoError(t, err)
+	require.Equal(t, provider.StateRunning, got.State)
+	require.Equal(t, addr(inst), addr(got), "the instance comes back on its address")
+
+	tgt := target(t)
+	resp, err := fetchVia(addr(got), tgt.URL+"/", proxyauth.Credentials{}, nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusProxyAuthRequired, resp.StatusCode, "still requires credentials")
+	resp, err = fetchVia(addr(got), tgt.URL+"/", r.Credentials, nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "and still takes the right ones")
 }

@@ -30,9 +30,21 @@ func NewProvider(baseURL string) *Provider {
 // ProviderID implements provider.Provider.
 func (p *Provider) ProviderID(req provider.CreateRequest) string { return req.Name }
 
-// Create implements provider.Provider.
+// Create implements provider.Provider. The instance requires req.Credentials; the daemon
+// is sent only a hash of the password.
+//
+// Creating a name that exists returns that instance as it is, with the credentials it was
+// created with, whatever this request carries: the daemon never changes an instance's
+// credentials. A retried Create sends the same ones anyway (they are derived from KeyID and
+// the name), and an instance that requires others (an older key's, or none at all, restored
+// from an older daemon's state) answers the worker's probes with 407 and is replaced under a
+// new name, as a real proxy with the wrong configuration would be.
 func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (provider.Instance, error) {
-	body, _ := json.Marshal(CreateRequest{Labels: req.Labels()})
+	if req.Credentials.Username == "" || req.Credentials.Password == "" {
+		// Retrying cannot supply them: the worker that built req has no fleet key set up.
+		return provider.Instance{}, provider.Permanent(fmt.Errorf("create %s: the worker gave no credentials; a Managed proxy always requires a user name and password", req.Name))
+	}
+	body, _ := json.Marshal(CreateRequest{Labels: req.Labels(), Auth: NewAuth(req.Credentials)})
 	var info InstanceInfo
 	if err := p.do(ctx, http.MethodPut, "/v1/instances/"+url.PathEscape(req.Name), body, &info); err != nil {
 		return provider.Instance{}, err
@@ -92,7 +104,7 @@ func (p *Provider) SetFault(ctx context.Context, name string, f Fault) error {
 }
 
 // CreateRaw creates an instance with arbitrary labels and creation time, outside any Proxy
-// (tests of the orphan sweeper).
+// (tests of the orphan sweeper). req.Auth is required, as for every instance.
 func (p *Provider) CreateRaw(ctx context.Context, name string, req CreateRequest) (InstanceInfo, error) {
 	body, _ := json.Marshal(req)
 	var info InstanceInfo

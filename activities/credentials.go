@@ -1,0 +1,115 @@
+package activities
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+// ProbeAuth says which credentials a Monitor's probes present. It never holds them: a
+// Managed instance's are derived from the fleet key KeyID and the instance name; an External
+// proxy's are read from its Secret by the activity, and only their sealed form (see
+// internal/proxyauth) travels through the workflow.
+type ProbeAuth struct {
+	KeyID    string `json:"keyID,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	// Secret names an External proxy's credentials Secret in Namespace. Sealed is what the
+	// workflow holds and publishes, sealed for the Proxy's UID; a Monitor that reads
+	// something else from the Secret returns it (MonitorCredentials).
+	Namespace string `json:"namespace,omitempty"`
+	Secret    string `json:"secret,omitempty"`
+	UID       string `json:"uid,omitempty"`
+	Sealed    string `json:"sealed,omitempty"`
+}
+
+// probeCredentials are what a probe presents, or why it cannot present anything.
+type probeCredentials struct {
+	creds proxyauth.Credentials
+	// sealed is the External credentials as sealed now; it differs from ProbeAuth.Sealed
+	// when the Secret changed.
+	sealed string
+	// problem, when set, fails the probe without sending it: a proxy whose credentials
+	// cannot be had is unhealthy for the same reason a proxy refusing them is.
+	problem string
+}
+
+// probeCredentials resolves auth. A Secret that cannot be read for a passing reason (the API
+// server is down) falls back to the sealed copy, so an outage elsewhere does not make a
+// working proxy unhealthy.
+func (a *Activities) probeCredentials(ctx context.Context, auth *ProbeAuth) probeCredentials {
+	switch {
+	case auth == nil:
+		return probeCredentials{}
+	case auth.Secret != "":
+		if a.Keyring == nil {
+			return probeCredentials{problem: "this worker has no fleet key (--fleet-key-path or PROXYFLEET_FLEET_KEY) to seal the proxy's credentials with"}
+		}
+		c, err := a.readCredentials(ctx, auth.Namespace, auth.Secret)
+		if err != nil {
+			if transient(err) && auth.Sealed != "" {
+				if old, oerr := a.Keyring.Open(auth.Sealed, auth.UID); oerr == nil {
+					a.log().WarnContext(ctx, "credentials Secret unreadable; probing with the last ones read", "secret", auth.Namespace+"/"+auth.Secret, "error", err)
+					return probeCredentials{creds: old, sealed: auth.Sealed}
+				}
+			}
+			return probeCredentials{problem: err.Error(), sealed: auth.Sealed}
+		}
+		sealed, err := a.Keyring.Seal(c, auth.UID)
+		if err != nil {
+			return probeCredentials{problem: err.Error(), sealed: auth.Sealed}
+		}
+		return probeCredentials{creds: c, sealed: sealed}
+	case auth.KeyID != "":
+		c, err := a.Keyring.Managed(auth.KeyID, auth.Instance)
+		if err != nil {
+			return probeCredentials{problem: "derive the instance's credentials: " + err.Error()}
+		}
+		return probeCredentials{creds: c}
+	}
+	return probeCredentials{}
+}
+
+// credentialsError is a credentials Secret that cannot serve: missing, or without its keys.
+// Retrying the read will not fix it; the user must.
+type credentialsError struct{ msg string }
+
+func (e *credentialsError) Error() string { return e.msg }
+
+func transient(err error) bool {
+	_, ok := err.(*credentialsError)
+	return !ok
+}
+
+// readCredentials reads an External proxy's credentials Secret. Errors name the Secret and
+// what is wrong with it, never its data.
+func (a *Activities) readCredentials(ctx context.Context, namespace, name string) (proxyauth.Credentials, error) {
+	cctx, cancel := a.callContext(ctx)
+	defer cancel()
+	var s corev1.Secret
+	err := a.Kube.Get(cctx, types.NamespacedName{Namespace: namespace, Name: name}, &s)
+	switch {
+	case apierrors.IsNotFound(err):
+		return proxyauth.Credentials{}, &credentialsError{fmt.Sprintf("credentials Secret %s/%s not found", namespace, name)}
+	case err != nil:
+		return proxyauth.Credentials{}, fmt.Errorf("read credentials Secret %s/%s: %w", namespace, name, err)
+	}
+	user, okUser := s.Data[v1alpha1.CredentialsUsernameKey]
+	pass, okPass := s.Data[v1alpha1.CredentialsPasswordKey]
+	if !okUser || !okPass {
+		return proxyauth.Credentials{}, &credentialsError{fmt.Sprintf("credentials Secret %s/%s needs the keys %q and %q",
+			namespace, name, v1alpha1.CredentialsUsernameKey, v1alpha1.CredentialsPasswordKey)}
+	}
+	if strings.ContainsAny(string(user), ":\r\n") || strings.ContainsAny(string(pass), "\r\n") {
+		// Basic authentication joins them with a colon: one in the user name would move
+		// the split, and a line break would end the header.
+		return proxyauth.Credentials{}, &credentialsError{fmt.Sprintf("credentials Secret %s/%s: the username may not contain ':' or line breaks, the password no line breaks", namespace, name)}
+	}
+	return proxyauth.Credentials{Username: string(user), Password: string(pass)}, nil
+}
