@@ -11,8 +11,12 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
+
+// planted are the credentials of instances a test creates behind the activities' back.
+var planted = proxyauth.Credentials{Username: proxyauth.ManagedUsername, Password: "planted"}
 
 // A workflow run that starts with no state lists its Proxy's instances by UID and reads the
 // spec hash each was built from; the sweeper lists the whole installation.
@@ -32,7 +36,7 @@ func TestListInstancesOfOneProxy(t *testing.T) {
 	}
 	// The same UID in another installation is not this Proxy's.
 	_, err := m.prov.Create(context.Background(), provider.CreateRequest{
-		Name: "px-a-9", ProxyUID: "uid-a", Installation: "elsewhere", Namespace: "ns", Spec: spec,
+		Name: "px-a-9", ProxyUID: "uid-a", Installation: "elsewhere", Namespace: "ns", Spec: spec, Credentials: planted,
 	})
 	require.NoError(t, err)
 
@@ -82,7 +86,7 @@ func TestFindInstancesAsksTheSpecsProviderFirst(t *testing.T) {
 	env := m.NewTestActivityEnvironment()
 	m.acts.Providers = provider.Registry{v1alpha1.ProviderLocal: m.prov, v1alpha1.ProviderGCP: failingLister{}}
 	env.RegisterActivity(m.acts)
-	_, err := m.prov.Create(context.Background(), provider.CreateRequest{Name: "px-f-1", ProxyUID: "uid-f", Installation: "test",
+	_, err := m.prov.Create(context.Background(), provider.CreateRequest{Name: "px-f-1", ProxyUID: "uid-f", Installation: "test", Credentials: planted,
 		Spec: v1alpha1.ProxySpec{Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{}}})
 	require.NoError(t, err)
 

@@ -46,14 +46,17 @@ func newMonitorEnv(t *testing.T) *monitorEnv {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
 	t.Cleanup(srv.Close)
 	m.target = srv.URL + "/healthz"
-	m.acts = &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderLocal: m.prov}, Installation: "test"}
+	m.acts = &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderLocal: m.prov}, Installation: "test", Keyring: testKeys(t)}
 	return m
 }
 
 func (m *monitorEnv) instance(t *testing.T, name string) (provider.Instance, activities.InstanceInput) {
 	t.Helper()
 	req := provider.CreateRequest{Name: name, ProxyUID: "uid", Installation: "test", Namespace: "ns",
-		Spec: v1alpha1.ProxySpec{Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{}}}
+		Spec: v1alpha1.ProxySpec{Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{}}, KeyID: m.acts.Keyring.PrimaryID()}
+	var err error
+	req.Credentials, err = m.acts.Keyring.Managed(req.KeyID, name)
+	require.NoError(t, err)
 	inst, err := m.prov.Create(context.Background(), req)
 	require.NoError(t, err)
 	return inst, activities.InstanceInput{Provider: v1alpha1.ProviderLocal, Name: name, ProviderID: inst.ProviderID, Spec: req.Spec}
@@ -65,6 +68,7 @@ func (m *monitorEnv) input(inst provider.Instance, last activities.Health) activ
 		HealthCheck: v1alpha1.HealthCheck{URL: m.target, Interval: "1s", Timeout: "500ms",
 			SuccessThreshold: 2, FailureThreshold: 3, ExpectedStatus: 200},
 		Last: last, DriftInterval: time.Hour,
+		Auth: &activities.ProbeAuth{KeyID: m.acts.Keyring.PrimaryID(), Instance: inst.Name},
 	}
 }
 
@@ -102,6 +106,28 @@ func TestMonitorDetectsAFailedProxy(t *testing.T) {
 	assert.False(t, res.Health.Healthy)
 	assert.Equal(t, probe.KindProxyAuth, res.Health.FailureKind)
 	assert.Contains(t, res.Health.LastFailure, "407")
+}
+
+// TestMonitorProbesWithTheInstanceCredentials: the probe presents the credentials derived
+// for the instance; one derived for another instance (or a key that is not the instance's)
+// is refused, and the verdict says so.
+func TestMonitorProbesWithTheInstanceCredentials(t *testing.T) {
+	m := newMonitorEnv(t)
+	inst, _ := m.instance(t, "px-mon-auth")
+	in := m.input(inst, activities.Health{Known: true, Healthy: true})
+	in.Auth.Instance = "px-mon-other"
+	res := m.run(t, in, nil)
+	assert.Equal(t, activities.MonitorVerdict, res.Reason)
+	assert.False(t, res.Health.Healthy)
+	assert.Equal(t, probe.KindProxyAuth, res.Health.FailureKind)
+	assert.Contains(t, res.Health.LastFailure, "refused the credentials")
+
+	in = m.input(inst, activities.Health{Known: true, Healthy: true})
+	in.Auth.KeyID = "00000000"
+	res = m.run(t, in, nil)
+	assert.False(t, res.Health.Healthy)
+	assert.Equal(t, probe.KindProxyAuth, res.Health.FailureKind)
+	assert.Contains(t, res.Health.LastFailure, "not in the keyring")
 }
 
 func TestMonitorResumesCountsFromHeartbeat(t *testing.T) {
@@ -180,7 +206,7 @@ func TestHungProviderCallsAreCutShort(t *testing.T) {
 	setup := func(t *testing.T) (chan struct{}, *activities.Activities, *testsuite.TestActivityEnvironment, context.CancelFunc) {
 		url, calls := silentAPI(t)
 		acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderLocal: local.NewProvider(url)}, Installation: "test",
-			CallTimeout: 50 * time.Millisecond}
+			CallTimeout: 50 * time.Millisecond, Keyring: testKeys(t)}
 		var s testsuite.WorkflowTestSuite
 		env := s.NewTestActivityEnvironment()
 		env.RegisterActivity(acts)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/proxyfleet/proxyfleet/activities/probe"
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 )
 
@@ -21,8 +22,8 @@ func BenchmarkProbe(b *testing.B) {
 		name string
 		req  probe.Request
 	}{
-		{"http", probe.Request{Proxy: proxy, URL: httpURL, Timeout: 5 * time.Second}},
-		{"https-connect", probe.Request{Proxy: proxy, URL: httpsURL, Timeout: 5 * time.Second, TLSConfig: trust}},
+		{"http", probe.Request{Proxy: proxy, URL: httpURL, Timeout: 5 * time.Second, Credentials: creds}},
+		{"https-connect", probe.Request{Proxy: proxy, URL: httpsURL, Timeout: 5 * time.Second, TLSConfig: trust, Credentials: creds}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.SetParallelism(32)
@@ -42,7 +43,7 @@ func BenchmarkProbe(b *testing.B) {
 
 func forwardProxyB(b *testing.B) string {
 	b.Helper()
-	fp := &localproxy.ForwardProxy{}
+	fp := &localproxy.ForwardProxy{Auth: local.NewAuth(creds)}
 	srv := newServer(fp)
 	b.Cleanup(srv.Close)
 	return srv.Listener.Addr().String()

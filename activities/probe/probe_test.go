@@ -17,6 +17,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/probe"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 )
 
 // servers returns loopback targets: an http one, an https one with a CA the probe is told
@@ -47,10 +48,17 @@ func servers(t testing.TB) (httpURL, httpsURL, badURL string, trust *tls.Config,
 
 func newServer(h http.Handler) *httptest.Server { return httptest.NewServer(h) }
 
-// forwardProxy runs the project's real forward proxy on loopback with a fault.
+// creds are what the test proxies require; wrong are not.
+var (
+	creds = proxyauth.Credentials{Username: proxyauth.ManagedUsername, Password: "probe-test-password"}
+	wrong = proxyauth.Credentials{Username: proxyauth.ManagedUsername, Password: "not-the-password"}
+)
+
+// forwardProxy runs the project's real forward proxy on loopback with a fault. It requires
+// creds, as every Managed proxy does.
 func forwardProxy(t *testing.T, fault local.Fault) string {
 	t.Helper()
-	fp := &localproxy.ForwardProxy{}
+	fp := &localproxy.ForwardProxy{Auth: local.NewAuth(creds)}
 	fp.SetFault(fault)
 	srv := httptest.NewServer(fp)
 	t.Cleanup(func() {
@@ -81,26 +89,40 @@ func TestProbe(t *testing.T) {
 		timeout  time.Duration
 		wantOK   bool
 		wantKind probe.Kind
+		// creds presented; the zero value means the right ones (see below).
+		creds *proxyauth.Credentials
 	}{
-		{"http target through a working proxy", good, httpURL, nil, 2 * time.Second, true, probe.KindNone},
-		{"https target through a working proxy (CONNECT + TLS)", good, httpsURL, trust, 2 * time.Second, true, probe.KindNone},
-		{"https target with an untrusted certificate", good, httpsURL, nil, 2 * time.Second, false, probe.KindTLS},
-		{"proxy that refuses connections", refusedAddr(t), httpURL, nil, 2 * time.Second, false, probe.KindRefused},
-		{"proxy asking for authentication (http)", forwardProxy(t, local.FaultAuth), httpURL, nil, 2 * time.Second, false, probe.KindProxyAuth},
-		{"proxy asking for authentication (CONNECT)", forwardProxy(t, local.FaultAuth), httpsURL, trust, 2 * time.Second, false, probe.KindProxyAuth},
-		{"proxy answering 502 to CONNECT", forwardProxy(t, local.FaultBadGateway), httpsURL, trust, 2 * time.Second, false, probe.KindBadGateway},
-		{"proxy answering 502 to a GET", forwardProxy(t, local.FaultBadGateway), httpURL, nil, 2 * time.Second, false, probe.KindBadGateway},
-		{"proxy that hangs past the timeout", forwardProxy(t, local.FaultHang), httpURL, nil, 300 * time.Millisecond, false, probe.KindTimeout},
-		{"proxy that hangs on CONNECT", forwardProxy(t, local.FaultHang), httpsURL, trust, 300 * time.Millisecond, false, probe.KindTimeout},
-		{"target with the wrong status", good, badURL, nil, 2 * time.Second, false, probe.KindWrongStatus},
-		{"proxy cannot reach the target", good, "http://" + refusedAddr(t) + "/", nil, 2 * time.Second, false, probe.KindBadGateway},
+		{"http target through a working proxy", good, httpURL, nil, 2 * time.Second, true, probe.KindNone, nil},
+		{"https target through a working proxy (CONNECT + TLS)", good, httpsURL, trust, 2 * time.Second, true, probe.KindNone, nil},
+		{"https target with an untrusted certificate", good, httpsURL, nil, 2 * time.Second, false, probe.KindTLS, nil},
+		{"proxy that refuses connections", refusedAddr(t), httpURL, nil, 2 * time.Second, false, probe.KindRefused, nil},
+		{"proxy asking for authentication (http)", forwardProxy(t, local.FaultAuth), httpURL, nil, 2 * time.Second, false, probe.KindProxyAuth, nil},
+		{"proxy asking for authentication (CONNECT)", forwardProxy(t, local.FaultAuth), httpsURL, trust, 2 * time.Second, false, probe.KindProxyAuth, nil},
+		{"proxy answering 502 to CONNECT", forwardProxy(t, local.FaultBadGateway), httpsURL, trust, 2 * time.Second, false, probe.KindBadGateway, nil},
+		{"proxy answering 502 to a GET", forwardProxy(t, local.FaultBadGateway), httpURL, nil, 2 * time.Second, false, probe.KindBadGateway, nil},
+		{"proxy that hangs past the timeout", forwardProxy(t, local.FaultHang), httpURL, nil, 300 * time.Millisecond, false, probe.KindTimeout, nil},
+		{"proxy that hangs on CONNECT", forwardProxy(t, local.FaultHang), httpsURL, trust, 300 * time.Millisecond, false, probe.KindTimeout, nil},
+		{"target with the wrong status", good, badURL, nil, 2 * time.Second, false, probe.KindWrongStatus, nil},
+		{"proxy cannot reach the target", good, "http://" + refusedAddr(t) + "/", nil, 2 * time.Second, false, probe.KindBadGateway, nil},
+		{"no credentials (http)", good, httpURL, nil, 2 * time.Second, false, probe.KindProxyAuth, &proxyauth.Credentials{}},
+		{"no credentials (CONNECT)", good, httpsURL, trust, 2 * time.Second, false, probe.KindProxyAuth, &proxyauth.Credentials{}},
+		{"wrong credentials (http)", good, httpURL, nil, 2 * time.Second, false, probe.KindProxyAuth, &wrong},
+		{"wrong credentials (CONNECT)", good, httpsURL, trust, 2 * time.Second, false, probe.KindProxyAuth, &wrong},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			presented := creds
+			if tc.creds != nil {
+				presented = *tc.creds
+			}
 			res := probe.Probe(context.Background(), probe.Request{
 				Proxy: tc.proxy, URL: tc.url, Timeout: tc.timeout, ExpectedStatus: 200, TLSConfig: tc.tls,
+				Credentials: presented,
 			})
 			assert.Equal(t, tc.wantOK, res.OK, "result: %+v", res)
+			if presented.Password != "" {
+				assert.NotContains(t, res.Message, presented.Password, "a failure message must not carry the password")
+			}
 			assert.Equal(t, tc.wantKind, res.Kind, "result: %+v", res)
 			if !tc.wantOK {
 				assert.NotEmpty(t, res.Message)
@@ -116,7 +138,7 @@ func TestProbe(t *testing.T) {
 // proxy that stopped accepting connections.
 func TestProbeDoesNotReuseConnections(t *testing.T) {
 	httpURL, _, _, _, _ := servers(t)
-	fp := &localproxy.ForwardProxy{}
+	fp := &localproxy.ForwardProxy{Auth: local.NewAuth(creds)}
 	var conns atomic.Int64
 	srv := httptest.NewUnstartedServer(fp)
 	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
@@ -127,13 +149,13 @@ func TestProbeDoesNotReuseConnections(t *testing.T) {
 	srv.Start()
 	defer srv.Close()
 	for range 3 {
-		res := probe.Probe(context.Background(), probe.Request{Proxy: srv.Listener.Addr().String(), URL: httpURL, Timeout: 2 * time.Second})
+		res := probe.Probe(context.Background(), probe.Request{Proxy: srv.Listener.Addr().String(), URL: httpURL, Timeout: 2 * time.Second, Credentials: creds})
 		require.True(t, res.OK, "%+v", res)
 	}
 	assert.Equal(t, int64(3), conns.Load(), "each probe opens its own connection")
 
 	srv.Close()
-	res := probe.Probe(context.Background(), probe.Request{Proxy: srv.Listener.Addr().String(), URL: httpURL, Timeout: 2 * time.Second})
+	res := probe.Probe(context.Background(), probe.Request{Proxy: srv.Listener.Addr().String(), URL: httpURL, Timeout: 2 * time.Second, Credentials: creds})
 	assert.False(t, res.OK)
 	assert.Equal(t, probe.KindRefused, res.Kind)
 }

@@ -1,0 +1,153 @@
+package activities_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/proxyfleet/proxyfleet/activities"
+	"github.com/proxyfleet/proxyfleet/activities/probe"
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/internal/localproxy"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+// TestMonitorReadsAnExternalProxysCredentials walks an External proxy's credentials
+// through the monitor: read from the Secret and handed back sealed, presented by the
+// probes, read again when the Secret changes, and reported when they stop working or the
+// Secret goes away. The proxy is the project's forward proxy, requiring a password.
+func TestMonitorReadsAnExternalProxysCredentials(t *testing.T) {
+	f := newFixture(t)
+	f.acts.Keyring = testKeys(t)
+	kube := testenv.Kube(t).Client
+	ctx := context.Background()
+	const uid = "uid-external"
+	first := proxyauth.Credentials{Username: "partner", Password: "first-canary-password"}
+
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	t.Cleanup(target.Close)
+	proxy := httptest.NewServer(&localproxy.ForwardProxy{Auth: local.NewAuth(first)})
+	t.Cleanup(proxy.Close)
+
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "partner-credentials"},
+		Data: map[string][]byte{"username": []byte(first.Username), "password": []byte(first.Password)}}
+	require.NoError(t, kube.Create(ctx, secret))
+
+	input := func(sealed string, last activities.Health) activities.MonitorInput {
+		return activities.MonitorInput{
+			Target: proxy.Listener.Addr().String(),
+			HealthCheck: v1alpha1.HealthCheck{URL: target.URL + "/", Interval: "1s", Timeout: "500ms",
+				SuccessThreshold: 1, FailureThreshold: 2, ExpectedStatus: 200},
+			Last: last, DriftInterval: time.Second,
+			Auth: &activities.ProbeAuth{Namespace: f.ns, Secret: secret.Name, UID: uid, Sealed: sealed},
+		}
+	}
+	run := func(in activities.MonitorInput) activities.MonitorResult {
+		t.Helper()
+		v, err := f.env.ExecuteActivity(f.acts.Monitor, in)
+		require.NoError(t, err)
+		var res activities.MonitorResult
+		require.NoError(t, v.Get(&res))
+		return res
+	}
+
+	// Nothing sealed yet: the monitor returns the Secret's credentials, sealed, at once.
+	res := run(input("", activities.Health{}))
+	require.Equal(t, activities.MonitorCredentials, res.Reason)
+	assert.NotContains(t, res.Sealed, first.Password)
+	got, err := f.acts.Keyring.Open(res.Sealed, uid)
+	require.NoError(t, err)
+	assert.Equal(t, first, got)
+	sealedFirst := res.Sealed
+
+	// With them, the probes pass.
+	res = run(input(sealedFirst, activities.Health{}))
+	require.Equal(t, activities.MonitorVerdict, res.Reason)
+	assert.True(t, res.Health.Healthy, "%+v", res.Health)
+
+	// The Secret is rotated: within a drift interval the monitor hands back the new ones.
+	second := proxyauth.Credentials{Username: "partner", Password: "second-canary-password"}
+	secret.Data["password"] = []byte(second.Password)
+	require.NoError(t, kube.Update(ctx, secret))
+	res = run(input(sealedFirst, activities.Health{Known: true, Healthy: true}))
+	require.Equal(t, activities.MonitorCredentials, res.Reason)
+	got, err = f.acts.Keyring.Open(res.Sealed, uid)
+	require.NoError(t, err)
+	assert.Equal(t, second, got)
+
+	// The proxy still wants the first password: the new one is refused, and the verdict
+	// says so (failure kind proxy_auth, as the Proxy's status will).
+	res = run(input(res.Sealed, activities.Health{Known: true, Healthy: true}))
+	require.Equal(t, activities.MonitorVerdict, res.Reason)
+	assert.False(t, res.Health.Healthy)
+	assert.Equal(t, probe.KindProxyAuth, res.Health.FailureKind)
+	assert.Contains(t, res.Health.LastFailure, "refused the credentials")
+	assert.NotContains(t, res.Health.LastFailure, second.Password)
+
+	// A Secret without its keys, and a missing one, are named in the verdict.
+	delete(secret.Data, "username")
+	require.NoError(t, kube.Update(ctx, secret))
+	res = run(input(sealedFirst, activities.Health{Known: true, Healthy: true}))
+	assert.False(t, res.Health.Healthy)
+	assert.Equal(t, probe.KindProxyAuth, res.Health.FailureKind)
+	assert.Contains(t, res.Health.LastFailure, `needs the keys "username" and "password"`)
+
+	require.NoError(t, kube.Delete(ctx, secret))
+	res = run(input(sealedFirst, activities.Health{Known: true, Healthy: true}))
+	assert.False(t, res.Health.Healthy)
+	assert.Contains(t, res.Health.LastFailure, "credentials Secret "+f.ns+"/partner-credentials not found")
+}
+
+// TestCreateGivesTheInstanceCredentials: the instance requires the credentials derived from
+// the primary fleet key and its name, and the result names the key. A worker without a
+// fleet key creates nothing: an instance without credentials would be an open proxy.
+func TestCreateGivesTheInstanceCredentials(t *testing.T) {
+	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Close() })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { _ = d.Serve(ctx, ln) }()
+	f := newFixture(t)
+	f.acts.Providers = map[v1alpha1.Provider]provider.Provider{v1alpha1.ProviderLocal: local.NewProvider("http://" + ln.Addr().String())}
+	in := activities.InstanceInput{Provider: v1alpha1.ProviderLocal, Name: "px-creds-1", ProxyUID: "uid", Namespace: f.ns,
+		Spec: v1alpha1.ProxySpec{Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{}}}
+
+	_, err = f.env.ExecuteActivity(f.acts.CreateInstance, in)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no fleet key")
+	_, exists := d.Get(in.Name)
+	assert.False(t, exists, "nothing is created without credentials")
+
+	f.acts.Keyring = testKeys(t)
+	v, err := f.env.ExecuteActivity(f.acts.CreateInstance, in)
+	require.NoError(t, err)
+	var res activities.CreateResult
+	require.NoError(t, v.Get(&res))
+	assert.Equal(t, f.acts.Keyring.PrimaryID(), res.KeyID)
+	assert.Equal(t, res.KeyID, res.Instance.Labels[provider.LabelKeyID])
+
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	t.Cleanup(target.Close)
+	creds, err := f.acts.Keyring.Managed(res.KeyID, in.Name)
+	require.NoError(t, err)
+	addr := net.JoinHostPort(res.Instance.IP, strconv.Itoa(int(res.Instance.Port)))
+	ok := probe.Probe(ctx, probe.Request{Proxy: addr, URL: target.URL, Credentials: creds})
+	assert.True(t, ok.OK, "%+v", ok)
+	bare := probe.Probe(ctx, probe.Request{Proxy: addr, URL: target.URL})
+	assert.Equal(t, probe.KindProxyAuth, bare.Kind)
+}
