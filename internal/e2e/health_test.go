@@ -10,9 +10,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
@@ -47,30 +51,35 @@ func TestKilledInstanceIsDetectedAndRecreated(t *testing.T) {
 	p = s.WaitFor(t, ns, "victim", time.Minute, "Ready on a new instance", func(p *v1alpha1.Proxy) bool {
 		return stack.Ready(p) && p.Status.InstanceName != first
 	})
-	_, err = s.Fetch(p.Status.IP, p.Status.Port, "/recovered")
+	_, err = s.Fetch(p, "/recovered")
 	require.NoError(t, err)
 	_, stillThere := s.Daemon.Get(first)
 	assert.False(t, stillThere, "the dead instance was deleted")
 }
 
 // TestExternalProxyFollowsItsEndpoint points an External Proxy at a forward proxy on
-// loopback that this system does not manage: Ready while it serves, Unhealthy once it stops.
+// loopback that this system does not manage, with its credentials in a Secret: Ready while
+// it serves, Unhealthy once it stops.
 func TestExternalProxyFollowsItsEndpoint(t *testing.T) {
 	s := stack.Start(t, stack.Options{})
 	ctx := context.Background()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	srv := &http.Server{Handler: &localproxy.ForwardProxy{}, ReadHeaderTimeout: 5 * time.Second}
+	creds := proxyauth.Credentials{Username: "partner", Password: "partner-password"}
+	srv := &http.Server{Handler: &localproxy.ForwardProxy{Auth: local.NewAuth(creds)}, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	host, portStr, _ := net.SplitHostPort(ln.Addr().String())
 	port, _ := strconv.Atoi(portStr)
 
 	ns := s.Namespace(t)
+	require.NoError(t, s.Kube.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "partner-credentials"},
+		StringData: map[string]string{"username": creds.Username, "password": creds.Password}}))
 	p := s.LocalProxy(ns, "partner")
 	p.Spec = v1alpha1.ProxySpec{
-		Mode:        v1alpha1.ModeExternal,
-		Endpoint:    &v1alpha1.Endpoint{Host: host, Port: int32(port)},
+		Mode: v1alpha1.ModeExternal,
+		Endpoint: &v1alpha1.Endpoint{Host: host, Port: int32(port),
+			CredentialsSecretRef: &v1alpha1.SecretRef{Name: "partner-credentials"}},
 		HealthCheck: p.Spec.HealthCheck,
 		MaxLeases:   4,
 	}

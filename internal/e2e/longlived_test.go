@@ -99,7 +99,7 @@ func TestTerminatedRunIsRestartedAndAdopts(t *testing.T) {
 	})
 	assert.Empty(t, s.Events()[eventsBefore:], "no instance was created or deleted")
 	assert.Len(t, s.InstancesOf(uid), 1)
-	_, err = s.Fetch(p.Status.IP, p.Status.Port, "/after-restart")
+	_, err = s.Fetch(p, "/after-restart")
 	require.NoError(t, err)
 
 	d := s.StartDiscovery(t)

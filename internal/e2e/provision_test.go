@@ -47,7 +47,7 @@ func TestProxyLifecycle(t *testing.T) {
 	assert.Equal(t, "127.0.0.1", p.Status.IP)
 	assert.Equal(t, contract.ProxyWorkflowID(ns, "web-1"), p.Status.WorkflowID)
 	assert.Contains(t, p.Finalizers, v1alpha1.Finalizer)
-	body, err := s.Fetch(p.Status.IP, p.Status.Port, "/through-the-proxy")
+	body, err := s.Fetch(p, "/through-the-proxy")
 	require.NoError(t, err)
 	assert.Equal(t, "hello from the target: /through-the-proxy", body)
 	first := p.Status.InstanceName
@@ -62,7 +62,7 @@ func TestProxyLifecycle(t *testing.T) {
 	})
 	assert.Equal(t, int32(1), p.Status.Replacements)
 	assertMakeBeforeBreak(t, s.Events(), first, p.Status.InstanceName)
-	_, err = s.Fetch(p.Status.IP, p.Status.Port, "/after-edit")
+	_, err = s.Fetch(p, "/after-edit")
 	require.NoError(t, err)
 
 	// An operator asks for a replacement with the temporal CLI, as docs/operations.md says.

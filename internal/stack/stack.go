@@ -318,9 +318,16 @@ func Ready(p *v1alpha1.Proxy) bool {
 	return p.Status.Phase == v1alpha1.PhaseReady && p.Status.IP != "" && p.Status.ObservedGeneration == p.Generation
 }
 
-// Fetch gets the target's path through the proxy at ip:port.
-func (s *Stack) Fetch(ip string, port int32, path string) (string, error) {
-	proxyURL := &url.URL{Scheme: "http", Host: net.JoinHostPort(ip, fmt.Sprint(port))}
+// Fetch gets the target's path through p's current instance (its status address).
+func (s *Stack) Fetch(p *v1alpha1.Proxy, path string) (string, error) {
+	proxyURL := &url.URL{Scheme: "http", Host: net.JoinHostPort(p.Status.IP, fmt.Sprint(p.Status.Port))}
+	// A Managed instance requires the credentials derived for it, as a crawler's lease
+	// would carry them.
+	creds, err := s.Keyring.Managed(s.Keyring.PrimaryID(), p.Status.InstanceName)
+	if err != nil {
+		return "", err
+	}
+	proxyURL.User = url.UserPassword(creds.Username, creds.Password)
 	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(proxyURL), DisableKeepAlives: true}, Timeout: 5 * time.Second}
 	resp, err := c.Get(s.Target.URL + path)
 	if err != nil {
