@@ -263,6 +263,7 @@ type HealthCheck struct {
 
 // GCPSpec configures a Compute Engine instance. Zone, machine type and image have no
 // defaults on purpose: guessing them would create billable VMs of an arbitrary shape.
+// +kubebuilder:validation:XValidation:rule="(has(self.externalIP) && !self.externalIP) || (has(self.allowedSourceRanges) && size(self.allowedSourceRanges) > 0)",message="spec.gcp.allowedSourceRanges is required when the instance has an external IP: list the networks crawlers connect from (or set spec.gcp.externalIP to false)"
 type GCPSpec struct {
 	// Project defaults to the worker's configured project.
 	// +kubebuilder:validation:Pattern=`^[a-z][-a-z0-9]{4,28}[a-z0-9]$`
@@ -292,6 +293,20 @@ type GCPSpec struct {
 	// +kubebuilder:validation:MaxLength=1024
 	// +optional
 	Subnetwork string `json:"subnetwork,omitempty"`
+
+	// ExternalIP gives the instance a public address (the default). Set it to false when
+	// crawlers reach the proxy inside the VPC; the status then carries the internal address.
+	// +kubebuilder:default=true
+	// +optional
+	ExternalIP *bool `json:"externalIP,omitempty"`
+
+	// AllowedSourceRanges are the networks crawlers connect from. The provider keeps a
+	// firewall rule for each instance that admits the proxy port from these alone; every
+	// other source is dropped before it reaches Squid. Required with an external IP.
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +optional
+	AllowedSourceRanges []CIDR `json:"allowedSourceRanges,omitempty"`
 
 	// Tags are network tags (they select firewall rules).
 	// +kubebuilder:validation:MaxItems=64
