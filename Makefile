@@ -15,7 +15,7 @@ PKGS      ?= ./...
 # Generated files: `make check-generated` fails when they differ from what the sources give.
 GENERATED := deploy/crd deploy/rbac operator/api/v1alpha1/zz_generated.deepcopy.go
 
-.PHONY: all tools build dev test-e2e generate generate-files check-generated lint fmt vet test soak help bench chaos chaos-short fuzz record-histories
+.PHONY: all tools deps build dev test-e2e generate generate-files check-generated lint fmt vet test soak help bench chaos chaos-short fuzz record-histories
 
 all: generate lint test
 
@@ -25,6 +25,9 @@ help: ## list the targets
 tools: ## build the pinned temporal CLI, envtest binaries, controller-gen and linters into bin/
 	hack/tools/install.sh
 	ln -sfn k8s/kubectl $(BIN)/kubectl
+
+deps: ## install the Debian packages the tests run (squid) when missing; not root: prints the command
+	hack/deps/apt.sh
 
 build: ## build the project's binaries into bin/
 	$(GO) build -o $(BIN)/ ./cmd/...
@@ -76,7 +79,7 @@ lint: tools check-generated vet ## gofmt, go vet, workflowcheck, staticcheck, ge
 E2E_PKG   ?= ./internal/e2e
 E2E_FLAGS ?= -count=1 -timeout 30m
 
-test: tools check-generated vet ## vet, unit and integration tests (-race), the soak, then end-to-end tests on the real stack
+test: deps tools check-generated vet ## vet, unit and integration tests (-race), the soak, then end-to-end tests on the real stack
 	$(GOTEST) $(TEST_FLAGS) $$($(GO) list $(PKGS) | grep -v '/internal/e2e$$')
 	$(MAKE) --no-print-directory soak
 	$(GOTEST) $(E2E_FLAGS) $(E2E_PKG)
