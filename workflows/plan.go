@@ -214,7 +214,13 @@ func status(s *ProxyState, workflowID string) v1alpha1.ProxyStatus {
 			healthy = metav1Condition(v1alpha1.ConditionHealthy, "True", v1alpha1.ReasonProbeSucceeded,
 				fmt.Sprintf("probes through the proxy succeed (%dms)", s.Health.LatencyMillis))
 		} else {
-			healthy = metav1Condition(v1alpha1.ConditionHealthy, "False", v1alpha1.ReasonProbeFailed, s.Health.LastFailure)
+			// The failure kind leads, so "proxy_auth: ..." reads the same in kubectl and in
+			// the worker's metrics (its kind label).
+			msg := s.Health.LastFailure
+			if k := s.Health.FailureKind; k != "" {
+				msg = string(k) + ": " + msg
+			}
+			healthy = metav1Condition(v1alpha1.ConditionHealthy, "False", v1alpha1.ReasonProbeFailed, msg)
 		}
 	}
 

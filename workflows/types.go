@@ -229,7 +229,8 @@ func sortedKeys[V any](m map[string]V) []string {
 }
 
 // DesiredHash is the hash of everything that shapes an instance: provider, port, provider
-// block, cloud-init reference and the Secret data's hash. Attributes, health checks and
+// block, cloud-init reference, the Secret data's hash and the egress rules. Fields added
+// later are omitted while unset, so an older spec keeps its hash. Attributes, health checks and
 // lease limits are left out: changing them never needs a new instance.
 //
 // encoding/json is deterministic here (struct fields in order, map keys sorted); workflowcheck
@@ -245,7 +246,8 @@ func DesiredHash(spec *v1alpha1.ProxySpec, secretHash string) string {
 		Local      *v1alpha1.LocalSpec      `json:"local,omitempty"`
 		CloudInit  *v1alpha1.CloudInit      `json:"cloudInit,omitempty"`
 		SecretHash string                   `json:"secretHash,omitempty"`
-	}{spec.Provider, spec.EffectivePort(), spec.GCP, spec.Kubernetes, spec.Local, spec.CloudInit, secretHash}
+		Egress     *v1alpha1.Egress         `json:"egress,omitempty"`
+	}{spec.Provider, spec.EffectivePort(), spec.GCP, spec.Kubernetes, spec.Local, spec.CloudInit, secretHash, spec.Egress}
 	b, err := json.Marshal(shape)
 	if err != nil {
 		// The struct has only marshalable fields; this cannot happen.

@@ -14,6 +14,6 @@ const FleetKeyEnv = "PROXYFLEET_FLEET_KEY"
 // loader for the keyring the worker and discovery share.
 func FleetKeyVar() func() (*proxyauth.Keyring, error) {
 	path := flag.String("fleet-key-path", Env("PROXYFLEET_FLEET_KEY_PATH", ""),
-		"file holding the fleet key(s) shared by the worker and discovery: base64, one per line, the first signs new instances (env PROXYFLEET_FLEET_KEY_PATH; or set "+FleetKeyEnv+")")
+		"file holding the fleet key(s) shared by the worker and discovery: base64, one per line, the first signs new instances (env PROXYFLEET_FLEET_KEY_PATH; or give the key itself in env "+FleetKeyEnv+")")
 	return func() (*proxyauth.Keyring, error) { return proxyauth.Load(*path, FleetKeyEnv) }
 }

@@ -58,6 +58,10 @@ type Options struct {
 	Client tclient.Client
 	// Installation defaults to a name unique to the test.
 	Installation string
+	// Log, when set, receives every component's logs (the daemon, controller, worker and
+	// discovery); tests that must prove something is never logged set a debug-level one.
+	// Unset, warnings and errors go to stderr.
+	Log *slog.Logger
 	// ResyncInterval turns on the controller's resync of stopped workflows at this
 	// interval. Off by default: the stacks of one test binary share a cluster, and a
 	// resync would restart an earlier test's stopped workflows on this stack's queue.
@@ -86,6 +90,7 @@ type Stack struct {
 
 	mu     sync.Mutex
 	events []DaemonEvent
+	log    *slog.Logger
 }
 
 // DaemonEvent is one create or delete seen by the daemon, with the instances left after it.
@@ -111,6 +116,7 @@ func Start(t testing.TB, opts Options) *Stack {
 		Kube:     testenv.Kube(t),
 		Temporal: testenv.Temporal(t),
 		Tuning:   opts.Tuning,
+		log:      opts.Log,
 	}
 	if opts.Client != nil {
 		env := *s.Temporal
@@ -133,7 +139,7 @@ func Start(t testing.TB, opts Options) *Stack {
 	if s.Installation == "" {
 		s.Installation = strings.Trim(id, "-")
 	}
-	log := quietLog()
+	log := s.logger()
 
 	// Local instances.
 	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{
@@ -177,6 +183,14 @@ func NewFleetKey(t testing.TB) string {
 	return base64.StdEncoding.EncodeToString(b)
 }
 
+// logger is the log every component of the stack writes to.
+func (s *Stack) logger() *slog.Logger {
+	if s.log != nil {
+		return s.log
+	}
+	return quietLog()
+}
+
 func quietLog() *slog.Logger {
 	level := slog.LevelWarn
 	if os.Getenv("STACK_VERBOSE") != "" {
@@ -191,8 +205,8 @@ var setLogger sync.Once
 
 func (s *Stack) startManager(t testing.TB, resync time.Duration) {
 	t.Helper()
-	log := quietLog()
-	setLogger.Do(func() { ctrl.SetLogger(logr.FromSlogHandler(log.Handler())) })
+	setLogger.Do(func() { ctrl.SetLogger(logr.FromSlogHandler(quietLog().Handler())) })
+	log := s.logger()
 	mgr, err := ctrl.NewManager(s.Kube.Config, ctrl.Options{
 		Scheme:                 s.Kube.Scheme,
 		Cache:                  controller.CacheOptions(),
@@ -227,7 +241,7 @@ func (s *Stack) NewWorker(t testing.TB, queue string) *worker.Worker {
 			Enabled:        []v1alpha1.Provider{v1alpha1.ProviderLocal, v1alpha1.ProviderKubernetes},
 			LocalDaemonURL: s.DaemonURL,
 		},
-	}, s.Temporal.Client, s.Kube.Client, quietLog(), nil)
+	}, s.Temporal.Client, s.Kube.Client, s.logger(), nil)
 	require.NoError(t, err)
 	return w
 }

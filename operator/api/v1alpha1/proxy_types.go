@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -350,6 +351,15 @@ type KubernetesSpec struct {
 	// Resources of the Squid container.
 	// +optional
 	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// AllowedClients are who may connect to the Squid pod. The provider keeps a
+	// NetworkPolicy beside the pod that admits the proxy port from these peers (and from
+	// the worker, whose probes must get through) and nothing else. Empty admits the pods of
+	// the Proxy's own namespace. Enforced only where the cluster's network plugin enforces
+	// NetworkPolicies.
+	// +kubebuilder:validation:MaxItems=16
+	// +optional
+	AllowedClients []networkingv1.NetworkPolicyPeer `json:"allowedClients,omitempty"`
 }
 
 // LocalSpec configures a forward proxy run by the local proxy host on 127.0.0.1. It has no
