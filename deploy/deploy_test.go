@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -264,7 +265,15 @@ metadata:
 stringData:
   token: %s
 `, tokenSecret, namespace, hex.EncodeToString(token))
-	out, err := k.RunKubectl(t, strings.NewReader(string(ns)+"\n---\n"+secret), "apply", "--server-side", "-f", "-")
+	fleetKey := fmt.Sprintf(`apiVersion: v1
+kind: Secret
+metadata:
+  name: proxyfleet-fleet-key
+  namespace: %s
+stringData:
+  key: %s
+`, namespace, base64.StdEncoding.EncodeToString(append(token, token...)))
+	out, err := k.RunKubectl(t, strings.NewReader(string(ns)+"\n---\n"+secret+"\n---\n"+fleetKey), "apply", "--server-side", "-f", "-")
 	require.NoError(t, err, out)
 
 	tests := []struct {

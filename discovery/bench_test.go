@@ -2,6 +2,7 @@ package discovery_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,14 +10,22 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gin-gonic/gin"
+	commonpb "go.temporal.io/api/common/v1"
+	"go.temporal.io/api/enums/v1"
+	workflowpb "go.temporal.io/api/workflow/v1"
+	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/converter"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // benchFleet fills a store with n healthy proxies over 4 regions and 8 countries, in one
@@ -166,4 +175,150 @@ func BenchmarkHTTPAcquireRelease(b *testing.B) {
 	b.ReportMetric(2*pairsPerSec/baseReqPerSec, "ratio")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-acquire-ms")
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-acquire-ms")
+}
+
+// staticLister answers every ListWorkflow with the same page, encoded once, so a benchmark
+// of the refresher measures decoding rather than the test's encoding.
+type staticLister struct {
+	resp *workflowservice.ListWorkflowExecutionsResponse
+}
+
+func (l staticLister) ListWorkflow(context.Context, *workflowservice.ListWorkflowExecutionsRequest) (*workflowservice.ListWorkflowExecutionsResponse, error) {
+	return l.resp, nil
+}
+
+// benchMemos are n running ProxyWorkflows whose memos point to credentials as auth says:
+// "none", "managed" (derived from kr) or "sealed" (sealed with kr for each Proxy).
+func benchMemos(b *testing.B, n int, auth string, kr *proxyauth.Keyring) staticLister {
+	b.Helper()
+	dc := converter.GetDefaultDataConverter()
+	updated, err := dc.ToPayload(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	if err != nil {
+		b.Fatal(err)
+	}
+	resp := &workflowservice.ListWorkflowExecutionsResponse{}
+	for i := range n {
+		m := contract.ProxyMemo{Name: fmt.Sprintf("p-%06d", i), Namespace: "bench", UID: fmt.Sprintf("uid-%06d", i),
+			Phase: contract.PhaseReady, Healthy: true, IP: "127.0.0.1", Port: int32(10000 + i%50000), MaxLeases: 4,
+			LatencyMillis: int64(i % 97), Attributes: map[string]string{"region": fmt.Sprintf("r%d", i%4)}}
+		switch auth {
+		case "managed":
+			m.Auth = &contract.ProxyAuth{KeyID: kr.PrimaryID(), Instance: fmt.Sprintf("pf-bench-%06d-1a2b3c", i)}
+		case "sealed":
+			sealed, err := kr.Seal(proxyauth.Credentials{Username: "ext", Password: fmt.Sprintf("external-password-%06d", i)}, m.UID)
+			if err != nil {
+				b.Fatal(err)
+			}
+			m.Auth = &contract.ProxyAuth{Sealed: sealed}
+		}
+		memo, err := dc.ToPayload(m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp.Executions = append(resp.Executions, &workflowpb.WorkflowExecutionInfo{
+			Execution:        &commonpb.WorkflowExecution{WorkflowId: contract.ProxyWorkflowID(m.Namespace, m.Name)},
+			Status:           enums.WORKFLOW_EXECUTION_STATUS_RUNNING,
+			Memo:             &commonpb.Memo{Fields: map[string]*commonpb.Payload{contract.MemoKey: memo}},
+			SearchAttributes: &commonpb.SearchAttributes{IndexedFields: map[string]*commonpb.Payload{contract.SearchAttrUpdatedAt.GetName(): updated}},
+		})
+	}
+	return staticLister{resp: resp}
+}
+
+// BenchmarkRefreshCredentials measures a full pass of the refresher over 1,000 memos, by
+// how their proxies' credentials are resolved: none, Managed (derived, an HMAC per memo)
+// and External (opened, AES-GCM per memo). Credentials are resolved here, once per memo
+// read, so that a lease costs nothing extra (see BenchmarkLeaseCredentials).
+//
+//	go test ./discovery -run '^$' -bench RefreshCredentials
+func BenchmarkRefreshCredentials(b *testing.B) {
+	const n = 1000
+	kr := benchKeyring(b)
+	for _, auth := range []string{"none", "managed", "sealed"} {
+		b.Run("auth="+auth, func(b *testing.B) {
+			st := discovery.NewStore(time.Hour)
+			r := &discovery.Refresher{Client: benchMemos(b, n, auth, kr), Namespace: "bench", Store: st, Keyring: kr,
+				Log: slog.New(slog.DiscardHandler)}
+			if err := r.Full(b.Context()); err != nil {
+				b.Fatal(err)
+			}
+			if s := st.Stats(); s.Healthy != n {
+				b.Fatalf("%d of %d proxies leasable", s.Healthy, n)
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				if err := r.Full(b.Context()); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/memo")
+		})
+	}
+}
+
+// BenchmarkLeaseCredentials measures an acquire and a release through the API handler (no
+// network) over 1,000 proxies loaded by the refresher, with Managed credentials and
+// without: the difference is what carrying credentials in the answer costs, since they
+// were resolved when the memos were read.
+//
+//	go test ./discovery -run '^$' -bench LeaseCredentials
+func BenchmarkLeaseCredentials(b *testing.B) {
+	const n = 1000
+	kr := benchKeyring(b)
+	for _, auth := range []string{"none", "managed"} {
+		b.Run("auth="+auth, func(b *testing.B) {
+			st := discovery.NewStore(time.Hour)
+			r := &discovery.Refresher{Client: benchMemos(b, n, auth, kr), Namespace: "bench", Store: st, Keyring: kr,
+				Log: slog.New(slog.DiscardHandler)}
+			if err := r.Full(b.Context()); err != nil {
+				b.Fatal(err)
+			}
+			srv := discovery.NewServer(discovery.Config{Token: "t"}, st, nil, slog.New(slog.DiscardHandler), nil)
+			h := srv.Handler()
+			body := `{"selector":{"region":"r1"},"ttlSeconds":60,"target":"shop.example"}`
+			pair := func() {
+				rec := serve(h, http.MethodPost, "/v1/leases", body, "Bearer t")
+				if rec.Code != http.StatusCreated {
+					b.Fatalf("acquire: %d %s", rec.Code, rec.Body)
+				}
+				var l discovery.LeaseResponse
+				if err := json.Unmarshal(rec.Body.Bytes(), &l); err != nil {
+					b.Fatal(err)
+				}
+				if (auth == "managed") != (l.Proxy.Password != "" && strings.Contains(l.Proxy.URL, "@")) {
+					b.Fatalf("auth=%s but the answer's proxy is %v", auth, l.Proxy)
+				}
+				if rec := serve(h, http.MethodDelete, "/v1/leases/"+l.LeaseID, "", "Bearer t"); rec.Code != http.StatusNoContent {
+					b.Fatalf("release: %d", rec.Code)
+				}
+			}
+			pair() // warms the selector's view, as a running server's would be
+			b.ResetTimer()
+			for b.Loop() {
+				pair()
+			}
+		})
+	}
+}
+
+// BenchmarkDeriveManaged is what deriving a Managed proxy's credentials costs, which a
+// lease would pay if they were derived per lease instead of per memo read.
+//
+//	go test ./discovery -run '^$' -bench DeriveManaged
+func BenchmarkDeriveManaged(b *testing.B) {
+	kr := benchKeyring(b)
+	for b.Loop() {
+		if _, err := kr.Managed(kr.PrimaryID(), "pf-bench-000001-1a2b3c"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func benchKeyring(b *testing.B) *proxyauth.Keyring {
+	b.Helper()
+	kr, err := proxyauth.Parse(strings.Repeat("A", 43) + "=")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return kr
 }

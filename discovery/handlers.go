@@ -2,8 +2,10 @@ package discovery
 
 import (
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -13,10 +15,12 @@ import (
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
-// ProxyInfo is a proxy as the API shows it.
+// ProxyInfo is a proxy as the API shows it. It has no place for credentials: listings are
+// made of it, and only LeasedProxy, in lease answers, carries them.
 type ProxyInfo struct {
-	Name          string            `json:"name"`
-	Namespace     string            `json:"namespace"`
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	// URL is http://ip:port; in a LeasedProxy it has the credentials as userinfo.
 	URL           string            `json:"url"`
 	IP            string            `json:"ip"`
 	Port          int32             `json:"port"`
@@ -33,6 +37,62 @@ func info(p Proxy) ProxyInfo {
 		Name: p.Name, Namespace: p.Namespace, IP: p.IP, Port: p.Port, Attributes: attrs, LatencyMillis: p.LatencyMillis,
 		URL: "http://" + net.JoinHostPort(p.IP, strconv.Itoa(int(p.Port))),
 	}
+}
+
+// LeasedProxy is the proxy of a lease answer (a grant or a renewal), the only answers that
+// carry a proxy's credentials, to the crawler holding the lease. The credentials are also
+// in URL, as userinfo, so that the URL alone works as an HTTP client's proxy. Username and
+// Password are left out when the proxy takes none.
+//
+// A LeasedProxy prints and logs with the password redacted; only its JSON, the answer
+// itself, has it.
+type LeasedProxy struct {
+	ProxyInfo
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+}
+
+// leased shows p to the crawler that leased it.
+func leased(p Proxy) LeasedProxy {
+	lp := LeasedProxy{ProxyInfo: info(p)}
+	c := p.Credentials
+	if c.Empty() {
+		return lp
+	}
+	// Copied field by field on purpose: proxyauth.Credentials redacts the password when
+	// marshalled, so that it leaves discovery only here.
+	lp.Username, lp.Password = c.Username, c.Password
+	u := &url.URL{Scheme: "http", Host: net.JoinHostPort(p.IP, strconv.Itoa(int(p.Port))), User: url.User(c.Username)}
+	if c.Password != "" {
+		u.User = url.UserPassword(c.Username, c.Password)
+	}
+	// url.URL escapes the userinfo, so any password survives the round trip.
+	lp.URL = u.String()
+	return lp
+}
+
+// String shows the proxy with its password redacted.
+func (p LeasedProxy) String() string {
+	return p.Namespace + "/" + p.Name + " at " + redactURL(p.URL)
+}
+
+// GoString shows the proxy with its password redacted, for %#v.
+func (p LeasedProxy) GoString() string { return "discovery.LeasedProxy{" + p.String() + "}" }
+
+// LogValue shows the proxy with its password redacted, for slog (whose JSON handler would
+// otherwise marshal it whole).
+func (p LeasedProxy) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("namespace", p.Namespace), slog.String("name", p.Name),
+		slog.String("url", redactURL(p.URL)), slog.String("username", p.Username))
+}
+
+// redactURL hides the password of a proxy URL.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(invalid url)"
+	}
+	return u.Redacted()
 }
 
 // ListedProxy is an entry of GET /v1/proxies.
@@ -84,11 +144,17 @@ type LeaseRequest struct {
 
 // LeaseResponse is the body of a granted lease (201) and a renewal (200).
 type LeaseResponse struct {
-	LeaseID    string    `json:"leaseID"`
-	Proxy      ProxyInfo `json:"proxy"`
-	ExpiresAt  time.Time `json:"expiresAt"`
-	TTLSeconds int       `json:"ttlSeconds"`
-	Target     string    `json:"target,omitempty"`
+	LeaseID    string      `json:"leaseID"`
+	Proxy      LeasedProxy `json:"proxy"`
+	ExpiresAt  time.Time   `json:"expiresAt"`
+	TTLSeconds int         `json:"ttlSeconds"`
+	Target     string      `json:"target,omitempty"`
+}
+
+// LogValue shows the lease with the proxy's password redacted, for slog.
+func (r LeaseResponse) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("leaseID", r.LeaseID), slog.Any("proxy", r.Proxy),
+		slog.Time("expiresAt", r.ExpiresAt), slog.Int("ttlSeconds", r.TTLSeconds), slog.String("target", r.Target))
 }
 
 // Validate checks a lease request and returns the TTL to grant: its ttlSeconds, or
@@ -152,7 +218,7 @@ func (s *Server) acquire(c *gin.Context) {
 // leaseResponse shows a lease just granted or renewed for d. The TTL is d itself, not
 // ExpiresAt minus the wall clock: ExpiresAt is on the store's clock.
 func leaseResponse(l *Lease, d time.Duration) LeaseResponse {
-	return LeaseResponse{LeaseID: l.ID, Proxy: info(l.Proxy), ExpiresAt: l.ExpiresAt.UTC(),
+	return LeaseResponse{LeaseID: l.ID, Proxy: leased(l.Proxy), ExpiresAt: l.ExpiresAt.UTC(),
 		TTLSeconds: int(d / time.Second), Target: l.Target}
 }
 

@@ -3,6 +3,7 @@ package discovery
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -82,6 +83,9 @@ func newServerMetrics(reg prometheus.Registerer, store *Store) *serverMetrics {
 		gauge("proxyfleet_discovery_cooldowns_active", "Per-target cooldowns known locally.", func(s Stats) int { return s.Cooldowns }),
 		gauge("proxyfleet_discovery_index_proxies", "Proxies in the index.", func(s Stats) int { return s.Proxies }),
 		gauge("proxyfleet_discovery_index_healthy_proxies", "Healthy proxies in the index.", func(s Stats) int { return s.Healthy }),
+		unresolvedCollector{store: store, desc: prometheus.NewDesc("proxyfleet_discovery_credentials_unresolved",
+			"Proxies in the index that are not leased because their credentials cannot be resolved, by reason: "+
+				strings.Join(credentialsReasons, ", ")+".", []string{"reason"}, nil)},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "proxyfleet_discovery_index_age_seconds",
 			Help: "Seconds since the index last refreshed from Temporal: how stale what crawlers get may be.",
@@ -97,6 +101,22 @@ func newServerMetrics(reg prometheus.Registerer, store *Store) *serverMetrics {
 		m.handler = promhttp.HandlerFor(g, promhttp.HandlerOpts{})
 	}
 	return m
+}
+
+// unresolvedCollector exports Store.CredentialsUnresolved: one series per reason, zeros
+// included, so an alert can compare against 0 from the start. One lock per scrape.
+type unresolvedCollector struct {
+	store *Store
+	desc  *prometheus.Desc
+}
+
+func (c unresolvedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c unresolvedCollector) Collect(ch chan<- prometheus.Metric) {
+	counts := c.store.CredentialsUnresolved()
+	for _, reason := range credentialsReasons {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[reason]), reason)
+	}
 }
 
 func (m *serverMetrics) observeRequest(method, route string, code int, d time.Duration) {

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -215,8 +216,9 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// specServer is a real server over a small fleet: eu-1 is healthy with one lease slot,
-// ap-1 is unhealthy.
+// specServer is a real server over a small fleet: eu-1 is healthy with one lease slot and
+// takes credentials (so lease answers carry them and listings must not), ap-1 is
+// unhealthy.
 type specServer struct {
 	store   *discovery.Store
 	handler http.Handler
@@ -226,7 +228,8 @@ type specServer struct {
 func specFleet() []discovery.Proxy {
 	return []discovery.Proxy{
 		{Name: "eu-1", Namespace: "crawl", IP: "10.0.0.1", Port: 3128, Healthy: true,
-			Phase: "Ready", MaxLeases: 1, LatencyMillis: 12, Attributes: map[string]string{"region": "eu"}},
+			Phase: "Ready", MaxLeases: 1, LatencyMillis: 12, Attributes: map[string]string{"region": "eu"},
+			Credentials: proxyauth.Credentials{Username: "proxyfleet", Password: "spec/p@ss"}},
 		{Name: "ap-1", Namespace: "crawl", IP: "10.0.0.2", Port: 3128, Healthy: false,
 			Phase: "Ready", MaxLeases: 1, Attributes: map[string]string{"region": "ap"}},
 	}

@@ -11,6 +11,7 @@ import (
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/converter"
 
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -34,9 +35,15 @@ type Refresher struct {
 	// Observe, if set, is told the duration and kind ("full", "incremental") of each pass
 	// and how many workflows it read.
 	Observe func(kind string, took time.Duration, read int, err error)
+	// Keyring resolves the credentials memos point to. Without one, no proxy that takes
+	// credentials is leased.
+	Keyring *proxyauth.Keyring
 
 	watermark time.Time
 	lastFull  time.Time
+	// warned maps the ID of each proxy in the index whose credentials did not resolve to
+	// what its memo said then, so each change is logged once, not at every pass.
+	warned map[string]string
 }
 
 func (r *Refresher) defaults() {
@@ -48,6 +55,9 @@ func (r *Refresher) defaults() {
 	}
 	if r.Log == nil {
 		r.Log = slog.Default()
+	}
+	if r.warned == nil {
+		r.warned = map[string]string{}
 	}
 }
 
@@ -101,6 +111,16 @@ func (r *Refresher) Full(ctx context.Context) error {
 	}
 	first := !r.Store.Loaded()
 	r.Store.ReplaceAll(all)
+	listed := make(map[string]bool, len(all))
+	for i := range all {
+		listed[all[i].ID()] = true
+		r.noteCredentials(&all[i])
+	}
+	for id := range r.warned {
+		if !listed[id] {
+			delete(r.warned, id)
+		}
+	}
 	if first {
 		// The moment discovery starts answering crawlers: worth a line in the log.
 		r.Log.Info("proxy index loaded from Temporal", "proxies", len(all), "took", time.Since(start).Round(time.Millisecond).String())
@@ -151,8 +171,10 @@ func (r *Refresher) Incremental(ctx context.Context) error {
 	for _, id := range order {
 		if x := byID[id]; x.running {
 			r.Store.Upsert(x.p)
+			r.noteCredentials(&x.p)
 		} else {
 			r.Store.Remove(id)
+			delete(r.warned, id)
 		}
 	}
 	r.watermark = high
@@ -179,7 +201,7 @@ func (r *Refresher) list(ctx context.Context, query string, fn func(p Proxy, sta
 		}
 		for _, ex := range resp.Executions {
 			read++
-			p, updated, ok := decode(ex.GetMemo(), ex.GetSearchAttributes())
+			p, updated, ok := decode(ex.GetMemo(), ex.GetSearchAttributes(), r.Keyring)
 			if !ok {
 				continue
 			}
@@ -200,9 +222,38 @@ func (r *Refresher) list(ctx context.Context, query string, fn func(p Proxy, sta
 
 var dc = converter.GetDefaultDataConverter()
 
-// decode turns a workflow's memo into a Proxy. Workflows without a memo yet (just started)
-// are skipped: they have nothing to offer.
-func decode(memo *commonpb.Memo, sa *commonpb.SearchAttributes) (Proxy, time.Time, bool) {
+// noteCredentials logs, once per proxy and per change of its memo's auth, that a proxy in
+// the index cannot be leased because its credentials did not resolve, and once more when
+// they resolve again. It logs the proxy, the reason and the key ID, never a credential.
+func (r *Refresher) noteCredentials(p *Proxy) {
+	id := p.ID()
+	if p.CredentialsUnresolved == "" {
+		if _, ok := r.warned[id]; ok {
+			delete(r.warned, id)
+			r.Log.Info("proxy credentials resolved; the proxy can be leased again", "proxy", id)
+		}
+		return
+	}
+	var note authNote
+	if p.authNote != nil {
+		note = *p.authNote
+	}
+	seen := p.CredentialsUnresolved + "\x00" + note.ref
+	if r.warned[id] == seen {
+		return
+	}
+	r.warned[id] = seen
+	attrs := []any{"proxy", id, "reason", p.CredentialsUnresolved, "keyID", note.keyID}
+	if note.err != nil {
+		attrs = append(attrs, "error", note.err.Error())
+	}
+	r.Log.Warn("proxy credentials cannot be resolved; the proxy is not leased until they can", attrs...)
+}
+
+// decode turns a workflow's memo into a Proxy, with the credentials its memo points to
+// resolved with kr. Workflows without a memo yet (just started) are skipped: they have
+// nothing to offer.
+func decode(memo *commonpb.Memo, sa *commonpb.SearchAttributes, kr *proxyauth.Keyring) (Proxy, time.Time, bool) {
 	var updated time.Time
 	if f := sa.GetIndexedFields()[contract.SearchAttrUpdatedAt.GetName()]; f != nil {
 		_ = dc.FromPayload(f, &updated)
@@ -215,11 +266,18 @@ func decode(memo *commonpb.Memo, sa *commonpb.SearchAttributes) (Proxy, time.Tim
 	if err := dc.FromPayload(payload, &m); err != nil {
 		return Proxy{}, updated, false
 	}
-	return Proxy{
+	p := Proxy{
 		Name: m.Name, Namespace: m.Namespace, UID: m.UID, IP: m.IP, Port: m.Port,
 		Attributes: m.Attributes, LatencyMillis: m.LatencyMillis,
 		Healthy: m.Healthy && m.Phase == contract.PhaseReady && m.IP != "",
 		Phase:   m.Phase, MaxLeases: int(m.MaxLeases), Provider: m.Provider,
 		Cooldowns: m.Cooldowns,
-	}, updated, true
+	}
+	// The memo's UID owns sealed credentials: a sealed value copied into another Proxy's
+	// memo does not open.
+	p.Credentials, p.authNote, p.CredentialsUnresolved = resolveCredentials(kr, m.Auth, m.UID)
+	if p.CredentialsUnresolved != "" {
+		p.Healthy = false
+	}
+	return p, updated, true
 }

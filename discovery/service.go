@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 )
 
 // ServiceConfig configures a whole discovery process.
@@ -21,6 +23,12 @@ type ServiceConfig struct {
 	RefreshInterval, FullResyncInterval time.Duration
 	// SweepInterval is how often expired leases are freed (default 1s).
 	SweepInterval time.Duration
+	// Keyring holds the fleet key, shared with the worker only, that the credentials of
+	// proxies are derived from or sealed with. It belongs here rather than in the API's
+	// Config because credentials are resolved as memos are read from Temporal, not per
+	// request. Without one, no proxy that takes credentials is leased (cmd/discovery
+	// refuses to start without it).
+	Keyring *proxyauth.Keyring
 }
 
 // Temporal is the part of the Temporal client discovery uses: it lists workflows for the
@@ -45,6 +53,9 @@ type Service struct {
 
 // NewService assembles discovery. Metrics go to reg when it is not nil.
 func NewService(cfg ServiceConfig, tc Temporal, log *slog.Logger, reg prometheus.Registerer) *Service {
+	if log == nil {
+		log = slog.Default()
+	}
 	cfg.API.defaults()
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = time.Second
@@ -53,10 +64,10 @@ func NewService(cfg ServiceConfig, tc Temporal, log *slog.Logger, reg prometheus
 	// the longest cooldown a report can start.
 	store := NewStore(max(cfg.API.CooldownRateLimited, cfg.API.CooldownBanned))
 	srv := NewServer(cfg.API, store, TemporalSignaler{Client: tc}, log, reg)
-	ref := &Refresher{Client: tc, Namespace: cfg.Namespace, Store: store,
+	ref := &Refresher{Client: tc, Namespace: cfg.Namespace, Store: store, Keyring: cfg.Keyring,
 		Interval: cfg.RefreshInterval, FullEvery: cfg.FullResyncInterval, Log: log, Observe: srv.ObserveRefresh}
-	if log == nil {
-		log = slog.Default()
+	if cfg.Keyring == nil {
+		log.Warn("discovery runs without a fleet key: proxies that take credentials are never leased")
 	}
 	return &Service{Store: store, server: srv, refresher: ref, sweep: cfg.SweepInterval, log: log}
 }

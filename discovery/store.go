@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/btree"
+
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 )
 
 // Proxy is one proxy as the index knows it.
@@ -29,6 +31,17 @@ type Proxy struct {
 	Provider      string            `json:"provider,omitempty"`
 	// Cooldowns are the durable ones from the proxy's workflow: target ("" = all) → until.
 	Cooldowns map[string]time.Time `json:"-"`
+	// Credentials are what the proxy takes, resolved from its memo; empty when it takes
+	// none. They stay in memory: only a lease answer carries them, copied into LeasedProxy
+	// on purpose, and proxyauth.Credentials redacts the password anywhere else.
+	Credentials proxyauth.Credentials `json:"-"`
+	// CredentialsUnresolved, when set, says why the credentials the proxy's memo says it
+	// takes could not be resolved (a Credentials* reason). Such a proxy is never leased:
+	// the store counts it as unhealthy, whatever its health checks say, since a crawler
+	// could not use it.
+	CredentialsUnresolved string `json:"-"`
+	// authNote explains CredentialsUnresolved to the refresher, which logs it.
+	authNote *authNote
 }
 
 // ID is namespace/name, unique in the fleet.
@@ -120,6 +133,9 @@ type Store struct {
 	expired map[string]expiredLease
 	// cooldowns are local ones from reports; durable ones come in Proxy.Cooldowns.
 	cooldowns map[cooldownKey]time.Time
+	// unresolved counts the proxies by CredentialsUnresolved reason, kept like healthy so
+	// a metrics scrape does not scan the fleet.
+	unresolved map[string]int
 	// keepExpired is how long an expired lease still accepts a report.
 	keepExpired time.Duration
 	maxViews    int
@@ -143,6 +159,7 @@ func NewStore(keepExpired time.Duration) *Store {
 		leases:      map[string]*Lease{},
 		expired:     map[string]expiredLease{},
 		cooldowns:   map[cooldownKey]time.Time{},
+		unresolved:  map[string]int{},
 		keepExpired: keepExpired,
 		maxViews:    1024,
 	}
@@ -227,6 +244,12 @@ func (s *Store) upsertLocked(p Proxy) {
 	if p.MaxLeases <= 0 {
 		p.MaxLeases = 1
 	}
+	if p.CredentialsUnresolved != "" {
+		// Enforced here, not only where memos are decoded, so that no way into the index
+		// can make a proxy leasable without the credentials it needs.
+		p.Healthy = false
+		p.Credentials = proxyauth.Credentials{}
+	}
 	e, ok := s.proxies[p.ID()]
 	if ok {
 		s.detach(e)
@@ -235,6 +258,7 @@ func (s *Store) upsertLocked(p Proxy) {
 		if e.p.Healthy {
 			s.healthy--
 		}
+		s.countUnresolved(e.p, -1)
 	} else {
 		// A proxy can leave the index and come back (its workflow restarted, or a closed
 		// run was listed after the running one) while crawlers still hold its leases.
@@ -245,6 +269,7 @@ func (s *Store) upsertLocked(p Proxy) {
 	if p.Healthy {
 		s.healthy++
 	}
+	s.countUnresolved(p, +1)
 	s.index(e, true)
 	e.views = e.views[:0]
 	for _, v := range s.views {
@@ -285,7 +310,30 @@ func (s *Store) removeLocked(id string) {
 	if e.p.Healthy {
 		s.healthy--
 	}
+	s.countUnresolved(e.p, -1)
 	delete(s.proxies, id)
+}
+
+func (s *Store) countUnresolved(p Proxy, sign int) {
+	if p.CredentialsUnresolved == "" {
+		return
+	}
+	s.unresolved[p.CredentialsUnresolved] += sign
+	if s.unresolved[p.CredentialsUnresolved] == 0 {
+		delete(s.unresolved, p.CredentialsUnresolved)
+	}
+}
+
+// CredentialsUnresolved counts the proxies in the index whose credentials could not be
+// resolved, by reason (Proxy.CredentialsUnresolved). Reasons with none are absent.
+func (s *Store) CredentialsUnresolved() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int, len(s.unresolved))
+	for r, n := range s.unresolved {
+		out[r] = n
+	}
+	return out
 }
 
 // ReplaceAll makes the index exactly ps (a full resync), and marks the index Loaded.
@@ -496,9 +544,12 @@ func (s *Store) Renew(id string, ttl time.Duration) (*Lease, error) {
 		return nil, ErrLeaseExpired
 	}
 	l.ExpiresAt = now.Add(ttl)
-	if e, ok := s.proxies[l.ProxyID]; ok {
+	if e, ok := s.proxies[l.ProxyID]; ok && e.p.CredentialsUnresolved == "" {
 		// The lease is sticky to the proxy, not to an address: after a replacement the
-		// renewal tells the crawler where the proxy is now.
+		// renewal tells the crawler where the proxy is now, and the credentials it takes
+		// now. While they cannot be resolved the renewal repeats the last ones the lease
+		// was given: an answer without them would surely fail, and a proxy whose key was
+		// merely rotated out of discovery's keyring still takes them.
 		l.Proxy = e.p
 	}
 	cp := *l

@@ -55,6 +55,13 @@ func withMax(p Proxy, n int) Proxy { p.MaxLeases = n; return p }
 
 func unhealthy(p Proxy) Proxy { p.Healthy = false; return p }
 
+// withUnresolved is p as the refresher leaves a proxy whose credentials did not resolve,
+// except still marked healthy.
+func withUnresolved(p Proxy) Proxy {
+	p.CredentialsUnresolved = CredentialsUnknownKey
+	return p
+}
+
 func acquireName(t *testing.T, s *Store, sel Selector, target string) string {
 	t.Helper()
 	l, err := s.Acquire(sel, target, time.Minute)
@@ -91,12 +98,18 @@ func checkInvariants(t *testing.T, s *Store) {
 		held[l.ProxyID]++
 	}
 	healthy := 0
-	for _, e := range s.proxies {
+	unresolved := map[string]int{}
+	for id, e := range s.proxies {
 		if e.p.Healthy {
 			healthy++
 		}
+		if e.p.CredentialsUnresolved != "" {
+			unresolved[e.p.CredentialsUnresolved]++
+			require.False(t, e.p.Healthy, "%s: healthy without its credentials", id)
+		}
 	}
 	require.Equal(t, healthy, s.healthy, "healthy count")
+	require.Equal(t, unresolved, s.unresolved, "unresolved credentials by reason")
 	for id, e := range s.proxies {
 		require.GreaterOrEqual(t, e.leases, 0, "%s: negative lease count", id)
 		require.Equal(t, held[id], e.leases, "%s: lease count", id)
@@ -172,6 +185,13 @@ func TestSelectionOrder(t *testing.T) {
 			proxies: []Proxy{unhealthy(px("sick", 1, nil)), withMax(px("well", 99, nil), 2)},
 			want:    []string{"well", "well"},
 		},
+		{
+			// Marked healthy on purpose: the store, not only the refresher, keeps a proxy
+			// whose credentials did not resolve from crawlers.
+			name:    "unresolved credentials never offered",
+			proxies: []Proxy{withUnresolved(px("locked", 1, nil)), withMax(px("well", 99, nil), 2)},
+			want:    []string{"well", "well"},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -187,7 +207,7 @@ func TestSelectionOrder(t *testing.T) {
 			assert.Equal(t, tc.want, got)
 			healthy := 0
 			for _, p := range tc.proxies {
-				if p.Healthy {
+				if p.Healthy && p.CredentialsUnresolved == "" {
 					healthy++
 				}
 			}
@@ -658,7 +678,11 @@ func TestConcurrentLeases(t *testing.T) {
 					held = slices.Delete(held, i, i+1)
 				case op < 9:
 					i := rng.IntN(proxies)
-					s.Upsert(proxy(i, rng.IntN(100), regions[rng.IntN(2)]))
+					p := proxy(i, rng.IntN(100), regions[rng.IntN(2)])
+					if rng.IntN(3) == 0 {
+						p = withUnresolved(p)
+					}
+					s.Upsert(p)
 				default:
 					i := rng.IntN(proxies)
 					s.Remove(fmt.Sprintf("ns/p%02d", i))

@@ -23,10 +23,18 @@ func main() {
 	flag.DurationVar(&cfg.API.CooldownBanned, "cooldown-banned", discovery.DefaultCooldownBanned, "cooldown of a proxy for a target after a banned report")
 	flag.DurationVar(&cfg.RefreshInterval, "refresh-interval", discovery.DefaultRefreshInterval, "how often the index reads what changed in Temporal")
 	flag.DurationVar(&cfg.FullResyncInterval, "full-resync-interval", discovery.DefaultFullResyncInterval, "how often the index re-reads every proxy")
+	fleetKey := cmdline.FleetKeyVar()
 
 	cmdline.Main("discovery", func(ctx context.Context, p *cmdline.Process) error {
 		// The token comes from the environment only, so it never shows in a process listing.
 		cfg.API.Token = os.Getenv("DISCOVERY_TOKEN")
+		// Required: without the key no proxy that takes credentials could be leased, and
+		// every Managed proxy does.
+		kr, err := fleetKey()
+		if err != nil {
+			return err
+		}
+		cfg.Keyring = kr
 		cfg.Namespace = temporal.Namespace
 		reg := cmdline.NewMetrics()
 		tc, err := temporal.Dial(p, true, nil)
@@ -38,7 +46,7 @@ func main() {
 		if err != nil {
 			return fmt.Errorf("--listen: %w", err)
 		}
-		p.Log.Info("discovery listening", "addr", ln.Addr().String(), "temporal", temporal.Address)
+		p.Log.Info("discovery listening", "addr", ln.Addr().String(), "temporal", temporal.Address, "fleetKeyIDs", kr.IDs())
 		return discovery.NewService(cfg, tc, p.Log, reg).Serve(ctx, ln)
 	})
 }

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -85,11 +86,12 @@ func New(baseURL, token string, opts ...Option) *Client {
 
 // --- wire types ----------------------------------------------------------------------
 
-// Proxy is a proxy as the API shows it.
+// Proxy is a proxy as the API shows it. Listings never carry credentials: a proxy that
+// takes them is only usable through a Lease (see LeasedProxy).
 type Proxy struct {
 	Name      string `json:"name"`
 	Namespace string `json:"namespace"`
-	// URL is http://IP:Port, ready for http.ProxyURL.
+	// URL is http://IP:Port; in a lease, with the credentials as userinfo.
 	URL           string            `json:"url"`
 	IP            string            `json:"ip"`
 	Port          int32             `json:"port"`
@@ -112,15 +114,64 @@ type ProxyList struct {
 	Count   int           `json:"count"`
 }
 
+// LeasedProxy is the proxy of a lease, with the credentials it takes: Username and
+// Password, also in URL as userinfo. Both are empty for a proxy that takes none.
+//
+// Printing or logging (slog) a LeasedProxy or a Lease shows the password redacted;
+// Lease.ProxyURL and the fields have it, for the requests that need it.
+type LeasedProxy struct {
+	Proxy
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
+}
+
+// String shows the proxy with its password redacted.
+func (p LeasedProxy) String() string {
+	return p.Namespace + "/" + p.Name + " at " + redactURL(p.URL)
+}
+
+// GoString shows the proxy with its password redacted, for %#v.
+func (p LeasedProxy) GoString() string { return "client.LeasedProxy{" + p.String() + "}" }
+
+// LogValue shows the proxy with its password redacted, for slog (whose JSON handler would
+// otherwise marshal it whole).
+func (p LeasedProxy) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("namespace", p.Namespace), slog.String("name", p.Name),
+		slog.String("url", redactURL(p.URL)), slog.String("username", p.Username))
+}
+
+// redactURL hides the password of a proxy URL.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(invalid url)"
+	}
+	return u.Redacted()
+}
+
 // Lease is a proxy held by this crawler until ExpiresAt.
 type Lease struct {
-	ID        string    `json:"leaseID"`
-	Proxy     Proxy     `json:"proxy"`
-	ExpiresAt time.Time `json:"expiresAt"`
+	ID        string      `json:"leaseID"`
+	Proxy     LeasedProxy `json:"proxy"`
+	ExpiresAt time.Time   `json:"expiresAt"`
 	// TTLSeconds is the TTL the lease was granted or last renewed for.
 	TTLSeconds int `json:"ttlSeconds"`
 	// Target is the site the lease was acquired for, if any.
 	Target string `json:"target,omitempty"`
+}
+
+// String shows the lease with the proxy's password redacted.
+func (l Lease) String() string {
+	return "lease " + l.ID + " of " + l.Proxy.String() + " until " + l.ExpiresAt.Format(time.RFC3339)
+}
+
+// GoString shows the lease with the proxy's password redacted, for %#v.
+func (l Lease) GoString() string { return "client.Lease{" + l.String() + "}" }
+
+// LogValue shows the lease with the proxy's password redacted, for slog.
+func (l Lease) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("id", l.ID), slog.Any("proxy", l.Proxy), slog.Time("expiresAt", l.ExpiresAt),
+		slog.Int("ttlSeconds", l.TTLSeconds), slog.String("target", l.Target))
 }
 
 // leaseRequest, renewRequest and reportRequest are the request bodies. Zero fields are
@@ -348,29 +399,44 @@ func decodeError(resp *http.Response) error {
 
 // --- using a lease -------------------------------------------------------------------
 
-// ProxyURL is the leased proxy's address as a URL for http.ProxyURL, or nil if the lease
-// has none.
+// ProxyURL is the leased proxy's address as a URL for http.ProxyURL or
+// http.Transport.Proxy, with the proxy's credentials as its userinfo (net/http sends them
+// as Proxy-Authorization, for plain http and for CONNECT), or nil if the lease has no
+// address. Its String has the password in clear: log the Lease, or the URL's Redacted().
 func (l *Lease) ProxyURL() *url.URL {
+	var u *url.URL
 	if l.Proxy.URL != "" {
-		if u, err := url.Parse(l.Proxy.URL); err == nil && u.Host != "" {
-			return u
+		if p, err := url.Parse(l.Proxy.URL); err == nil && p.Host != "" {
+			u = p
 		}
 	}
-	if l.Proxy.IP == "" || l.Proxy.Port == 0 {
-		return nil
+	if u == nil {
+		if l.Proxy.IP == "" || l.Proxy.Port == 0 {
+			return nil
+		}
+		u = &url.URL{Scheme: "http", Host: net.JoinHostPort(l.Proxy.IP, strconv.Itoa(int(l.Proxy.Port)))}
 	}
-	return &url.URL{Scheme: "http", Host: net.JoinHostPort(l.Proxy.IP, strconv.Itoa(int(l.Proxy.Port)))}
+	// The separate fields win over the URL's userinfo: they need no unescaping, and a
+	// lease decoded without the URL still authenticates.
+	switch {
+	case l.Proxy.Password != "":
+		u.User = url.UserPassword(l.Proxy.Username, l.Proxy.Password)
+	case l.Proxy.Username != "":
+		u.User = url.User(l.Proxy.Username)
+	}
+	return u
 }
 
 // HTTPClient returns an HTTP client that sends every request through the leased proxy:
-// plain http as absolute-form requests to the proxy, https through a CONNECT tunnel.
+// plain http as absolute-form requests to the proxy, https through a CONNECT tunnel, both
+// with the proxy's credentials (if it takes any) in Proxy-Authorization.
 //
 // Each call builds a new transport (http.DefaultTransport's settings, keep-alives on) with
 // its own connection pool, so no connection is shared between leases. Call it once per
 // lease and reuse the client. It sends to the address the lease had when it was built: a
 // renewal keeps the proxy, but if the proxy was replaced meanwhile the renewed Lease's
-// Proxy.URL differs; then build a new client from the renewed Lease and close the old
-// one's idle connections. Keep-alive means a target may see several requests on one
+// Proxy.URL differs (a replacement also has new credentials); then build a new client from
+// the renewed Lease and close the old one's idle connections. Keep-alive means a target may see several requests on one
 // connection (one CONNECT tunnel for https), which suits a sticky session. It also means
 // idle connections to the proxy outlive the lease for up to 90 seconds (IdleConnTimeout):
 // when you release the lease, stop using the client and call its CloseIdleConnections, so

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -163,8 +165,8 @@ func TestLeaseLifecycle(t *testing.T) {
 		Target: "shop.example"})
 	require.NoError(t, err)
 	assert.Len(t, l.ID, 32)
-	assert.Equal(t, Proxy{Name: "eu-1", Namespace: "crawl", URL: "http://10.0.0.1:3128", IP: "10.0.0.1", Port: 3128,
-		Attributes: map[string]string{"region": "eu"}, LatencyMillis: 20}, l.Proxy)
+	assert.Equal(t, LeasedProxy{Proxy: Proxy{Name: "eu-1", Namespace: "crawl", URL: "http://10.0.0.1:3128", IP: "10.0.0.1",
+		Port: 3128, Attributes: map[string]string{"region": "eu"}, LatencyMillis: 20}}, l.Proxy, "no credentials: it takes none")
 	assert.Equal(t, "shop.example", l.Target)
 	assert.Equal(t, 90, l.TTLSeconds)
 	assert.WithinRange(t, l.ExpiresAt, before.Add(90*time.Second), time.Now().Add(90*time.Second))
@@ -476,7 +478,7 @@ func TestLeaseHTTPClient(t *testing.T) {
 	mu.Unlock()
 
 	t.Run("without a URL field", func(t *testing.T) {
-		l := &Lease{Proxy: Proxy{IP: "2001:db8::1", Port: 3128}}
+		l := &Lease{Proxy: LeasedProxy{Proxy: Proxy{IP: "2001:db8::1", Port: 3128}}}
 		assert.Equal(t, "http://[2001:db8::1]:3128", l.ProxyURL().String())
 	})
 	t.Run("without an address", func(t *testing.T) {
@@ -484,6 +486,96 @@ func TestLeaseHTTPClient(t *testing.T) {
 		assert.Nil(t, l.ProxyURL())
 		_, err := l.HTTPClient().Transport.(*http.Transport).Proxy(httptest.NewRequest(http.MethodGet, "http://x/", nil))
 		assert.Error(t, err)
+	})
+}
+
+// TestLeaseCredentials: a lease of a proxy that takes credentials carries them, and the
+// Lease's HTTP client presents them to the proxy, for plain http and for CONNECT; a
+// listing does not carry them, and printing or logging the Lease does not show them.
+func TestLeaseCredentials(t *testing.T) {
+	// Every character that needs escaping in a URL's userinfo.
+	creds := proxyauth.Credentials{Username: "crawler", Password: "p@ss:w/rd%41?#é+ x"}
+	var mu sync.Mutex
+	var auths []string // Proxy-Authorization of each request the proxy got, by method
+	fwd := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		auths = append(auths, r.Method+" "+r.Header.Get("Proxy-Authorization"))
+		mu.Unlock()
+		if !creds.Match(r.Header.Get("Proxy-Authorization")) {
+			w.Header().Set("Proxy-Authenticate", `Basic realm="proxy"`)
+			w.WriteHeader(http.StatusProxyAuthRequired)
+			return
+		}
+		if r.Method == http.MethodConnect {
+			// The credentials are what this test is about, not tunnelling.
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		_, _ = w.Write([]byte("via proxy"))
+	}))
+	t.Cleanup(fwd.Close)
+	host, port, err := net.SplitHostPort(fwd.Listener.Addr().String())
+	require.NoError(t, err)
+	p, err := strconv.Atoi(port)
+	require.NoError(t, err)
+
+	f := newFixture(t, discovery.Proxy{Name: "auth", Namespace: "crawl", IP: host, Port: int32(p), Healthy: true,
+		MaxLeases: 1, Credentials: creds})
+	l, err := f.client.Acquire(t.Context(), AcquireRequest{})
+	require.NoError(t, err)
+	assert.Equal(t, creds.Username, l.Proxy.Username)
+	assert.Equal(t, creds.Password, l.Proxy.Password)
+	u, err := url.Parse(l.Proxy.URL)
+	require.NoError(t, err)
+	pw, _ := u.User.Password()
+	assert.Equal(t, creds.Password, pw, "the URL's userinfo, unescaped")
+	assert.Equal(t, u, l.ProxyURL())
+
+	hc := l.HTTPClient()
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get("http://shop.example/cart")
+	require.NoError(t, err)
+	var body bytes.Buffer
+	_, err = body.ReadFrom(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "via proxy", body.String())
+	_, err = hc.Get("https://shop.example/cart")
+	require.Error(t, err, "the test proxy does not tunnel")
+	mu.Lock()
+	assert.Equal(t, []string{"GET " + creds.Header(), "CONNECT " + creds.Header()}, auths)
+	mu.Unlock()
+
+	t.Run("renewal", func(t *testing.T) {
+		r, err := f.client.Renew(t.Context(), l.ID, 0)
+		require.NoError(t, err)
+		assert.Equal(t, l.Proxy, r.Proxy)
+	})
+	t.Run("listing", func(t *testing.T) {
+		list, err := f.client.ListProxies(t.Context(), nil, nil)
+		require.NoError(t, err)
+		require.Len(t, list.Proxies, 1)
+		assert.NotContains(t, list.Proxies[0].URL, "@")
+		raw, err := json.Marshal(list)
+		require.NoError(t, err)
+		assert.NotContains(t, string(raw), "w/rd")
+	})
+	t.Run("printed and logged redacted", func(t *testing.T) {
+		var out bytes.Buffer
+		for _, format := range []string{"%v", "%+v", "%#v", "%s"} {
+			fmt.Fprintf(&out, format+"\n", l)
+			fmt.Fprintf(&out, format+"\n", *l)
+			fmt.Fprintf(&out, format+"\n", l.Proxy)
+			fmt.Fprintf(&out, format+"\n", []*Lease{l})
+		}
+		slog.New(slog.NewTextHandler(&out, nil)).Info("leased", "lease", l, "proxy", l.Proxy)
+		slog.New(slog.NewJSONHandler(&out, nil)).Info("leased", "lease", l, "proxy", l.Proxy)
+		assert.Contains(t, out.String(), "crawl/auth", "the proxy is named")
+		assert.Contains(t, out.String(), "crawler", "the user name is shown")
+		for _, secret := range []string{creds.Password, url.UserPassword("", creds.Password).String()[1:], "w/rd", "rd%2541"} {
+			assert.NotContains(t, out.String(), secret)
+		}
 	})
 }
 
@@ -503,6 +595,10 @@ func TestWireTypesRoundTripServerJSON(t *testing.T) {
 		Port: 3128, Attributes: map[string]string{"region": "eu"}, LatencyMillis: 42}
 	clientProxy := Proxy{Name: "eu-1", Namespace: "crawl", URL: "http://10.0.0.1:3128", IP: "10.0.0.1",
 		Port: 3128, Attributes: map[string]string{"region": "eu"}, LatencyMillis: 42}
+	serverLeased := discovery.LeasedProxy{ProxyInfo: serverProxy, Username: "u", Password: "p"}
+	serverLeased.URL = "http://u:p@10.0.0.1:3128"
+	clientLeased := LeasedProxy{Proxy: clientProxy, Username: "u", Password: "p"}
+	clientLeased.URL = "http://u:p@10.0.0.1:3128"
 
 	t.Run("responses", func(t *testing.T) {
 		tests := []struct {
@@ -513,10 +609,16 @@ func TestWireTypesRoundTripServerJSON(t *testing.T) {
 		}{
 			{
 				name: "lease",
-				server: discovery.LeaseResponse{LeaseID: "abc", Proxy: serverProxy, ExpiresAt: expires, TTLSeconds: 300,
+				server: discovery.LeaseResponse{LeaseID: "abc", Proxy: serverLeased, ExpiresAt: expires, TTLSeconds: 300,
 					Target: "shop.example"},
 				into: &Lease{},
-				want: &Lease{ID: "abc", Proxy: clientProxy, ExpiresAt: expires, TTLSeconds: 300, Target: "shop.example"},
+				want: &Lease{ID: "abc", Proxy: clientLeased, ExpiresAt: expires, TTLSeconds: 300, Target: "shop.example"},
+			},
+			{
+				name:   "lease of a proxy without credentials",
+				server: discovery.LeaseResponse{LeaseID: "abc", Proxy: discovery.LeasedProxy{ProxyInfo: serverProxy}, ExpiresAt: expires},
+				into:   &Lease{},
+				want:   &Lease{ID: "abc", Proxy: LeasedProxy{Proxy: clientProxy}, ExpiresAt: expires},
 			},
 			{
 				name: "list",
@@ -586,6 +688,7 @@ func TestWireTypesRoundTripServerJSON(t *testing.T) {
 	t.Run("same fields", func(t *testing.T) {
 		pairs := []struct{ server, client any }{
 			{discovery.ProxyInfo{}, Proxy{}},
+			{discovery.LeasedProxy{}, LeasedProxy{}},
 			{discovery.ListedProxy{}, ListedProxy{}},
 			{discovery.ProxyList{}, ProxyList{}},
 			{discovery.LeaseResponse{}, Lease{}},

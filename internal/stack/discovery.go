@@ -33,11 +33,14 @@ func (s *Stack) StartDiscovery(t testing.TB, options ...func(*discovery.ServiceC
 		API:             discovery.Config{Token: token},
 		Namespace:       s.Temporal.Namespace,
 		RefreshInterval: 200 * time.Millisecond, FullResyncInterval: time.Minute, SweepInterval: 200 * time.Millisecond,
+		// The key the stack's worker derives and seals with, so crawlers get working
+		// credentials in lease answers.
+		Keyring: s.Keyring,
 	}
 	for _, o := range options {
 		o(&cfg)
 	}
-	svc := discovery.NewService(cfg, s.Temporal.Client, quietLog(), nil)
+	svc := discovery.NewService(cfg, s.Temporal.Client, s.logger(), nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
