@@ -115,6 +115,11 @@ func TestExternalProxyBehindRealSquid(t *testing.T) {
 	secret.Data["password"] = []byte(creds.Password)
 	require.NoError(t, s.Kube.Client.Update(ctx, secret))
 	s.WaitFor(t, ns, "partner", time.Minute, "Ready again with the right password", stack.Ready)
+
+	require.NoError(t, s.Kube.Client.Delete(ctx, p))
+	s.WaitGone(t, ns, "partner", time.Minute)
+	// A run that reads, rotates and publishes sealed credentials, for the replay corpus.
+	recordHistory(t, s, contract.ProxyWorkflowID(ns, "partner"), "external-credentials.json")
 }
 
 // syncBuffer is a log sink the stack's goroutines write to while the test reads it.
