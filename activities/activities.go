@@ -202,6 +202,10 @@ func (a *Activities) WaitRunning(ctx context.Context, in InstanceInput) (WaitRes
 		switch {
 		case errors.Is(err, provider.ErrNotFound):
 			return WaitResult{Gone: true}, nil
+		case err == nil && inst.State == provider.StateDeleting:
+			// Being torn down (a pod someone deleted; a VM gone whose firewall rule is
+			// left): it will not run, and waiting would only wait for it to vanish.
+			return WaitResult{Gone: true}, nil
 		case err != nil && provider.Class(err) == provider.KindPermanent:
 			return WaitResult{}, classify("get "+id, err)
 		case err != nil:

@@ -185,6 +185,9 @@ func (a *Activities) drift(ctx context.Context, prv provider.Provider, providerI
 		return MonitorResult{Reason: MonitorGone, Health: h}, true
 	case err != nil:
 		a.log().WarnContext(ctx, "drift check failed", "providerID", providerID, "error", err)
+	case inst.State == provider.StateDeleting:
+		// Deleted behind the workflow's back and on its way out: as good as gone.
+		return MonitorResult{Reason: MonitorGone, Health: h}, true
 	case inst.State == provider.StateStopped:
 		return MonitorResult{Reason: MonitorStopped, Health: h, Instance: inst}, true
 	}

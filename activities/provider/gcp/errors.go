@@ -21,7 +21,25 @@ const (
 	callGet    call = "get"
 	callDelete call = "delete"
 	callList   call = "aggregatedList"
+
+	callFirewallInsert call = "firewalls.insert"
+	callFirewallGet    call = "firewalls.get"
+	callFirewallUpdate call = "firewalls.update"
+	callFirewallDelete call = "firewalls.delete"
+	callFirewallList   call = "firewalls.list"
 )
+
+// notFoundIsAnswer reports whether a 404 from c says the resource asked about does not
+// exist. For an insert it says something the resource refers to (a zone, an image, a
+// network) does not, which is the user's to fix.
+func (c call) notFoundIsAnswer() bool {
+	switch c {
+	case callGet, callDelete, callFirewallGet, callFirewallDelete:
+		return true
+	default:
+		return false
+	}
+}
 
 // Reasons as the Compute API spells them: in the legacy errors[].reason field and the
 // google.rpc.ErrorInfo detail of a direct error, and in the errors[].code field of a failed
@@ -75,7 +93,7 @@ func classify(c call, err error) error {
 	switch {
 	case herr.Code == http.StatusForbidden && strings.Contains(strings.ToLower(herr.Message), "quota"):
 		return provider.QuotaError(err)
-	case herr.Code == http.StatusNotFound && (c == callGet || c == callDelete):
+	case herr.Code == http.StatusNotFound && c.notFoundIsAnswer():
 		return fmt.Errorf("%w: %w", provider.ErrNotFound, err)
 	case herr.Code >= 500:
 		return err
@@ -111,11 +129,13 @@ func kindByReason(reasons []string, quotaDetail bool) (kind provider.Kind, ok bo
 }
 
 // operationError is an operation that ended with errors. Its message names the operation,
-// the zone and every error code and message, since that is all the Proxy's status will
+// where it ran and every error code and message, since that is all the Proxy's status will
 // say about why no VM appeared.
 type operationError struct {
-	op   *computepb.Operation
-	zone string
+	op *computepb.Operation
+	// scope is where the operation ran: "zone <zone>" for an instance's, "global" for a
+	// firewall rule's.
+	scope string
 }
 
 func (e *operationError) Error() string {
@@ -123,16 +143,16 @@ func (e *operationError) Error() string {
 	for _, oe := range e.op.GetError().GetErrors() {
 		parts = append(parts, oe.GetCode()+": "+oe.GetMessage())
 	}
-	return fmt.Sprintf("operation %s failed in zone %s: %s", e.op.GetName(), e.zone, strings.Join(parts, "; "))
+	return fmt.Sprintf("operation %s failed in %s: %s", e.op.GetName(), e.scope, strings.Join(parts, "; "))
 }
 
 // classifyOperation classifies a finished operation's errors, or returns nil if it has
-// none. Codes are reasons by another name and are judged by the same lists as a direct
+// none; scope says where it ran (zoneScope, or "global"). Codes are reasons by another name and are judged by the same lists as a direct
 // error's (kindByReason); past those, only codes known to be permanent are, and every
 // other code is transient. The operation's httpErrorStatusCode is deliberately not used
 // the way a direct error's status is: GCE gives stockouts and internal failures 4xx and
 // 5xx statuses inconsistently, and a wrong permanent verdict parks the Proxy as Failed.
-func classifyOperation(op *computepb.Operation, zone string) error {
+func classifyOperation(op *computepb.Operation, scope string) error {
 	errs := op.GetError().GetErrors()
 	if len(errs) == 0 {
 		return nil
@@ -150,7 +170,7 @@ func classifyOperation(op *computepb.Operation, zone string) error {
 			}
 		}
 	}
-	err := &operationError{op: op, zone: zone}
+	err := &operationError{op: op, scope: scope}
 	if kind, ok := kindByReason(reasons, quotaDetail); ok {
 		return withKind(kind, err)
 	}
@@ -159,6 +179,9 @@ func classifyOperation(op *computepb.Operation, zone string) error {
 	}
 	return err
 }
+
+// zoneScope is an instance operation's scope, for classifyOperation.
+func zoneScope(zone string) string { return "zone " + zone }
 
 // isNotReady reports GCE's answer to a request on an instance that another operation (a
 // delete still running, an insert not finished) is busy with.

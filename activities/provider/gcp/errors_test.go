@@ -150,4 +150,14 @@ func TestRedact(t *testing.T) {
 	clean := provider.QuotaError(errors.New("quota"))
 	assert.Same(t, clean, redact(clean, secret))
 	assert.Same(t, clean, redact(clean, nil))
+	assert.NoError(t, redact(nil, secret))
+
+	// Any of several secrets: the startup script, then the cloud-init data.
+	script := []byte("#!/bin/bash\nput /etc/squid/passwd <<'EOF'\ncHJveHlmbGVldDokMSRzYWx0JGhhc2gK\nEOF\n")
+	leaky := fmt.Errorf("gcp insert: metadata %q refused", "cHJveHlmbGVldDokMSRzYWx0JGhhc2gK")
+	got := redact(leaky, script, secret)
+	assert.NotContains(t, got.Error(), "cHJveHlmbGVldDokMSRzYWx0JGhhc2gK")
+	got = redact(fmt.Errorf("echo password=hunter2"), script, secret)
+	assert.NotContains(t, got.Error(), "hunter2")
+	assert.Same(t, clean, redact(clean, script, secret))
 }

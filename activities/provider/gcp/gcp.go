@@ -27,15 +27,17 @@ type Config struct {
 	// DefaultProject is used when spec.gcp.project is empty, and is the project ListOwned
 	// searches, so the orphan sweeper only sees instances there.
 	DefaultProject string
-	// ClientOptions are passed to the Compute client (credentials, endpoint, HTTP client).
+	// ClientOptions are passed to the Compute clients (credentials, endpoint, HTTP client).
 	// Any logger among them is replaced: the client's debug log prints request bodies,
-	// which carry the cloud-init data.
+	// which carry the startup script (the password's hash and the cloud-init data).
 	ClientOptions []option.ClientOption
 }
 
 // Provider runs Proxy instances as Compute Engine VMs.
 type Provider struct {
-	client         *compute.InstancesClient
+	client *compute.InstancesClient
+	// firewalls keeps each instance's firewall rule (see buildFirewall).
+	firewalls      *compute.FirewallsClient
 	defaultProject string
 	// pollFirst and pollMax pace the polls of an insert operation: the first pause, then
 	// doubling up to the last. Tests shorten them.
@@ -63,12 +65,17 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gcp: compute client: %w", err)
 	}
-	return &Provider{client: client, defaultProject: cfg.DefaultProject,
+	firewalls, err := compute.NewFirewallsRESTClient(ctx, opts...)
+	if err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("gcp: compute firewalls client: %w", err)
+	}
+	return &Provider{client: client, firewalls: firewalls, defaultProject: cfg.DefaultProject,
 		pollFirst: defaultPollFirst, pollMax: defaultPollMax}, nil
 }
 
-// Close releases the client's connections.
-func (p *Provider) Close() error { return p.client.Close() }
+// Close releases the clients' connections.
+func (p *Provider) Close() error { return errors.Join(p.client.Close(), p.firewalls.Close()) }
 
 // ref locates one instance: what a provider ID encodes.
 type ref struct{ project, zone, name string }
@@ -103,7 +110,10 @@ func (p *Provider) refFor(req provider.CreateRequest) ref {
 // created before a zone edit is still found, and deleted, in its old zone.
 func (p *Provider) ProviderID(req provider.CreateRequest) string { return p.refFor(req).String() }
 
-// Create implements provider.Provider. It waits for the insert operation to finish,
+// Create implements provider.Provider. It first makes the instance's firewall rule, if it
+// needs one (see buildFirewall), so the instance is reachable from its crawlers' networks
+// as soon as it runs, and a rule that cannot be made stops the create before anything
+// billable exists. It then inserts the instance and waits for the operation to finish,
 // because GCE accepts an insert first and only then finds out whether the zone has the
 // hardware or the project the quota: a stockout or quota refusal is reported inside the
 // operation alone, and without waiting the VM would simply never appear. The wait is
@@ -113,8 +123,20 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	r := p.refFor(req)
 	ins, err := buildInsert(req, r.project)
 	if err != nil {
+		// The squid package's refusals are its own to word; none should quote the
+		// cloud-init data, and this makes sure.
+		return provider.Instance{}, redact(err, req.CloudInit)
+	}
+	rule, err := buildFirewall(req, r)
+	if err != nil {
 		return provider.Instance{}, err
 	}
+	if rule != nil {
+		if err := p.ensureFirewall(ctx, r, rule); err != nil {
+			return provider.Instance{}, err
+		}
+	}
+	secrets := [][]byte{startupScriptOf(ins), req.CloudInit}
 	id := requestID(callInsert, r, req.ProxyUID)
 	for hop := 0; ; hop++ {
 		ins.RequestId = proto.String(id)
@@ -123,10 +145,10 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 			return p.adopt(ctx, r, req.ProxyUID)
 		}
 		if err != nil {
-			return provider.Instance{}, redact(fmt.Errorf("gcp insert %s: %w", r, classify(callInsert, err)), req.CloudInit)
+			return provider.Instance{}, redact(fmt.Errorf("gcp insert %s: %w", r, classify(callInsert, err)), secrets...)
 		}
 		if !op.Done() {
-			return p.awaitInsert(ctx, r, req, ins, op)
+			return p.awaitInsert(ctx, r, req, ins, op, secrets)
 		}
 		// GCE answers a new insert with an operation still pending or running, so one that
 		// is already done is an earlier attempt's, recognised by its request ID.
@@ -156,7 +178,7 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 // inside the operation is classified like a direct API error of the same reason, so a
 // stockout or quota refusal becomes provider.QuotaError (a wait, shown as QuotaExceeded)
 // instead of an instance that never appears.
-func (p *Provider) awaitInsert(ctx context.Context, r ref, req provider.CreateRequest, ins *computepb.InsertInstanceRequest, op *compute.Operation) (provider.Instance, error) {
+func (p *Provider) awaitInsert(ctx context.Context, r ref, req provider.CreateRequest, ins *computepb.InsertInstanceRequest, op *compute.Operation, secrets [][]byte) (provider.Instance, error) {
 	if err := p.wait(ctx, op); err != nil {
 		if ctx.Err() != nil {
 			return provider.Instance{}, fmt.Errorf(
@@ -171,8 +193,8 @@ func (p *Provider) awaitInsert(ctx context.Context, r ref, req provider.CreateRe
 		}
 		return provider.Instance{}, fmt.Errorf("gcp insert %s: polling operation %s: %w", r, op.Name(), err)
 	}
-	if err := classifyOperation(op.Proto(), r.zone); err != nil {
-		return provider.Instance{}, redact(fmt.Errorf("gcp insert %s: %w", r, err), req.CloudInit)
+	if err := classifyOperation(op.Proto(), zoneScope(r.zone)); err != nil {
+		return provider.Instance{}, redact(fmt.Errorf("gcp insert %s: %w", r, err), secrets...)
 	}
 	inst := provider.Instance{
 		Name:       r.name,
@@ -234,35 +256,56 @@ func (p *Provider) owned(r ref, inst provider.Instance, proxyUID string) (provid
 	return inst, nil
 }
 
-// redact withholds an error message that quotes the cloud-init data: it may hold secrets,
-// and errors end up in workflow history and logs. Lines are matched one by one because
+// redact withholds an error message that quotes any of secrets: the startup script holds
+// the proxy password's hash and the cloud-init data, which may hold secrets of its own, and
+// errors end up in workflow history and logs. Lines are matched one by one because
 // messages get trimmed, truncated and re-escaped on their way here; short lines ("fi") are
-// skipped so that ordinary messages are not withheld by accident.
-func redact(err error, secret []byte) error {
-	if len(secret) == 0 {
-		return err
+// skipped so that ordinary messages are not withheld by accident. A quoted line that is no
+// secret (the script's "#!/bin/bash") withholds the message too: telling the script's
+// lines apart is not worth the risk of telling them wrong.
+func redact(err error, secrets ...[]byte) error {
+	if err == nil {
+		return nil
 	}
 	msg := err.Error()
-	for _, line := range strings.Split(string(secret), "\n") {
-		line = strings.TrimSpace(line)
-		if len(line) < 8 {
-			continue
-		}
-		escaped, _ := json.Marshal(line)
-		if strings.Contains(msg, line) || strings.Contains(msg, string(escaped[1:len(escaped)-1])) {
-			return withKind(provider.Class(err), errors.New("gcp insert failed; the API's message quoted the cloud-init data and was withheld"))
+	for _, secret := range secrets {
+		for _, line := range strings.Split(string(secret), "\n") {
+			line = strings.TrimSpace(line)
+			if len(line) < 8 {
+				continue
+			}
+			escaped, _ := json.Marshal(line)
+			if strings.Contains(msg, line) || strings.Contains(msg, string(escaped[1:len(escaped)-1])) {
+				return withKind(provider.Class(err), errors.New(
+					"gcp insert failed; the API's message quoted the instance's startup script (its credentials or the cloud-init data) and was withheld"))
+			}
 		}
 	}
 	return err
 }
 
-// Get implements provider.Provider.
+// Get implements provider.Provider. An instance that is gone while its firewall rule is
+// still there is reported as provider.StateDeleting, not as provider.ErrNotFound: it is
+// only gone once Delete has removed the rule too, and callers that wait for ErrNotFound
+// after a delete keep calling Delete until then.
 func (p *Provider) Get(ctx context.Context, providerID string) (provider.Instance, error) {
 	r, err := parseProviderID(providerID)
 	if err != nil {
 		return provider.Instance{}, err
 	}
-	return p.get(ctx, r)
+	inst, err := p.get(ctx, r)
+	if !errors.Is(err, provider.ErrNotFound) {
+		return inst, err
+	}
+	rule, owner, ferr := p.ruleOf(ctx, r)
+	switch {
+	case errors.Is(ferr, provider.ErrNotFound):
+		return provider.Instance{}, err
+	case ferr != nil:
+		// Whether something is left cannot be told; not found would be a guess.
+		return provider.Instance{}, ferr
+	}
+	return leftover(r, rule, owner), nil
 }
 
 func (p *Provider) get(ctx context.Context, r ref) (provider.Instance, error) {
@@ -273,13 +316,24 @@ func (p *Provider) get(ctx context.Context, r ref) (provider.Instance, error) {
 	return toInstance(inst, r.project, r.zone), nil
 }
 
-// Delete implements provider.Provider. It does not wait for the operation: the caller
-// polls Get until the instance is gone, and issues the delete again while it lingers.
+// Delete implements provider.Provider: it deletes the instance, then its firewall rule.
+// The rule goes last so that an instance whose delete failed is still reachable by its
+// crawlers; removing it while the instance stops takes nothing from anyone. Neither
+// operation is waited for: the caller polls Get until both are gone (Get reports an
+// instance whose rule is left as deleting), and issues the delete again meanwhile.
 func (p *Provider) Delete(ctx context.Context, providerID string) error {
 	r, err := parseProviderID(providerID)
 	if err != nil {
 		return err
 	}
+	if err := p.deleteInstance(ctx, r); err != nil {
+		return err
+	}
+	return p.deleteFirewall(ctx, r)
+}
+
+// deleteInstance issues the delete of the instance at r; a missing instance is success.
+func (p *Provider) deleteInstance(ctx context.Context, r ref) error {
 	id := requestID(callDelete, r, "")
 	for hop := 0; ; hop++ {
 		op, err := p.client.Delete(ctx, &computepb.DeleteInstanceRequest{
@@ -347,13 +401,57 @@ func ownerFilter(owner provider.Owner) (string, error) {
 		provider.LabelInstallation, owner.Installation, provider.LabelProxyUID, owner.ProxyUID), nil
 }
 
-// ListOwned implements provider.Provider. It searches the default project only.
+// ListOwned implements provider.Provider. It searches owner.Project, or the default
+// project. Besides the instances it reports, as provider.StateDeleting, every instance that
+// is gone while its firewall rule is left (a delete cut short between the two), so that
+// the sweeper, which deletes what this returns for Proxies that no longer exist, removes
+// leaked rules too.
 func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provider.Instance, error) {
 	filter, err := ownerFilter(owner)
 	if err != nil {
 		return nil, err
 	}
 	project := cmp.Or(owner.Project, p.defaultProject)
+	// Rules first: Create makes a rule before its instance, so the instance of a rule
+	// listed here is in the instance list read after, or is made after it (the Get below
+	// sees it then). A rule whose instance is not inserted yet is reported like a leftover;
+	// the sweeper's minimum age spares it, as it spares a young instance.
+	rules, err := p.listOwnedRules(ctx, project, owner)
+	if err != nil {
+		return nil, err
+	}
+	out, err := p.listOwnedInstances(ctx, project, filter, owner)
+	if err != nil {
+		return nil, err
+	}
+	listed := make(map[ref]bool, len(out))
+	for _, inst := range out {
+		if r, err := parseProviderID(inst.ProviderID); err == nil {
+			listed[r] = true
+		}
+	}
+	for _, o := range rules {
+		r := ref{project: project, zone: o.owner.zone, name: o.rule.GetName()}
+		if listed[r] {
+			continue
+		}
+		// The instance list shows only instances labelled for owner. One of that name that
+		// is not (made by hand), or one made since the list, makes the rule no leftover,
+		// and deleting through the rule's provider ID would delete that instance.
+		_, err := p.get(ctx, r)
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, provider.ErrNotFound) {
+			return nil, err
+		}
+		out = append(out, leftover(r, o.rule, o.owner))
+	}
+	return out, nil
+}
+
+// listOwnedInstances lists the instances in project matching filter, checked against owner.
+func (p *Provider) listOwnedInstances(ctx context.Context, project, filter string, owner provider.Owner) ([]provider.Instance, error) {
 	it := p.client.AggregatedList(ctx, &computepb.AggregatedListInstancesRequest{
 		Project: project,
 		Filter:  proto.String(filter),
@@ -394,15 +492,16 @@ func toInstance(inst *computepb.Instance, project, zone string) provider.Instanc
 	if t, err := time.Parse(time.RFC3339, inst.GetCreationTimestamp()); err == nil {
 		out.CreatedAt = t
 	}
-	out.State = stateOf(inst.GetStatus(), natIP(inst))
+	ip := address(inst)
+	out.State = stateOf(inst.GetStatus(), ip)
 	if out.State == provider.StateRunning {
-		out.IP = natIP(inst)
+		out.IP = ip
 	}
 	return out
 }
 
-// stateOf maps a VM status. RUNNING without an external address cannot carry traffic yet.
-// Unknown statuses count as Stopped: the workflow replaces a stopped instance, which is
+// stateOf maps a VM status. RUNNING without its address (see address) cannot carry
+// traffic yet. Unknown statuses count as Stopped: the workflow replaces a stopped instance, which is
 // the safe move for cattle whatever the new status means.
 func stateOf(status, ip string) provider.State {
 	switch status {
@@ -420,13 +519,27 @@ func stateOf(status, ip string) provider.State {
 	}
 }
 
-// natIP is the first external address; Create gives the VM exactly one.
-func natIP(inst *computepb.Instance) string {
+// address is where crawlers reach the instance: its external address if it has an access
+// config (Create gives it exactly one, unless spec.gcp.externalIP is false), else its
+// internal one. An instance with an access config but no address yet has none: its
+// internal address would do for crawlers inside the VPC only, and those outside would be
+// handed one they cannot reach.
+func address(inst *computepb.Instance) string {
+	external := false
 	for _, nic := range inst.GetNetworkInterfaces() {
 		for _, ac := range nic.GetAccessConfigs() {
+			external = true
 			if ip := ac.GetNatIP(); ip != "" {
 				return ip
 			}
+		}
+	}
+	if external {
+		return ""
+	}
+	for _, nic := range inst.GetNetworkInterfaces() {
+		if ip := nic.GetNetworkIP(); ip != "" {
+			return ip
 		}
 	}
 	return ""

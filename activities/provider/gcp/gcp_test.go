@@ -1,11 +1,18 @@
 package gcp
 
 import (
+	"bytes"
+	"encoding/base64"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	compute "cloud.google.com/go/compute/apiv1"
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -14,6 +21,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/activities/provider/gcp/gcptest"
+	"github.com/proxyfleet/proxyfleet/activities/provider/squid"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
@@ -29,6 +37,17 @@ func newTestProvider(t *testing.T) (*Provider, *gcptest.Server) {
 	// Operations the fake holds RUNNING are polled without the real pauses.
 	p.pollFirst, p.pollMax = time.Millisecond, 5*time.Millisecond
 	return p, srv
+}
+
+// instanceOperations are the fake's zonal operations: the instances', not the rules'.
+func instanceOperations(srv *gcptest.Server) []gcptest.Operation {
+	var out []gcptest.Operation
+	for _, op := range srv.Operations() {
+		if !op.Global {
+			out = append(out, op)
+		}
+	}
+	return out
 }
 
 func create(t *testing.T, p *Provider, req provider.CreateRequest) provider.Instance {
@@ -159,16 +178,19 @@ func TestCreateSendsStartupScriptAndOwnershipLabels(t *testing.T) {
 	require.Len(t, got, 2)
 	a, b := got[0], got[1]
 	require.Equal(t, "px-a", a.Name)
-	assert.Equal(t, map[string]string{metadataStartupScript: string(withScript.CloudInit)}, a.Metadata)
+	assert.Equal(t, map[string]string{metadataStartupScript: wantScript(t, squid.Config{}, withScript.CloudInit)}, a.Metadata,
+		"the hardened Squid first, the cloud-init data after it")
 	assert.Equal(t, map[string]string{
 		"team":                     "crawl",
 		provider.LabelProxyUID:     withScript.ProxyUID,
 		provider.LabelInstallation: withScript.Installation,
 		provider.LabelManagedBy:    provider.ManagedByValue,
+		provider.LabelKeyID:        withScript.KeyID,
 	}, a.Labels)
-	assert.Equal(t, []string{"squid"}, a.Tags)
+	assert.Equal(t, []string{"squid", "px-a"}, a.Tags, "the user's tags and the one the instance's firewall rule targets")
 	assert.Equal(t, "zones/europe-west1-b/machineTypes/e2-micro", a.MachineType)
-	assert.Empty(t, b.Metadata, "no cloud-init, no startup-script")
+	assert.Equal(t, map[string]string{metadataStartupScript: wantScript(t, squid.Config{}, nil)}, b.Metadata,
+		"no cloud-init: the hardened Squid alone")
 }
 
 func TestCreateUsesTheSpecProject(t *testing.T) {
@@ -532,4 +554,120 @@ func TestListOwnedInAnotherProject(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, got, 1)
 	assert.Equal(t, "projects/proj-b/zones/europe-west1-b/instances/px-far", got[0].ProviderID)
+}
+
+// secretsOf are what must never reach an error or a log for req: the password, its hash
+// (the passwd line squid renders), and the startup script's lines, which carry both the
+// hash and the cloud-init data.
+func secretsOf(t *testing.T, req provider.CreateRequest) (script string, secrets []string) {
+	t.Helper()
+	ins, err := buildInsert(req, testProject)
+	require.NoError(t, err)
+	files, err := squid.Render(squid.Config{Port: req.Port, Credentials: req.Credentials})
+	require.NoError(t, err)
+	hash := strings.TrimSpace(strings.SplitN(string(files.Passwd), ":", 2)[1])
+	script = string(startupScriptOf(ins))
+	secrets = []string{req.Credentials.Password, hash, base64.StdEncoding.EncodeToString(files.Passwd)}
+	return script, secrets
+}
+
+// GCE's messages sometimes quote the value they refuse; for the startup script that is
+// the password's hash and the cloud-init data. However the quote is cut, it is withheld.
+func TestCreateNeverReturnsTheStartupScript(t *testing.T) {
+	req := gcpRequest("px-a", minimalSpec())
+	req.CloudInit = []byte("#!/bin/sh\necho 'cloud_init_canary=5e1f' > /etc/squid/extra\n")
+	script, secrets := secretsOf(t, req)
+	secrets = append(secrets, "cloud_init_canary")
+	passwdLine := secrets[2]
+	quotes := map[string]string{
+		"whole":           script,
+		"as JSON":         strings.Trim(fmt.Sprintf("%q", script), `"`),
+		"its last part":   script[len(script)/2:],
+		"the passwd file": passwdLine,
+	}
+	for name, quote := range quotes {
+		t.Run(name, func(t *testing.T) {
+			for _, how := range []string{"direct", "operation"} {
+				p, srv := newTestProvider(t)
+				msg := "Invalid value for field 'resource.metadata.items[0].value': '" + quote + "'"
+				if how == "direct" {
+					srv.FailNext(gcptest.MethodInsert, http.StatusBadRequest, "invalid", msg)
+				} else {
+					srv.FailNextOperation(gcptest.MethodInsert, http.StatusBadRequest, "INVALID_FIELD_VALUE", msg)
+				}
+				_, err := p.Create(t.Context(), req)
+				require.Error(t, err, how)
+				assert.Equal(t, provider.KindPermanent, provider.Class(err), how)
+				for _, secret := range secrets {
+					assert.NotContains(t, err.Error(), secret, how)
+				}
+				assert.Contains(t, err.Error(), "withheld", how)
+			}
+		})
+	}
+}
+
+// The client library logs request and response bodies at debug level to the logger it is
+// given. New replaces any logger among the options, so a worker run with debug logging
+// never prints the startup script.
+func TestClientLogsNothing(t *testing.T) {
+	var buf lockedBuffer
+	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	srv := gcptest.NewServer(t)
+	opts := append(srv.ClientOptions(), option.WithLogger(logger))
+	req := gcpRequest("px-a", minimalSpec())
+	req.CloudInit = []byte("#!/bin/sh\necho 'cloud_init_canary=5e1f'\n")
+	script, secrets := secretsOf(t, req)
+	secrets = append(secrets, "cloud_init_canary")
+
+	// The control: the library's own client with that logger prints the body it sends.
+	raw, err := compute.NewInstancesRESTClient(t.Context(), opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = raw.Close() })
+	ins, err := buildInsert(gcpRequest("px-control", minimalSpec()), testProject)
+	require.NoError(t, err)
+	_, err = raw.Insert(t.Context(), ins)
+	require.NoError(t, err)
+	require.Contains(t, buf.String(), "api request", "the logger would have caught a body")
+	buf.Reset()
+
+	p, err := New(t.Context(), Config{DefaultProject: testProject, ClientOptions: opts})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	p.pollFirst, p.pollMax = time.Millisecond, 5*time.Millisecond
+	srv.FailNext(gcptest.MethodInsert, http.StatusBadRequest, "invalid", "Invalid value for field 'resource.metadata': '"+script+"'")
+	_, err = p.Create(t.Context(), req)
+	require.Error(t, err)
+	create(t, p, req)
+	require.NoError(t, p.Delete(t.Context(), p.ProviderID(req)))
+
+	logged := buf.String()
+	for _, secret := range secrets {
+		assert.NotContains(t, logged, secret)
+	}
+	assert.Empty(t, logged)
+}
+
+// lockedBuffer is a bytes.Buffer a logger may write to from any goroutine.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *lockedBuffer) Reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Reset()
 }

@@ -4,12 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
+	"slices"
 	"strings"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/squid"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
 // Names of things the instance carries that other parts of the system rely on.
@@ -21,9 +25,13 @@ const (
 	accessConfigName = "External NAT"
 )
 
+// maxInstanceTags is GCE's limit on an instance's network tags.
+const maxInstanceTags = 64
+
 // buildInsert turns a create request into the insert call. It is pure so the whole shape of
 // a billable VM is covered by table tests, and it refuses to guess: a missing zone, machine
-// type or image is the user's to fix, not ours to default.
+// type or image is the user's to fix, not ours to default. The same request always gives
+// the same call, byte for byte, so a retry sends GCE exactly what the first attempt did.
 func buildInsert(req provider.CreateRequest, project string) (*computepb.InsertInstanceRequest, error) {
 	g := req.Spec.GCP
 	switch {
@@ -40,6 +48,10 @@ func buildInsert(req provider.CreateRequest, project string) (*computepb.InsertI
 	case req.Name == "":
 		return nil, provider.Permanent(errors.New("instance name is empty"))
 	}
+	script, err := startupScript(req)
+	if err != nil {
+		return nil, err
+	}
 
 	labels := make(map[string]string, len(g.Labels)+3)
 	for k, v := range g.Labels {
@@ -48,17 +60,33 @@ func buildInsert(req provider.CreateRequest, project string) (*computepb.InsertI
 	// Copied last so a user label can never disown an instance from the sweeper.
 	maps.Copy(labels, req.Labels())
 
-	nic := &computepb.NetworkInterface{
-		AccessConfigs: []*computepb.AccessConfig{{
+	nic := &computepb.NetworkInterface{}
+	if externalIP(g) {
+		nic.AccessConfigs = []*computepb.AccessConfig{{
 			Name: proto.String(accessConfigName),
 			Type: proto.String(computepb.AccessConfig_ONE_TO_ONE_NAT.String()),
-		}},
+		}}
 	}
 	if g.Network != "" {
 		nic.Network = proto.String(networkPath(g.Network))
 	}
 	if g.Subnetwork != "" {
 		nic.Subnetwork = proto.String(subnetworkPath(g.Subnetwork, g.Zone))
+	}
+
+	// The instance's name is one of its tags: its firewall rule (see buildFirewall) targets
+	// the instance by it, and no other instance carries it. The user's tags are kept, for
+	// the rules of their own they select.
+	tags := make([]string, 0, len(g.Tags)+1)
+	for _, t := range g.Tags {
+		if t := string(t); !slices.Contains(tags, t) && t != req.Name {
+			tags = append(tags, t)
+		}
+	}
+	tags = append(tags, req.Name)
+	if len(tags) > maxInstanceTags {
+		return nil, provider.Permanent(fmt.Errorf(
+			"spec.gcp.tags has %d tags: GCE allows %d per instance, and the provider adds the instance's own name for its firewall rule", len(g.Tags), maxInstanceTags))
 	}
 
 	inst := &computepb.Instance{
@@ -71,21 +99,66 @@ func buildInsert(req provider.CreateRequest, project string) (*computepb.InsertI
 			InitializeParams: &computepb.AttachedDiskInitializeParams{SourceImage: proto.String(g.Image)},
 		}},
 		NetworkInterfaces: []*computepb.NetworkInterface{nic},
-	}
-	if len(g.Tags) > 0 {
-		tags := make([]string, len(g.Tags))
-		for i, t := range g.Tags {
-			tags[i] = string(t)
-		}
-		inst.Tags = &computepb.Tags{Items: tags}
-	}
-	if len(req.CloudInit) > 0 {
-		inst.Metadata = &computepb.Metadata{Items: []*computepb.Items{{
+		Tags:              &computepb.Tags{Items: tags},
+		Metadata: &computepb.Metadata{Items: []*computepb.Items{{
 			Key:   proto.String(metadataStartupScript),
-			Value: proto.String(string(req.CloudInit)),
-		}}}
+			Value: proto.String(string(script)),
+		}}},
 	}
 	return &computepb.InsertInstanceRequest{Project: project, Zone: g.Zone, InstanceResource: inst}, nil
+}
+
+// externalIP reports whether the instance gets a public address: spec.gcp.externalIP,
+// which the API server defaults to true and which code takes as true when it is unset (a
+// spec that never went through the API server).
+func externalIP(g *v1alpha1.GCPSpec) bool { return g.ExternalIP == nil || *g.ExternalIP }
+
+// startupScript is the instance's whole boot configuration: the hardened Squid (see package
+// squid) on req.Port, requiring req.Credentials and forwarding only where spec.egress
+// allows, followed by the Proxy's own cloud-init data, if any, which therefore adds to
+// Squid's configuration and cannot replace what comes before it. The script holds the
+// password's hash and the cloud-init data, so it is as secret as both (see redact).
+func startupScript(req provider.CreateRequest) ([]byte, error) {
+	if req.Credentials.Username == "" || req.Credentials.Password == "" {
+		// Squid would refuse to start without them, and an instance that fell back to
+		// an image's own Squid would be an open proxy.
+		return nil, provider.Permanent(errors.New(
+			"the instance has no credentials to require (the worker derives them from its fleet key): refusing to create an open proxy"))
+	}
+	cfg := squid.Config{Port: req.Port, Credentials: req.Credentials}
+	if e := req.Spec.Egress; e != nil {
+		for _, port := range e.Ports {
+			cfg.Ports = append(cfg.Ports, int32(port))
+		}
+		for i, c := range e.AllowedDestinations {
+			prefix, err := netip.ParsePrefix(string(c))
+			if err != nil {
+				return nil, provider.Permanent(fmt.Errorf("spec.egress.allowedDestinations[%d] %q: not a CIDR", i, c))
+			}
+			cfg.Allowed = append(cfg.Allowed, prefix)
+		}
+	}
+	files, err := squid.Render(cfg)
+	if err != nil {
+		// Everything Render checks comes from the spec (or the fleet key): a retry
+		// renders the same refusal.
+		return nil, provider.Permanent(fmt.Errorf("rendering the instance's Squid configuration: %w", err))
+	}
+	script, err := squid.StartupScript(files, req.CloudInit)
+	if err != nil {
+		return nil, provider.Permanent(fmt.Errorf("rendering the instance's startup script: %w", err))
+	}
+	return script, nil
+}
+
+// startupScriptOf is the startup-script metadata of an insert built by buildInsert.
+func startupScriptOf(ins *computepb.InsertInstanceRequest) []byte {
+	for _, item := range ins.GetInstanceResource().GetMetadata().GetItems() {
+		if item.GetKey() == metadataStartupScript {
+			return []byte(item.GetValue())
+		}
+	}
+	return nil
 }
 
 // machineTypePath accepts the short name users write ("e2-micro"); the API wants a zonal

@@ -31,7 +31,7 @@ func TestCreateWaitsForTheInsertOperation(t *testing.T) {
 	inst := create(t, p, gcpRequest("px-a", minimalSpec()))
 	assert.Equal(t, provider.StateProvisioning, inst.State)
 	assert.Equal(t, 4, srv.Requests(gcptest.MethodGetOperation), "three RUNNING answers, then DONE")
-	ops := srv.Operations()
+	ops := instanceOperations(srv)
 	require.Len(t, ops, 1)
 	assert.Equal(t, "DONE", ops[0].Status)
 }
@@ -129,7 +129,7 @@ func TestCreateGivesUpWaitingWhenCtxEnds(t *testing.T) {
 	require.Len(t, ids, 3)
 	assert.Equal(t, requestID(callInsert, testRef, testUID), ids[0])
 	assert.Equal(t, []string{ids[0], ids[0], ids[0]}, ids, "every retry sends the same request ID")
-	assert.Len(t, srv.Operations(), 1, "GCE recognised the retries: one operation")
+	assert.Len(t, instanceOperations(srv), 1, "GCE recognised the retries: one operation")
 	assert.Len(t, srv.Instances(), 1)
 }
 
@@ -162,7 +162,7 @@ func TestCreateAfterAFailedOperationTriesAgain(t *testing.T) {
 	assert.Equal(t, []string{id0, id0, id1, id0, id1, id2, id0, id1, id2}, ids)
 	assert.NotEqual(t, id0, id1)
 	assert.NotEqual(t, id1, id2)
-	ops := srv.Operations()
+	ops := instanceOperations(srv)
 	require.Len(t, ops, 3, "three real attempts")
 	assert.Equal(t, "ZONE_RESOURCE_POOL_EXHAUSTED", ops[0].ErrorCode)
 	assert.Equal(t, "QUOTA_EXCEEDED", ops[1].ErrorCode)
@@ -205,7 +205,9 @@ func TestCreateRefusesANameOwnedByAnotherProxyWhileItIsInserted(t *testing.T) {
 	_, err := p.Create(ctx, gcpRequest("px-a", minimalSpec()))
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 
-	other := gcpRequest("px-a", minimalSpec())
+	// Without a firewall rule, so that the instance's own check answers (the rule's is
+	// TestCreateRefusesAnotherOwnersRule's).
+	other := gcpRequest("px-a", internalSpec())
 	other.ProxyUID = "ffffffff-0000-0000-0000-000000000000"
 	ctx2, cancel2 := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel2()
@@ -267,7 +269,7 @@ func TestDeleteRetryIsRecognised(t *testing.T) {
 	ids := srv.RequestIDs(gcptest.MethodDelete)
 	require.Len(t, ids, 2)
 	assert.Equal(t, ids[0], ids[1])
-	assert.Len(t, srv.Operations(), 2, "the insert's and one delete's")
+	assert.Len(t, instanceOperations(srv), 2, "the insert's and one delete's")
 
 	srv.CompleteOperations()
 	_, err = p.Get(t.Context(), inst.ProviderID)
@@ -286,7 +288,7 @@ func TestDeleteWhileADeleteRuns(t *testing.T) {
 
 	require.NoError(t, p.Delete(t.Context(), inst.ProviderID))
 	assert.Equal(t, 2, srv.Requests(gcptest.MethodDelete))
-	assert.Len(t, srv.Operations(), 2, "the second delete was refused, not accepted")
+	assert.Len(t, instanceOperations(srv), 2, "the second delete was refused, not accepted")
 
 	srv.CompleteOperations()
 	_, err := p.Get(t.Context(), inst.ProviderID)
@@ -360,7 +362,7 @@ func TestClassifyOperationDetails(t *testing.T) {
 	}), "z")))
 	err := classifyOperation(&computepb.Operation{Name: proto.String("operation-7"), Error: &computepb.Error{Errors: []*computepb.Errors{
 		{Code: proto.String("A"), Message: proto.String("first")}, {Code: proto.String("B"), Message: proto.String("second")},
-	}}}, "us-central1-a")
+	}}}, zoneScope("us-central1-a"))
 	assert.Equal(t, "operation operation-7 failed in zone us-central1-a: A: first; B: second", err.Error())
 	assert.True(t, strings.HasPrefix(err.Error(), "operation operation-7"))
 }

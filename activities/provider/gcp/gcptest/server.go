@@ -1,14 +1,19 @@
 // Package gcptest is an in-memory Compute Engine REST API on 127.0.0.1, speaking just enough
-// of the instances resource (insert, get, delete, aggregatedList) and of zone operations
-// (get) for the gcp provider's tests to run the real client library against it, with no
-// network and no credentials.
+// of the instances resource (insert, get, delete, aggregatedList), of the firewalls
+// resource (insert, get, update, delete, list) and of zone and global operations (get) for
+// the gcp provider's tests to run the real client library against it, with no network and
+// no credentials.
 //
-// Like GCE, it answers an insert or delete with a running operation, which finishes when
-// polled (Outcome says how: after some polls, with an error), and it recognises a request
-// ID it has seen by answering with that request's operation instead of acting again.
+// Like GCE, it answers an insert, update or delete with a running operation, which finishes
+// when polled (Outcome says how: after some polls, with an error), and it recognises a
+// request ID it has seen by answering with that request's operation instead of acting
+// again. Instance operations are zonal and polled through zoneOperations; firewall
+// operations are global and polled through globalOperations, and neither endpoint finds
+// the other's operations.
 package gcptest
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -34,9 +39,26 @@ const (
 	MethodGet            = "get"
 	MethodDelete         = "delete"
 	MethodAggregatedList = "aggregatedList"
-	// MethodGetOperation is zoneOperations.get, which polls an operation.
+	// MethodGetOperation is zoneOperations.get, which polls an instance's operation.
 	MethodGetOperation = "getOperation"
+
+	MethodFirewallInsert = "firewalls.insert"
+	MethodFirewallGet    = "firewalls.get"
+	// MethodFirewallUpdate is firewalls.update (PUT), which replaces the whole rule.
+	MethodFirewallUpdate = "firewalls.update"
+	MethodFirewallDelete = "firewalls.delete"
+	MethodFirewallList   = "firewalls.list"
+	// MethodGetGlobalOperation is globalOperations.get, which polls a firewall operation.
+	MethodGetGlobalOperation = "globalOperations.get"
 )
+
+// operationTypes are the operationType GCE reports for a method's operation, where it is
+// not the method's own name: a firewall's insert is an "insert" like an instance's.
+var operationTypes = map[string]string{
+	MethodFirewallInsert: "insert",
+	MethodFirewallUpdate: "update",
+	MethodFirewallDelete: "delete",
+}
 
 // Server is the fake API. Its zero value is not usable; call NewServer.
 type Server struct {
@@ -48,32 +70,37 @@ type Server struct {
 
 	mu        sync.Mutex
 	instances map[key]*computepb.Instance
-	zones     map[key]bool // every zone seen, so aggregatedList can report empty ones
+	zones     map[key]bool                // every zone seen, so aggregatedList can report empty ones
+	firewalls map[key]*computepb.Firewall // by project and name (zone empty)
 	failures  map[string][]failure
 	requests  map[string]int
 	seq       uint64
 
 	outcomes   map[string][]Outcome     // by method, for the next accepted requests
-	operations map[key]*operation       // by project, zone and operation name
+	operations map[key]*operation       // by project, zone ("" for global) and operation name
 	byID       map[[2]string]*operation // by project and request ID, until forgotten
 	requestIDs map[string][]string      // by method, as received
 	deleting   map[key]*operation       // instances whose delete operation still runs
+	// firewallBusy are the rules an update or delete operation still runs on.
+	firewallBusy map[key]*operation
 }
 
 type key struct{ project, zone, name string }
 
-// Outcome says how the operation of an accepted insert or delete goes. The zero Outcome
-// is the default: the operation is DONE at its first poll, an inserted instance exists at
-// once (PROVISIONING), and a deleted one is gone at once.
+// Outcome says how the operation of an accepted insert, update or delete goes. The zero
+// Outcome is the default: the operation is DONE at its first poll, an inserted instance or
+// rule exists at once (an instance PROVISIONING), and a deleted one is gone at once. An
+// update takes effect when its operation is DONE.
 type Outcome struct {
 	// RunningPolls is how many polls answer RUNNING before the operation is DONE. While a
 	// delete runs, its instance is STOPPING, and another delete of it is refused with 400
 	// resourceNotReady, as GCE does.
 	RunningPolls int
 	// ErrorCode, when set, makes the operation end with this error (errors[].code, such as
-	// ZONE_RESOURCE_POOL_EXHAUSTED) and ErrorMessage. A failed insert's instance exists
-	// while the operation runs and is gone once it is DONE; a failed delete's instance is
-	// back in the status it had.
+	// ZONE_RESOURCE_POOL_EXHAUSTED) and ErrorMessage. A failed insert's instance or rule
+	// exists while the operation runs and is gone once it is DONE; a failed delete's
+	// instance is back in the status it had, and its rule stays; a failed update changes
+	// nothing.
 	ErrorCode, ErrorMessage string
 	// HTTPStatus is the failed operation's httpErrorStatusCode; 400 when unset.
 	HTTPStatus int
@@ -97,8 +124,11 @@ type Instance struct {
 	Project, Zone, Name string
 	Status              string
 	NatIP               string
-	MachineType         string
-	Labels              map[string]string
+	// NetworkIP is the first interface's internal address, which the fake, like GCE,
+	// gives every interface at insert.
+	NetworkIP   string
+	MachineType string
+	Labels      map[string]string
 	// Metadata holds the metadata items as received (startup-script among them).
 	Metadata map[string]string
 	Tags     []string
@@ -113,6 +143,7 @@ func NewServer(t testing.TB) *Server {
 		t:         t,
 		instances: map[key]*computepb.Instance{},
 		zones:     map[key]bool{},
+		firewalls: map[key]*computepb.Firewall{},
 		failures:  map[string][]failure{},
 		requests:  map[string]int{},
 
@@ -121,6 +152,8 @@ func NewServer(t testing.TB) *Server {
 		byID:       map[[2]string]*operation{},
 		requestIDs: map[string][]string{},
 		deleting:   map[key]*operation{},
+
+		firewallBusy: map[key]*operation{},
 	}
 	// httptest listens on 127.0.0.1 unless told otherwise by a flag no test here sets.
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
@@ -147,8 +180,9 @@ func (s *Server) FailNext(method string, code int, reason, message string) {
 	s.failures[method] = append(s.failures[method], failure{code: code, reason: reason, message: message})
 }
 
-// NextOperation makes the operation of the next accepted request of method (MethodInsert
-// or MethodDelete) go as o says. Calls queue up, one operation each. A request answered
+// NextOperation makes the operation of the next accepted request of method (MethodInsert,
+// MethodDelete, MethodFirewallInsert, MethodFirewallUpdate or MethodFirewallDelete) go as
+// o says. Calls queue up, one operation each. A request answered
 // with an error (FailNext, 404, 409) or recognised by its request ID takes none.
 func (s *Server) NextOperation(method string, o Outcome) {
 	s.mu.Lock()
@@ -200,6 +234,9 @@ type Operation struct {
 	Name, Type, Status string
 	// ErrorCode is the first error's code; empty for a running or successful operation.
 	ErrorCode string
+	// Global is set for a global operation (a firewall rule's), unset for a zonal one (an
+	// instance's).
+	Global bool
 }
 
 // Operations is a snapshot of every operation, in the order they were created.
@@ -211,7 +248,8 @@ func (s *Server) Operations() []Operation {
 	})
 	out := make([]Operation, 0, len(ops))
 	for _, op := range ops {
-		snap := Operation{Name: op.proto.GetName(), Type: op.proto.GetOperationType(), Status: op.proto.GetStatus().String()}
+		snap := Operation{Name: op.proto.GetName(), Type: op.proto.GetOperationType(), Status: op.proto.GetStatus().String(),
+			Global: op.proto.Zone == nil}
 		if errs := op.proto.GetError().GetErrors(); len(errs) > 0 {
 			snap.ErrorCode = errs[0].GetCode()
 		}
@@ -279,6 +317,20 @@ func (s *Server) update(name string, f func(*computepb.Instance)) {
 	}
 }
 
+// RemoveInstance deletes an instance directly, as if deleted outside the code under test
+// (by a person, or by GCE itself); the test fails if there is none.
+func (s *Server) RemoveInstance(project, zone, name string) {
+	s.t.Helper()
+	s.mu.Lock()
+	k := key{project, zone, name}
+	_, ok := s.instances[k]
+	delete(s.instances, k)
+	s.mu.Unlock()
+	if !ok {
+		s.t.Errorf("gcptest: no instance %s/%s/%s", project, zone, name)
+	}
+}
+
 // AddInstance stores an instance directly, as if made outside the code under test (by a
 // person, or another installation). Missing status and timestamps are filled in.
 func (s *Server) AddInstance(project, zone string, inst *computepb.Instance) {
@@ -312,8 +364,11 @@ func (s *Server) Instances() []Instance {
 		for _, item := range inst.GetMetadata().GetItems() {
 			snap.Metadata[item.GetKey()] = item.GetValue()
 		}
-		if nics := inst.GetNetworkInterfaces(); len(nics) > 0 && len(nics[0].GetAccessConfigs()) > 0 {
-			snap.NatIP = nics[0].GetAccessConfigs()[0].GetNatIP()
+		if nics := inst.GetNetworkInterfaces(); len(nics) > 0 {
+			snap.NetworkIP = nics[0].GetNetworkIP()
+			if len(nics[0].GetAccessConfigs()) > 0 {
+				snap.NatIP = nics[0].GetAccessConfigs()[0].GetNatIP()
+			}
 		}
 		out = append(out, snap)
 	}
@@ -331,12 +386,21 @@ func (s *Server) fill(project, zone string, inst *computepb.Instance) {
 	}
 	inst.Id = proto.Uint64(1000 + s.seq)
 	inst.Kind = proto.String("compute#instance")
+	for i, nic := range inst.GetNetworkInterfaces() {
+		if nic.NetworkIP == nil {
+			nic.NetworkIP = proto.String(fmt.Sprintf("10.128.%d.%d", s.seq%250, i+2))
+		}
+	}
 	inst.Zone = proto.String(s.zoneURL(project, zone))
 	inst.SelfLink = proto.String(s.zoneURL(project, zone) + "/instances/" + inst.GetName())
 }
 
 func (s *Server) zoneURL(project, zone string) string {
 	return fmt.Sprintf("%s/compute/v1/projects/%s/zones/%s", s.URL, project, zone)
+}
+
+func (s *Server) globalURL(project string) string {
+	return fmt.Sprintf("%s/compute/v1/projects/%s/global", s.URL, project)
 }
 
 // timestamp is GCE's RFC 3339 flavour, with milliseconds and a numeric offset.
@@ -385,6 +449,18 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		method = MethodAggregatedList
 	case len(parts) == 6 && parts[0] == "projects" && parts[2] == "zones" && parts[4] == "operations" && r.Method == http.MethodGet:
 		method = MethodGetOperation
+	case len(parts) == 4 && parts[0] == "projects" && parts[2] == "global" && parts[3] == "firewalls" && r.Method == http.MethodPost:
+		method = MethodFirewallInsert
+	case len(parts) == 4 && parts[0] == "projects" && parts[2] == "global" && parts[3] == "firewalls" && r.Method == http.MethodGet:
+		method = MethodFirewallList
+	case len(parts) == 5 && parts[0] == "projects" && parts[2] == "global" && parts[3] == "firewalls" && r.Method == http.MethodGet:
+		method = MethodFirewallGet
+	case len(parts) == 5 && parts[0] == "projects" && parts[2] == "global" && parts[3] == "firewalls" && r.Method == http.MethodPut:
+		method = MethodFirewallUpdate
+	case len(parts) == 5 && parts[0] == "projects" && parts[2] == "global" && parts[3] == "firewalls" && r.Method == http.MethodDelete:
+		method = MethodFirewallDelete
+	case len(parts) == 5 && parts[0] == "projects" && parts[2] == "global" && parts[3] == "operations" && r.Method == http.MethodGet:
+		method = MethodGetGlobalOperation
 	default:
 		s.t.Errorf("gcptest: unexpected request %s %s", r.Method, r.URL)
 		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("gcptest does not serve %s %s", r.Method, r.URL.Path))
@@ -401,7 +477,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		writeError(w, q[0].code, q[0].reason, q[0].message)
 		return
 	}
-	if requestID != "" && (method == MethodInsert || method == MethodDelete) {
+	if requestID != "" && (method == MethodInsert || method == MethodDelete || operationTypes[method] != "") {
 		if !validRequestID(requestID) {
 			writeError(w, http.StatusBadRequest, "invalid",
 				fmt.Sprintf("Invalid value for field 'requestId': '%s'. The request ID must be a valid UUID with the exception that zero UUID is not supported (00000000-0000-0000-0000-000000000000).", requestID))
@@ -425,6 +501,18 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		s.aggregatedList(w, r, parts[1])
 	case MethodGetOperation:
 		s.getOperation(w, key{parts[1], parts[3], parts[5]})
+	case MethodFirewallInsert:
+		s.insertFirewall(w, r, parts[1], requestID)
+	case MethodFirewallList:
+		s.listFirewalls(w, r, parts[1])
+	case MethodFirewallGet:
+		s.getFirewall(w, key{project: parts[1], name: parts[4]})
+	case MethodFirewallUpdate:
+		s.updateFirewall(w, r, key{project: parts[1], name: parts[4]}, requestID)
+	case MethodFirewallDelete:
+		s.deleteFirewall(w, key{project: parts[1], name: parts[4]}, requestID)
+	case MethodGetGlobalOperation:
+		s.getOperation(w, key{project: parts[1], name: parts[4]})
 	}
 }
 
@@ -514,11 +602,16 @@ func (s *Server) delete(w http.ResponseWriter, k key, requestID string) {
 	writeProto(w, op.proto)
 }
 
+// getOperation answers zoneOperations.get and, for an empty k.zone, globalOperations.get.
 func (s *Server) getOperation(w http.ResponseWriter, k key) {
 	op, ok := s.operations[k]
 	if !ok {
+		where := "zones/" + k.zone
+		if k.zone == "" {
+			where = "global"
+		}
 		writeError(w, http.StatusNotFound, "notFound",
-			fmt.Sprintf("The resource 'projects/%s/zones/%s/operations/%s' was not found", k.project, k.zone, k.name))
+			fmt.Sprintf("The resource 'projects/%s/%s/operations/%s' was not found", k.project, where, k.name))
 		return
 	}
 	if op.pollsLeft > 0 {
@@ -576,9 +669,9 @@ func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request, project 
 	})
 }
 
-// newOperation records a running zonal operation of method, pops its Outcome and
-// remembers it by request ID. finish is called once, when the operation ends. Callers
-// hold s.mu.
+// newOperation records a running operation of method, zonal or, with an empty zone,
+// global, pops its Outcome and remembers it by request ID. finish is called once, when the
+// operation ends. Callers hold s.mu.
 func (s *Server) newOperation(method, project, zone, requestID, target string, finish func(failed bool)) *operation {
 	var o Outcome
 	if q := s.outcomes[method]; len(q) > 0 {
@@ -592,18 +685,23 @@ func (s *Server) newOperation(method, project, zone, requestID, target string, f
 			Kind:          proto.String("compute#operation"),
 			Id:            proto.Uint64(5000 + s.seq),
 			Name:          proto.String(name),
-			OperationType: proto.String(method),
+			OperationType: proto.String(cmp.Or(operationTypes[method], method)),
 			Status:        computepb.Operation_RUNNING.Enum(),
 			Progress:      proto.Int32(0),
 			TargetLink:    proto.String(target),
-			Zone:          proto.String(s.zoneURL(project, zone)),
 			InsertTime:    proto.String(now),
 			StartTime:     proto.String(now),
-			SelfLink:      proto.String(fmt.Sprintf("%s/operations/%s", s.zoneURL(project, zone), name)),
 		},
 		outcome:   o,
 		pollsLeft: o.RunningPolls,
 		finish:    finish,
+	}
+	if zone == "" {
+		// A global operation names no zone, as GCE's do not.
+		op.proto.SelfLink = proto.String(fmt.Sprintf("%s/operations/%s", s.globalURL(project), name))
+	} else {
+		op.proto.Zone = proto.String(s.zoneURL(project, zone))
+		op.proto.SelfLink = proto.String(fmt.Sprintf("%s/operations/%s", s.zoneURL(project, zone), name))
 	}
 	if requestID != "" {
 		op.proto.ClientOperationId = proto.String(requestID) // as GCE echoes it

@@ -307,3 +307,161 @@ func TestFailedDeleteOperationKeepsTheInstance(t *testing.T) {
 	require.Len(t, ops, 1)
 	assert.Equal(t, "INTERNAL_ERROR", ops[0].ErrorCode)
 }
+
+const (
+	firewallsPath        = "/compute/v1/projects/p/global/firewalls"
+	globalOperationsPath = "/compute/v1/projects/p/global/operations/"
+)
+
+// Firewall operations are global: polled through globalOperations, never found through a
+// zone's operations, and they name no zone.
+func TestFirewallOperationsAreGlobal(t *testing.T) {
+	s := NewServer(t)
+	s.HoldNextOperation(MethodFirewallInsert, 1)
+	resp, raw := do(t, s, http.MethodPost, firewallsPath+"?requestId=3f2b8c1e-9a4d-4e6f-8b7a-1c2d3e4f5a6b",
+		`{"name":"px-a","sourceRanges":["203.0.113.0/24"],"allowed":[{"IPProtocol":"tcp","ports":["3128"]}],"targetTags":["px-a"]}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(raw))
+	op := operationOf(t, raw)
+	assert.Equal(t, computepb.Operation_RUNNING, op.GetStatus())
+	assert.Equal(t, "insert", op.GetOperationType())
+	assert.Empty(t, op.GetZone())
+	assert.Contains(t, op.GetSelfLink(), "/global/operations/")
+
+	resp, _ = do(t, s, http.MethodGet, operationsPath+op.GetName(), "")
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "a zone's operations do not hold a global one")
+	for _, want := range []computepb.Operation_Status{computepb.Operation_RUNNING, computepb.Operation_DONE} {
+		_, raw := do(t, s, http.MethodGet, globalOperationsPath+op.GetName(), "")
+		assert.Equal(t, want, operationOf(t, raw).GetStatus())
+	}
+	assert.Equal(t, []Operation{{Name: op.GetName(), Type: "insert", Status: "DONE", Global: true}}, s.Operations())
+
+	// An instance's operation is not found among the global ones either.
+	_, raw = do(t, s, http.MethodPost, instancesPath, `{"name":"px-a"}`)
+	resp, _ = do(t, s, http.MethodGet, globalOperationsPath+operationOf(t, raw).GetName(), "")
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+
+	// The same request ID: the same operation.
+	_, raw = do(t, s, http.MethodPost, firewallsPath+"?requestId=3f2b8c1e-9a4d-4e6f-8b7a-1c2d3e4f5a6b", `{"name":"px-b","allowed":[{"IPProtocol":"tcp"}]}`)
+	assert.Equal(t, op.GetName(), operationOf(t, raw).GetName())
+	assert.Len(t, s.Firewalls(), 1)
+}
+
+func TestFirewallLifecycle(t *testing.T) {
+	s := NewServer(t)
+	body := `{"name":"px-a","description":"d","network":"global/networks/crawl","sourceRanges":["203.0.113.0/24"],` +
+		`"allowed":[{"IPProtocol":"tcp","ports":["3128"]}],"targetTags":["px-a"]}`
+	resp, raw := do(t, s, http.MethodPost, firewallsPath, body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(raw))
+	resp, _ = do(t, s, http.MethodPost, firewallsPath, body)
+	assert.Equal(t, http.StatusConflict, resp.StatusCode)
+
+	got := s.Firewalls()
+	require.Len(t, got, 1)
+	assert.Equal(t, s.URL+"/compute/v1/projects/p/global/networks/crawl", got[0].Network, "GCE answers with URLs")
+	assert.Equal(t, "INGRESS", got[0].Direction)
+	assert.Equal(t, int32(1000), got[0].Priority)
+	assert.Equal(t, []string{"tcp:3128"}, got[0].Allowed)
+
+	resp, raw = do(t, s, http.MethodGet, firewallsPath+"/px-a", "")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Contains(t, string(raw), `"creationTimestamp"`)
+
+	// Update replaces the whole rule once its operation is done; the network cannot move.
+	resp, _ = do(t, s, http.MethodPut, firewallsPath+"/px-a", `{"name":"px-a","network":"global/networks/other","allowed":[{"IPProtocol":"tcp"}]}`)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	s.HoldNextOperation(MethodFirewallUpdate, 1)
+	resp, raw = do(t, s, http.MethodPut, firewallsPath+"/px-a",
+		`{"name":"px-a","network":"projects/p/global/networks/crawl","sourceRanges":["198.51.100.0/24"],"allowed":[{"IPProtocol":"tcp","ports":["8080"]}]}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(raw))
+	update := operationOf(t, raw)
+	assert.Equal(t, "update", update.GetOperationType())
+	assert.Equal(t, []string{"203.0.113.0/24"}, s.Firewalls()[0].SourceRanges, "not before the operation is done")
+	resp, _ = do(t, s, http.MethodDelete, firewallsPath+"/px-a", "")
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "busy with the update")
+	s.CompleteOperations()
+	got = s.Firewalls()
+	assert.Equal(t, []string{"198.51.100.0/24"}, got[0].SourceRanges)
+	assert.Equal(t, []string{"tcp:8080"}, got[0].Allowed)
+	assert.Empty(t, got[0].TargetTags, "left out, so cleared")
+	assert.Empty(t, got[0].Description)
+
+	resp, _ = do(t, s, http.MethodDelete, firewallsPath+"/px-a", "")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Empty(t, s.Firewalls())
+	resp, _ = do(t, s, http.MethodGet, firewallsPath+"/px-a", "")
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+	resp, _ = do(t, s, http.MethodDelete, firewallsPath+"/px-a", "")
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+}
+
+func TestFirewallInsertIsValidated(t *testing.T) {
+	for name, body := range map[string]string{
+		"bad name":                   `{"name":"PX","allowed":[{"IPProtocol":"tcp"}]}`,
+		"bad range":                  `{"name":"px-a","sourceRanges":["crawlers"],"allowed":[{"IPProtocol":"tcp"}]}`,
+		"IPv4 and IPv6 ranges":       `{"name":"px-a","sourceRanges":["203.0.113.0/24","2001:db8::/32"],"allowed":[{"IPProtocol":"tcp"}]}`,
+		"neither allowed nor denied": `{"name":"px-a","sourceRanges":["203.0.113.0/24"]}`,
+		"unknown field":              `{"name":"px-a","allowed":[{"IPProtocol":"tcp"}],"labels":{"a":"b"}}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := NewServer(t)
+			resp, _ := do(t, s, http.MethodPost, firewallsPath, body)
+			assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+			assert.Empty(t, s.Firewalls())
+		})
+	}
+}
+
+func TestFirewallListFilters(t *testing.T) {
+	s := NewServer(t)
+	for _, fw := range []*computepb.Firewall{
+		{Name: proto.String("px-a"), Description: proto.String("proxyfleet: x; zone=a")},
+		{Name: proto.String("px-b"), Description: proto.String("proxyfleet: x; zone=b")},
+		{Name: proto.String("allow-ssh"), Description: proto.String("ssh for admins")},
+		{Name: proto.String("bare")},
+	} {
+		fw.Allowed = []*computepb.Allowed{{IPProtocol: proto.String("tcp")}}
+		s.AddFirewall("p", fw)
+	}
+	s.AddFirewall("other", &computepb.Firewall{Name: proto.String("px-c"), Description: proto.String("proxyfleet: x")})
+
+	list := func(filter string) (int, []string) {
+		path := firewallsPath
+		if filter != "" {
+			path += "?filter=" + url.QueryEscape(filter)
+		}
+		resp, raw := do(t, s, http.MethodGet, path, "")
+		if resp.StatusCode != http.StatusOK {
+			return resp.StatusCode, nil
+		}
+		l := &computepb.FirewallList{}
+		require.NoError(t, protojson.Unmarshal(raw, l))
+		var names []string
+		for _, fw := range l.GetItems() {
+			names = append(names, fw.GetName())
+		}
+		return resp.StatusCode, names
+	}
+	_, names := list("")
+	assert.Equal(t, []string{"allow-ssh", "bare", "px-a", "px-b"}, names)
+	_, names = list(`description eq "proxyfleet: .*"`)
+	assert.Equal(t, []string{"px-a", "px-b"}, names)
+	_, names = list(`description eq "proxyfleet: x"`)
+	assert.Empty(t, names, "the expression must match the whole field")
+	_, names = list(`name eq "px-.*"`)
+	assert.Equal(t, []string{"px-a", "px-b"}, names)
+	code, _ := list(`description = "proxyfleet"`)
+	assert.Equal(t, http.StatusBadRequest, code, "forms the fake does not know are refused")
+}
+
+func TestInstancesGetAnInternalAddress(t *testing.T) {
+	s := NewServer(t)
+	resp, raw := do(t, s, http.MethodPost, instancesPath, `{"name":"px-a","networkInterfaces":[{}]}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(raw))
+	got := s.Instances()
+	require.Len(t, got, 1)
+	assert.Regexp(t, `^10\.128\.\d+\.\d+$`, got[0].NetworkIP)
+	assert.Empty(t, got[0].NatIP)
+
+	s.RemoveInstance("p", "z", "px-a")
+	assert.Empty(t, s.Instances())
+}
