@@ -4,10 +4,15 @@
 package activities
 
 // The worker's permissions, rendered into deploy/rbac/worker by `make generate`. Secrets are
-// read only to hash them and to hand cloud-init to a provider; their data never leaves the
-// activity.
+// read to hash cloud-init and hand it to a provider and to read External proxies'
+// credentials, whose data never leaves the activity; the kubernetes provider writes one
+// Secret per Squid pod (its rendered configuration, holding a password hash) and one
+// NetworkPolicy, and deletes them with the pod. Nothing is watched: every read goes to the
+// API server. Which namespaces pods go to is limited by the worker's own allowlist
+// (--kubernetes-allowed-namespaces); deploy/ documents binding these rules per namespace.
 //
-// +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;create;delete
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;create;update;patch;delete

@@ -4,13 +4,17 @@
 package main
 
 import (
+	"k8s.io/apimachinery/pkg/labels"
+
 	"context"
 	"flag"
 	"fmt"
 
+	"github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
 	"github.com/proxyfleet/proxyfleet/activities/provider/registry"
 	"github.com/proxyfleet/proxyfleet/internal/cmdline"
 	"github.com/proxyfleet/proxyfleet/internal/worker"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows"
 )
 
@@ -30,6 +34,14 @@ func main() {
 	cmdline.ListVar(&cfg.GC.Namespaces, "gc-namespaces", "", "comma-separated namespaces the worker can see Proxies in (empty: all)")
 	flag.BoolVar(&cfg.GC.AllowPartialView, "gc-allow-partial-view", false, "sweep even though --gc-namespaces limits the view (only if this installation's instances all belong to those namespaces)")
 
+	cmdline.ListVar(&cfg.Providers.KubernetesAllow.Namespaces, "kubernetes-allowed-namespaces", cmdline.Env("PROXYFLEET_KUBERNETES_ALLOWED_NAMESPACES", ""),
+		"comma-separated namespaces the kubernetes provider may put a Proxy's pod in besides the Proxy's own (\"*\": any) (env PROXYFLEET_KUBERNETES_ALLOWED_NAMESPACES)")
+	cmdline.ListVar(&cfg.Providers.KubernetesAllow.Images, "kubernetes-allowed-images", cmdline.Env("PROXYFLEET_KUBERNETES_ALLOWED_IMAGES", ""),
+		"comma-separated images the kubernetes provider may run; a trailing * matches a prefix (default: only "+v1alpha1.DefaultSquidImage+") (env PROXYFLEET_KUBERNETES_ALLOWED_IMAGES)")
+	workerNamespace := flag.String("kubernetes-worker-namespace", cmdline.Env("POD_NAMESPACE", ""),
+		"namespace of the worker's pods, admitted by every Squid pod's NetworkPolicy so probes get through; empty admits none (env POD_NAMESPACE)")
+	workerLabels := flag.String("kubernetes-worker-labels", cmdline.Env("PROXYFLEET_WORKER_LABELS", "app.kubernetes.io/name=proxyfleet,app.kubernetes.io/component=worker"),
+		"labels of the worker's pods, as key=value pairs separated by commas (env PROXYFLEET_WORKER_LABELS)")
 	fleetKey := cmdline.FleetKeyVar()
 
 	cmdline.Main("worker", func(ctx context.Context, p *cmdline.Process) error {
@@ -40,6 +52,11 @@ func main() {
 		if cfg.Keyring, err = fleetKey(); err != nil {
 			return err
 		}
+		workerSel, err := labels.ConvertSelectorToLabelsMap(*workerLabels)
+		if err != nil {
+			return fmt.Errorf("--kubernetes-worker-labels: %w", err)
+		}
+		cfg.Providers.KubernetesProbeFrom = kubernetes.WorkerPeer(*workerNamespace, workerSel)
 		return worker.Run(ctx, p, temporal, cfg, *httpAddr)
 	})
 }

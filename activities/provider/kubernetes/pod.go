@@ -1,11 +1,16 @@
 package kubernetes
 
 import (
+	"fmt"
+	"net/netip"
+
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/squid"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
@@ -21,10 +26,19 @@ const (
 	labelAppManagedBy = "app.kubernetes.io/managed-by"
 	appName           = "squid-proxy"
 
+	// The rendered configuration: squid.conf and the passwd file, from a Secret of the
+	// pod's own (configSecretName), mounted where the Ubuntu Squid image reads them.
 	configVolume = "squid-config"
 	configFile   = "squid.conf"
-	// configPath is where the Ubuntu Squid image reads its configuration.
-	configPath = "/etc/squid/" + configFile
+	passwdFile   = "passwd"
+	// The user's cloud-init Secret, mounted as a file the rendered configuration includes.
+	userVolume = "squid-user-config"
+	userFile   = "proxyfleet-user.conf"
+	userPath   = "/etc/squid/" + userFile
+
+	// labelInstance selects one instance's pod, for its NetworkPolicy: during a
+	// make-before-break replacement two pods of one Proxy run, each with its own policy.
+	labelInstance = "proxyfleet-instance"
 
 	// terminationGrace is short because a pod is only deleted after its replacement is
 	// ready (make-before-break) or when its Proxy goes away; draining open tunnels for
@@ -52,10 +66,8 @@ func podImage(req provider.CreateRequest) string {
 // buildPod is the pod that runs req's instance. It is pure, so everything the provider puts
 // into the cluster is covered by table tests.
 //
-// Squid must listen on req.Port (spec.port): the image's default configuration listens on
-// 3128, which is also the default spec.port, so a Proxy that sets another port needs a
-// spec.cloudInit Secret whose squid.conf has a matching http_port. Otherwise the readiness
-// probe never passes and the instance never leaves Provisioning.
+// Squid listens on req.Port (spec.port), as the configuration rendered for the instance
+// (buildConfig) says.
 func buildPod(req provider.CreateRequest) *corev1.Pod {
 	var resources corev1.ResourceRequirements
 	if k := req.Spec.Kubernetes; k != nil {
@@ -67,10 +79,11 @@ func buildPod(req provider.CreateRequest) *corev1.Pod {
 	}
 
 	labels := req.Labels()
+	labels[labelInstance] = req.Name
 	labels[labelAppName] = appName
 	labels[labelAppManagedBy] = provider.ManagedByValue
 
-	squid := corev1.Container{
+	container := corev1.Container{
 		Name:  containerName,
 		Image: podImage(req),
 		Ports: []corev1.ContainerPort{{
@@ -110,7 +123,7 @@ func buildPod(req provider.CreateRequest) *corev1.Pod {
 			Labels:    labels,
 		},
 		Spec: corev1.PodSpec{
-			Containers: []corev1.Container{squid},
+			Containers: []corev1.Container{container},
 			// A crashed Squid is restarted in place; the workflow replaces the pod only when
 			// it stops for good (evicted, node lost).
 			RestartPolicy: corev1.RestartPolicyAlways,
@@ -124,22 +137,39 @@ func buildPod(req provider.CreateRequest) *corev1.Pod {
 		},
 	}
 
+	// Squid reads the configuration rendered for this instance; the kubelet mounts it from
+	// the instance's Secret, which holds the passwd file's hash, never the password. 0444:
+	// Squid's helper reads the passwd file as the unprivileged proxy user.
+	mode := int32(0o444)
+	pod.Spec.Volumes = []corev1.Volume{{
+		Name: configVolume,
+		VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName:  configSecretName(req.Name),
+			DefaultMode: &mode,
+		}},
+	}}
+	paths := squid.DefaultPaths
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{
+		{Name: configVolume, MountPath: paths.Conf, SubPath: configFile, ReadOnly: true},
+		{Name: configVolume, MountPath: paths.Passwd, SubPath: passwdFile, ReadOnly: true},
+	}
 	if ci := req.Spec.CloudInit; ci != nil {
-		// The kubelet mounts the Secret, so its data never passes through the provider nor
-		// appears in the pod spec; req.CloudInit is deliberately ignored. A subPath mount
-		// replaces squid.conf alone and keeps the rest of /etc/squid (conf.d, error pages).
-		// subPath mounts do not follow Secret updates, which is fine: rotating the Secret
-		// changes its hash and the workflow replaces the pod.
-		pod.Spec.Volumes = []corev1.Volume{{
-			Name: configVolume,
+		// The user's Secret is an addition, included after the rules that require
+		// credentials and refuse private destinations. The kubelet mounts it, so its data
+		// never passes through the provider nor appears in the pod spec; req.CloudInit is
+		// deliberately ignored. subPath mounts do not follow Secret updates, which is fine:
+		// rotating the Secret changes its hash and the workflow replaces the pod.
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{
+			Name: userVolume,
 			VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-				SecretName: ci.SecretRef.Name,
-				Items:      []corev1.KeyToPath{{Key: ci.SecretRef.Key, Path: configFile}},
+				SecretName:  ci.SecretRef.Name,
+				Items:       []corev1.KeyToPath{{Key: ci.SecretRef.Key, Path: userFile}},
+				DefaultMode: &mode,
 			}},
-		}}
-		pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{
-			Name: configVolume, MountPath: configPath, SubPath: configFile, ReadOnly: true,
-		}}
+		})
+		pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{
+			Name: userVolume, MountPath: userPath, SubPath: userFile, ReadOnly: true,
+		})
 	}
 	return pod
 }
@@ -201,4 +231,90 @@ func proxyPort(pod *corev1.Pod) int32 {
 		}
 	}
 	return 0
+}
+
+// configSecretName is the name of the Secret holding an instance's rendered configuration.
+func configSecretName(instance string) string { return instance + "-squid" }
+
+// renderConfig renders the hardened Squid configuration of req's instance: the
+// credentials the system generated for it, the Proxy's egress rules, and the user's
+// cloud-init file as an include.
+func renderConfig(req provider.CreateRequest) (squid.Files, error) {
+	port := req.Port
+	if port == 0 {
+		port = req.Spec.EffectivePort()
+	}
+	cfg := squid.Config{Port: port, Credentials: req.Credentials}
+	if e := req.Spec.Egress; e != nil {
+		for _, p := range e.Ports {
+			cfg.Ports = append(cfg.Ports, int32(p))
+		}
+		for _, c := range e.AllowedDestinations {
+			prefix, err := netip.ParsePrefix(string(c))
+			if err != nil {
+				return squid.Files{}, fmt.Errorf("spec.egress.allowedDestinations: %q is not a CIDR", c)
+			}
+			cfg.Allowed = append(cfg.Allowed, prefix)
+		}
+	}
+	if req.Spec.CloudInit != nil {
+		cfg.Include = userPath
+	}
+	return squid.Render(cfg)
+}
+
+// buildConfigSecret is the Secret the pod mounts its configuration from. It carries the
+// ownership labels, so what it belongs to is visible, and is deleted with the pod.
+func buildConfigSecret(req provider.CreateRequest, files squid.Files) *corev1.Secret {
+	labels := req.Labels()
+	labels[labelInstance] = req.Name
+	labels[labelAppName] = appName
+	labels[labelAppManagedBy] = provider.ManagedByValue
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: configSecretName(req.Name), Namespace: podNamespace(req), Labels: labels},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{configFile: files.Conf, passwdFile: files.Passwd},
+	}
+}
+
+// buildNetworkPolicy admits the proxy port of req's pod from the peers the Proxy names (by
+// default the pods of the Proxy's namespace) and from probeFrom (the worker, whose probes
+// must get through), and nothing else.
+func buildNetworkPolicy(req provider.CreateRequest, probeFrom []networkingv1.NetworkPolicyPeer) *networkingv1.NetworkPolicy {
+	port := req.Port
+	if port == 0 {
+		port = req.Spec.EffectivePort()
+	}
+	var peers []networkingv1.NetworkPolicyPeer
+	if k := req.Spec.Kubernetes; k != nil {
+		for _, p := range k.AllowedClients {
+			peers = append(peers, *p.DeepCopy())
+		}
+	}
+	if len(peers) == 0 {
+		peers = []networkingv1.NetworkPolicyPeer{{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: req.Namespace}},
+			PodSelector:       &metav1.LabelSelector{},
+		}}
+	}
+	for _, p := range probeFrom {
+		peers = append(peers, *p.DeepCopy())
+	}
+	labels := req.Labels()
+	labels[labelInstance] = req.Name
+	labels[labelAppName] = appName
+	labels[labelAppManagedBy] = provider.ManagedByValue
+	tcp := corev1.ProtocolTCP
+	target := intstr.FromInt32(port)
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: req.Name, Namespace: podNamespace(req), Labels: labels},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{labelInstance: req.Name}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &target}},
+				From:  peers,
+			}},
+		},
+	}
 }

@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
@@ -25,8 +27,13 @@ func baseRequest() provider.CreateRequest {
 			Provider:   v1alpha1.ProviderKubernetes,
 			Kubernetes: &v1alpha1.KubernetesSpec{},
 		},
+		Credentials: proxyauth.Credentials{Username: proxyauth.ManagedUsername, Password: passwordCanary},
+		KeyID:       "0123abcd",
 	}
 }
+
+// passwordCanary is baseRequest's password: it must appear in nothing the provider builds.
+const passwordCanary = "pod-canary-Zq7x"
 
 func TestBuildPod(t *testing.T) {
 	resources := corev1.ResourceRequirements{
@@ -40,7 +47,8 @@ func TestBuildPod(t *testing.T) {
 		image     string
 		port      int32
 		resources corev1.ResourceRequirements
-		// secret and key of the mounted squid.conf; empty for none.
+		// secret and key of the user's configuration, mounted beside the rendered one;
+		// empty for none.
 		secret, key string
 	}{
 		{
@@ -73,7 +81,7 @@ func TestBuildPod(t *testing.T) {
 			port:      v1alpha1.DefaultManagedPort,
 		},
 		{
-			name: "cloud-init Secret mounted as squid.conf; its data ignored",
+			name: "cloud-init Secret mounted as the included file; its data ignored",
 			edit: func(r *provider.CreateRequest) {
 				r.Spec.CloudInit = &v1alpha1.CloudInit{SecretRef: v1alpha1.SecretKeyRef{Name: "squid-cfg", Key: "conf"}}
 				r.CloudInit = []byte("http_port 3128 # secret")
@@ -97,6 +105,8 @@ func TestBuildPod(t *testing.T) {
 				provider.LabelProxyUID:         req.ProxyUID,
 				provider.LabelInstallation:     req.Installation,
 				provider.LabelManagedBy:        provider.ManagedByValue,
+				provider.LabelKeyID:            req.KeyID,
+				"proxyfleet-instance":          req.Name,
 				"app.kubernetes.io/name":       "squid-proxy",
 				"app.kubernetes.io/managed-by": "proxyfleet",
 			}, pod.Labels)
@@ -131,19 +141,38 @@ func TestBuildPod(t *testing.T) {
 			require.NotNil(t, sc.SeccompProfile)
 			assert.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, sc.SeccompProfile.Type)
 
-			if tc.secret == "" {
-				assert.Empty(t, spec.Volumes)
-				assert.Empty(t, c.VolumeMounts)
-				return
+			// Every pod reads the configuration rendered for it, from its own Secret.
+			mode := int32(0o444)
+			volumes := []corev1.Volume{{
+				Name: "squid-config",
+				VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+					SecretName: req.Name + "-squid", DefaultMode: &mode,
+				}},
+			}}
+			mounts := []corev1.VolumeMount{
+				{Name: "squid-config", MountPath: "/etc/squid/squid.conf", SubPath: "squid.conf", ReadOnly: true},
+				{Name: "squid-config", MountPath: "/etc/squid/passwd", SubPath: "passwd", ReadOnly: true},
 			}
-			require.Len(t, spec.Volumes, 1)
-			v := spec.Volumes[0]
-			require.NotNil(t, v.Secret)
-			assert.Equal(t, tc.secret, v.Secret.SecretName)
-			assert.Equal(t, []corev1.KeyToPath{{Key: tc.key, Path: "squid.conf"}}, v.Secret.Items)
-			assert.Equal(t, []corev1.VolumeMount{{
-				Name: v.Name, MountPath: "/etc/squid/squid.conf", SubPath: "squid.conf", ReadOnly: true,
-			}}, c.VolumeMounts)
+			if tc.secret != "" {
+				volumes = append(volumes, corev1.Volume{
+					Name: "squid-user-config",
+					VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+						SecretName:  tc.secret,
+						Items:       []corev1.KeyToPath{{Key: tc.key, Path: "proxyfleet-user.conf"}},
+						DefaultMode: &mode,
+					}},
+				})
+				mounts = append(mounts, corev1.VolumeMount{
+					Name: "squid-user-config", MountPath: "/etc/squid/proxyfleet-user.conf", SubPath: "proxyfleet-user.conf", ReadOnly: true,
+				})
+			}
+			assert.Equal(t, volumes, spec.Volumes)
+			assert.Equal(t, mounts, c.VolumeMounts)
+
+			raw, err := json.Marshal(pod)
+			require.NoError(t, err)
+			assert.NotContains(t, string(raw), passwordCanary)
+			assert.NotContains(t, string(raw), "# secret", "the cloud-init data is the kubelet's to mount, not the pod spec's")
 		})
 	}
 }

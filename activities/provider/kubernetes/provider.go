@@ -1,14 +1,20 @@
 package kubernetes
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 	"unicode"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -33,6 +39,11 @@ const lostMargin = 30 * time.Second
 // and delete on pods (list cluster-wide, for ListOwned).
 type Provider struct {
 	Client client.Client
+	// Allow limits the namespaces and images a Proxy may ask for.
+	Allow Allow
+	// ProbeFrom are the worker's pods, as NetworkPolicy peers: every Squid pod's policy
+	// admits them so that probes get through.
+	ProbeFrom []networkingv1.NetworkPolicyPeer
 
 	// pageSize overrides defaultPageSize (tests).
 	pageSize int64
@@ -67,37 +78,144 @@ func (p *Provider) ProviderID(req provider.CreateRequest) string {
 
 // Create implements provider.Provider. An existing pod of the same name is returned when it
 // belongs to the same Proxy (a retry after a crash), and refused otherwise.
+//
+// Three objects make an instance: the Secret holding its rendered configuration, the
+// NetworkPolicy admitting only the Proxy's clients, and the pod. The Secret and the policy
+// come first, so the pod never runs without its configuration or unprotected; once the pod
+// exists they are made its dependents, so the cluster removes them with it. Delete removes
+// all three too, for clusters or moments where that has not happened.
 func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (provider.Instance, error) {
 	if err := checkRequest(req); err != nil {
 		return provider.Instance{}, err
 	}
+	if err := p.Allow.check(req); err != nil {
+		return provider.Instance{}, err
+	}
+	if req.Credentials.Empty() {
+		return provider.Instance{}, provider.Permanent(errors.New("no credentials for the instance: a Squid pod without them would be an open proxy"))
+	}
+	files, err := renderConfig(req)
+	if err != nil {
+		return provider.Instance{}, provider.Permanent(fmt.Errorf("render the Squid configuration: %w", err))
+	}
+
 	pod := buildPod(req)
 	key := client.ObjectKeyFromObject(pod)
-	err := p.Client.Create(ctx, pod)
-	switch {
-	case apierrors.IsAlreadyExists(err):
-		return p.adopt(ctx, key, req.ProxyUID)
-	case err != nil:
-		return provider.Instance{}, classify("create pod "+key.String(), err)
+	// A pod an earlier attempt created runs with the Secret that attempt wrote, and its key
+	// label tells the workflow which credentials Squid requires. Rewriting that Secret (with
+	// a fleet key made primary since, say) would change them behind the label, at Squid's
+	// next restart; so an existing pod is adopted with its Secret as it is, and the Secret
+	// is brought to this request only while no pod reads it.
+	existing, err := p.adopt(ctx, key, req.ProxyUID)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return provider.Instance{}, err
 	}
-	return toInstance(pod), nil
+	secret := buildConfigSecret(req, files)
+	if err := ensure(ctx, p.Client, secret, req.ProxyUID, func(have *corev1.Secret) bool {
+		return existing != nil || have.Labels[provider.LabelKeyID] == req.KeyID && maps.EqualFunc(have.Data, secret.Data, bytes.Equal)
+	}, func(have *corev1.Secret) { have.Data, have.Labels = secret.Data, secret.Labels }); err != nil {
+		return provider.Instance{}, err
+	}
+	policy := buildNetworkPolicy(req, p.ProbeFrom)
+	if err := ensure(ctx, p.Client, policy, req.ProxyUID, func(have *networkingv1.NetworkPolicy) bool {
+		return equality.Semantic.DeepEqual(have.Spec, policy.Spec)
+	}, func(have *networkingv1.NetworkPolicy) { have.Spec = policy.Spec }); err != nil {
+		return provider.Instance{}, err
+	}
+
+	if existing == nil {
+		switch err := p.Client.Create(ctx, pod); {
+		case apierrors.IsAlreadyExists(err):
+			// Created since the look above, by an attempt running alongside this one.
+			if existing, err = p.adopt(ctx, key, req.ProxyUID); err != nil {
+				return provider.Instance{}, err
+			}
+		case err != nil:
+			return provider.Instance{}, classify("create pod "+key.String(), err)
+		}
+	}
+	if existing != nil {
+		pod = existing
+	}
+	inst := toInstance(pod)
+	for _, dep := range []client.Object{secret, policy} {
+		if err := p.ownBy(ctx, dep, pod); err != nil {
+			return provider.Instance{}, err
+		}
+	}
+	return inst, nil
+}
+
+// ensure creates obj, or checks that the existing object of its name is this Proxy's and
+// brings it to what obj says (same reports whether it already is; update copies obj in).
+func ensure[T client.Object](ctx context.Context, c client.Client, obj T, uid string, same func(T) bool, update func(T)) error {
+	what := fmt.Sprintf("%T %s/%s", obj, obj.GetNamespace(), obj.GetName())
+	err := c.Create(ctx, obj)
+	if err == nil {
+		return nil
+	}
+	if !apierrors.IsAlreadyExists(err) {
+		return classify("create "+what, err)
+	}
+	have := obj.DeepCopyObject().(T)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(obj), have); err != nil {
+		return classify("get "+what, err)
+	}
+	if got := have.GetLabels()[provider.LabelProxyUID]; got != uid {
+		return provider.Permanent(fmt.Errorf("%s already exists and is not this Proxy's (label %s=%q, want %q)", what, provider.LabelProxyUID, got, uid))
+	}
+	if same(have) {
+		obj.SetUID(have.GetUID())
+		obj.SetResourceVersion(have.GetResourceVersion())
+		obj.SetOwnerReferences(have.GetOwnerReferences())
+		return nil
+	}
+	// An earlier attempt's object, from another spec or fleet key: the pod is about to
+	// read it, so it must say what this attempt wants.
+	update(have)
+	if err := c.Update(ctx, have); err != nil {
+		return classify("update "+what, err)
+	}
+	obj.SetUID(have.GetUID())
+	obj.SetResourceVersion(have.GetResourceVersion())
+	obj.SetOwnerReferences(have.GetOwnerReferences())
+	return nil
+}
+
+// ownBy makes dep a dependent of pod, so the cluster's garbage collector deletes it with
+// the pod even if the worker never gets to.
+func (p *Provider) ownBy(ctx context.Context, dep client.Object, pod *corev1.Pod) error {
+	for _, ref := range dep.GetOwnerReferences() {
+		if ref.UID == pod.UID {
+			return nil
+		}
+	}
+	patch := client.MergeFrom(dep.DeepCopyObject().(client.Object))
+	dep.SetOwnerReferences(append(dep.GetOwnerReferences(), metav1.OwnerReference{
+		APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID,
+	}))
+	if err := p.Client.Patch(ctx, dep, patch); err != nil {
+		return classify(fmt.Sprintf("own %T %s by its pod", dep, dep.GetName()), err)
+	}
+	return nil
 }
 
 // adopt returns the pod an earlier attempt created, after proving it is that attempt's: the
 // name is derived from the Proxy's UID, so another UID on it means a collision with a pod
 // we must never take over (or later delete).
-func (p *Provider) adopt(ctx context.Context, key types.NamespacedName, uid string) (provider.Instance, error) {
+func (p *Provider) adopt(ctx context.Context, key types.NamespacedName, uid string) (*corev1.Pod, error) {
 	var pod corev1.Pod
 	if err := p.Client.Get(ctx, key, &pod); err != nil {
-		// NotFound: deleted since Create said it exists; the retry will create it again.
-		return provider.Instance{}, classify("get existing pod "+key.String(), err)
+		// NotFound: no pod yet, which Create then makes; or one deleted since Create was
+		// told it exists, which the retry creates again.
+		return nil, classify("get existing pod "+key.String(), err)
 	}
 	if got := pod.Labels[provider.LabelProxyUID]; got != uid {
-		return provider.Instance{}, provider.Permanent(fmt.Errorf(
+		return nil, provider.Permanent(fmt.Errorf(
 			"pod %s already exists and is not this Proxy's (label %s=%q, want %q)",
 			key, provider.LabelProxyUID, got, uid))
 	}
-	return toInstance(&pod), nil
+	return &pod, nil
 }
 
 // checkRequest refuses requests no pod can satisfy, before anything reaches the cluster.
@@ -158,21 +276,35 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 		return err
 	}
 	var pod corev1.Pod
-	if err := p.Client.Get(ctx, key, &pod); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
+	switch err := p.Client.Get(ctx, key, &pod); {
+	case apierrors.IsNotFound(err):
+	case err != nil:
 		return classify("get pod "+key.String(), err)
+	default:
+		var opts []client.DeleteOption
+		if p.lost(&pod) {
+			// Grace period 0 removes the object without the kubelet's confirmation. Should
+			// the node come back, its kubelet stops the orphaned Squid itself. The UID
+			// precondition keeps the force for this pod alone, not a new one of the same name.
+			opts = append(opts, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
+		}
+		if err := p.Client.Delete(ctx, &pod, opts...); err != nil && !apierrors.IsNotFound(err) {
+			return classify("delete pod "+key.String(), err)
+		}
 	}
-	var opts []client.DeleteOption
-	if p.lost(&pod) {
-		// Grace period 0 removes the object without the kubelet's confirmation. Should the
-		// node come back, its kubelet stops the orphaned Squid itself. The UID
-		// precondition keeps the force for this pod alone, not a new one of the same name.
-		opts = append(opts, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
+	// The pod's configuration and policy go with it. They are the pod's dependents, but a
+	// create cut short may have left them without a pod, and not every cluster runs the
+	// garbage collector promptly. The policy goes after the pod is asked to stop, not after
+	// it has: a scheduled pod's Squid runs on until its kubelet stops it (within the grace
+	// period), for that moment with only its own authentication in front of it.
+	deps := []client.Object{
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: configSecretName(key.Name)}},
+		&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}},
 	}
-	if err := p.Client.Delete(ctx, &pod, opts...); err != nil && !apierrors.IsNotFound(err) {
-		return classify("delete pod "+key.String(), err)
+	for _, dep := range deps {
+		if err := p.Client.Delete(ctx, dep); err != nil && !apierrors.IsNotFound(err) {
+			return classify(fmt.Sprintf("delete %T %s/%s", dep, key.Namespace, dep.GetName()), err)
+		}
 	}
 	return nil
 }

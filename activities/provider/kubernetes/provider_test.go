@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
@@ -70,6 +71,8 @@ func (f *fixture) request(name string) provider.CreateRequest {
 			Provider:   v1alpha1.ProviderKubernetes,
 			Kubernetes: &v1alpha1.KubernetesSpec{},
 		},
+		Credentials: proxyauth.Credentials{Username: proxyauth.ManagedUsername, Password: "kube-canary-" + name},
+		KeyID:       "0123abcd",
 	}
 }
 
@@ -149,10 +152,21 @@ func TestLifecycle(t *testing.T) {
 
 func TestCreateIsIdempotent(t *testing.T) {
 	f := newFixture(t)
+	f.p.ProbeFrom = WorkerPeer("fleet", map[string]string{"app": "worker"})
 	req := f.request("px-idem-0")
 	first := f.create(req)
+	secret, policy := f.dependents(req)
+	pod := f.pod(first.ProviderID)
+
 	again := f.create(req)
 	assert.Equal(t, first, again)
+	// The same objects, untouched: not recreated, not rewritten, not owned twice.
+	secretAgain, policyAgain := f.dependents(req)
+	assert.Equal(t, secret, secretAgain)
+	assert.Equal(t, policy, policyAgain)
+	assert.Equal(t, pod, f.pod(first.ProviderID))
+	assert.Len(t, secretAgain.OwnerReferences, 1)
+	assert.Len(t, policyAgain.OwnerReferences, 1)
 
 	var pods corev1.PodList
 	require.NoError(t, f.c.List(f.ctx, &pods, client.InNamespace(f.ns)))
@@ -163,6 +177,7 @@ func TestCreateRefusesAnotherProxysPod(t *testing.T) {
 	f := newFixture(t)
 	mine := f.request("px-clash-0")
 	f.create(mine)
+	secret, policy := f.dependents(mine)
 
 	theirs := f.request("px-clash-0")
 	require.NotEqual(t, mine.ProxyUID, theirs.ProxyUID)
@@ -171,6 +186,9 @@ func TestCreateRefusesAnotherProxysPod(t *testing.T) {
 	assert.Equal(t, provider.KindPermanent, provider.Class(err))
 
 	assert.Equal(t, mine.ProxyUID, f.pod(f.p.ProviderID(mine)).Labels[provider.LabelProxyUID], "the pod is left alone")
+	secretAfter, policyAfter := f.dependents(mine)
+	assert.Equal(t, secret, secretAfter, "and so is its Secret")
+	assert.Equal(t, policy, policyAfter, "and its policy")
 }
 
 func TestDelete(t *testing.T) {
@@ -185,6 +203,9 @@ func TestDelete(t *testing.T) {
 		_, err := f.p.Get(f.ctx, id)
 		return errors.Is(err, provider.ErrNotFound)
 	}, 10*time.Second, 50*time.Millisecond)
+	// No garbage collector runs here: the Secret and the policy are gone because Delete
+	// removed them.
+	f.assertNoDependents(req)
 
 	_, err := f.p.Get(f.ctx, id)
 	assert.Equal(t, provider.KindTransient, provider.Class(err), "not found is reported, not classified permanent")
@@ -225,6 +246,7 @@ func TestListOwned(t *testing.T) {
 	b.Spec.Kubernetes.Namespace = other // same installation, pod in another namespace
 	c := f.request("px-list-c")
 	c.Installation = f.installation + "-other"
+	f.p.Allow.Namespaces = []string{other}
 	for _, req := range []provider.CreateRequest{a, b, c} {
 		f.create(req)
 	}
@@ -263,6 +285,7 @@ func TestListOwnedByProxy(t *testing.T) {
 	elsewhere := f.request("px-own-a-x") // the same UID in another installation
 	elsewhere.ProxyUID = a0.ProxyUID
 	elsewhere.Installation = f.installation + "-other"
+	f.p.Allow.Namespaces = []string{other}
 	for _, req := range []provider.CreateRequest{a0, a1, sibling, elsewhere} {
 		f.create(req)
 	}
@@ -371,21 +394,31 @@ func TestCloudInitSecretIsMounted(t *testing.T) {
 	id := f.create(req).ProviderID
 
 	pod := f.pod(id)
-	require.Len(t, pod.Spec.Volumes, 1)
-	vol := pod.Spec.Volumes[0]
+	// The rendered configuration first, then the user's Secret as the file it includes.
+	require.Len(t, pod.Spec.Volumes, 2)
+	vol := pod.Spec.Volumes[1]
 	require.NotNil(t, vol.Secret)
 	assert.Equal(t, "squid-conf", vol.Secret.SecretName)
-	assert.Equal(t, []corev1.KeyToPath{{Key: "squid", Path: "squid.conf"}}, vol.Secret.Items)
-	require.Len(t, pod.Spec.Containers[0].VolumeMounts, 1)
-	mount := pod.Spec.Containers[0].VolumeMounts[0]
+	assert.Equal(t, []corev1.KeyToPath{{Key: "squid", Path: "proxyfleet-user.conf"}}, vol.Secret.Items)
+	require.Len(t, pod.Spec.Containers[0].VolumeMounts, 3)
+	mount := pod.Spec.Containers[0].VolumeMounts[2]
 	assert.Equal(t, vol.Name, mount.Name)
-	assert.Equal(t, "/etc/squid/squid.conf", mount.MountPath)
+	assert.Equal(t, "/etc/squid/proxyfleet-user.conf", mount.MountPath)
+	assert.Equal(t, "proxyfleet-user.conf", mount.SubPath)
 	assert.True(t, mount.ReadOnly)
+
+	rendered, _ := f.dependents(req)
+	assert.Contains(t, string(rendered.Data["squid.conf"]), "\ninclude /etc/squid/proxyfleet-user.conf\n")
 
 	raw, err := json.Marshal(pod)
 	require.NoError(t, err)
 	assert.NotContains(t, string(raw), "s3cr3t-value", "Secret data must not be in the pod")
 	assert.NotContains(t, string(raw), "auth_param")
+	// Nor in the rendered configuration: the kubelet mounts the user's file, the provider
+	// never copies it.
+	for k, v := range rendered.Data {
+		assert.NotContains(t, string(v), "s3cr3t-value", k)
+	}
 }
 
 func TestCreateUnderResourceQuota(t *testing.T) {
@@ -519,6 +552,7 @@ func TestCreateInMissingNamespaceIsTransient(t *testing.T) {
 	f := newFixture(t)
 	req := f.request("px-nons-0")
 	req.Spec.Kubernetes.Namespace = "no-such-namespace-" + strings.ToLower(rand.Text()[:8])
+	f.p.Allow.Namespaces = []string{req.Spec.Kubernetes.Namespace}
 	_, err := f.p.Create(f.ctx, req)
 	require.Error(t, err)
 	assert.NotErrorIs(t, err, provider.ErrNotFound, "the instance is not gone; its namespace is missing")

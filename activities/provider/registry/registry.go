@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
@@ -32,6 +33,11 @@ type Config struct {
 	LocalDaemonURL string
 	// Kube is the cluster the kubernetes provider runs Squid pods in.
 	Kube client.Client
+	// KubernetesAllow limits the namespaces and images of the kubernetes provider's pods.
+	KubernetesAllow kubernetes.Allow
+	// KubernetesProbeFrom are the worker's pods as NetworkPolicy peers, admitted to every
+	// Squid pod so probes get through (see kubernetes.WorkerPeer).
+	KubernetesProbeFrom []networkingv1.NetworkPolicyPeer
 	// Metrics counts and times every provider call; nil records none.
 	Metrics *provider.Metrics
 }
@@ -85,7 +91,7 @@ func Build(ctx context.Context, cfg Config) (_ provider.Registry, _ func(), err 
 			if cfg.Kube == nil {
 				return nil, nil, errors.New("the kubernetes provider needs a Kubernetes client")
 			}
-			reg[name] = &kubernetes.Provider{Client: cfg.Kube}
+			reg[name] = &kubernetes.Provider{Client: cfg.Kube, Allow: cfg.KubernetesAllow, ProbeFrom: cfg.KubernetesProbeFrom}
 		case v1alpha1.ProviderGCP:
 			if cfg.GCP.DefaultProject == "" {
 				// Without it the sweeper would list nothing and leaks would go unnoticed.
