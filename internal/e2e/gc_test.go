@@ -53,7 +53,8 @@ func TestScheduledGCDeletesExactlyTheOrphans(t *testing.T) {
 	pods := &kubeprovider.Provider{Client: s.Kube.Client}
 	podReq := func(name, uid, installation string) provider.CreateRequest {
 		return provider.CreateRequest{Name: name, ProxyUID: uid, Installation: installation, Namespace: ns, Port: 3128,
-			Spec: v1alpha1.ProxySpec{Provider: v1alpha1.ProviderKubernetes, Kubernetes: &v1alpha1.KubernetesSpec{}}}
+			Spec:        v1alpha1.ProxySpec{Provider: v1alpha1.ProviderKubernetes, Kubernetes: &v1alpha1.KubernetesSpec{}},
+			Credentials: proxyauth.Credentials{Username: proxyauth.ManagedUsername, Password: "planted-" + name}}
 	}
 	_, err := pods.Create(ctx, podReq("orphan-pod", "gone-uid-3", s.Installation))
 	require.NoError(t, err)

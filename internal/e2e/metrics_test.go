@@ -21,6 +21,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/workflows"
@@ -128,7 +129,8 @@ func TestEachBinaryExportsItsMetrics(t *testing.T) {
 
 	// An orphan for the worker's own schedule to sweep.
 	hoursAgo := time.Now().Add(-2 * time.Hour)
-	_, err = s.Local.CreateRaw(ctx, "metrics-orphan", local.CreateRequest{CreatedAt: &hoursAgo, Labels: map[string]string{
+	_, err = s.Local.CreateRaw(ctx, "metrics-orphan", local.CreateRequest{CreatedAt: &hoursAgo,
+		Auth: local.NewAuth(proxyauth.Credentials{Username: proxyauth.ManagedUsername, Password: "planted"}), Labels: map[string]string{
 		provider.LabelProxyUID: "gone", provider.LabelInstallation: s.Installation, provider.LabelManagedBy: provider.ManagedByValue}})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { _, err := h.Describe(ctx); return err == nil }, time.Minute, 100*time.Millisecond,

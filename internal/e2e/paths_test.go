@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
@@ -131,7 +132,8 @@ func TestTimersReportsAndBans(t *testing.T) {
 // retried), the quota is lifted and the pod is created; then a spec the API server rejects
 // latches Failed until a newer generation; the deletion still deletes.
 func TestQuotaThenPermanentFailure(t *testing.T) {
-	s := stack.Start(t, stack.Options{})
+	// The driver's workflow is not in the pods' namespace; the worker is told to allow it.
+	s := stack.Start(t, stack.Options{KubernetesAllow: kubernetes.Allow{Namespaces: []string{"*"}}})
 	ctx := context.Background()
 	ns := s.Namespace(t)
 	quota := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "no-pods"},

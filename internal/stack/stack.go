@@ -31,6 +31,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/activities/provider/registry"
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
@@ -58,6 +59,9 @@ type Options struct {
 	Client tclient.Client
 	// Installation defaults to a name unique to the test.
 	Installation string
+	// KubernetesAllow is the worker's allowlist for the kubernetes provider (default: the
+	// Proxy's own namespace and the pinned image only, as in production).
+	KubernetesAllow kubernetes.Allow
 	// Log, when set, receives every component's logs (the daemon, controller, worker and
 	// discovery); tests that must prove something is never logged set a debug-level one.
 	// Unset, warnings and errors go to stderr.
@@ -91,6 +95,7 @@ type Stack struct {
 	mu     sync.Mutex
 	events []DaemonEvent
 	log    *slog.Logger
+	allow  kubernetes.Allow
 }
 
 // DaemonEvent is one create or delete seen by the daemon, with the instances left after it.
@@ -117,6 +122,7 @@ func Start(t testing.TB, opts Options) *Stack {
 		Temporal: testenv.Temporal(t),
 		Tuning:   opts.Tuning,
 		log:      opts.Log,
+		allow:    opts.KubernetesAllow,
 	}
 	if opts.Client != nil {
 		env := *s.Temporal
@@ -238,8 +244,9 @@ func (s *Stack) NewWorker(t testing.TB, queue string) *worker.Worker {
 	w, err := worker.New(context.Background(), worker.Config{
 		TaskQueue: queue, Installation: s.Installation, Keyring: s.Keyring,
 		Providers: registry.Config{
-			Enabled:        []v1alpha1.Provider{v1alpha1.ProviderLocal, v1alpha1.ProviderKubernetes},
-			LocalDaemonURL: s.DaemonURL,
+			Enabled:         []v1alpha1.Provider{v1alpha1.ProviderLocal, v1alpha1.ProviderKubernetes},
+			LocalDaemonURL:  s.DaemonURL,
+			KubernetesAllow: s.allow,
 		},
 	}, s.Temporal.Client, s.Kube.Client, s.logger(), nil)
 	require.NoError(t, err)
