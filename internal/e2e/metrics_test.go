@@ -131,7 +131,7 @@ func TestEachBinaryExportsItsMetrics(t *testing.T) {
 	hoursAgo := time.Now().Add(-2 * time.Hour)
 	_, err = s.Local.CreateRaw(ctx, "metrics-orphan", local.CreateRequest{CreatedAt: &hoursAgo,
 		Auth: local.NewAuth(proxyauth.Credentials{Username: proxyauth.ManagedUsername, Password: "planted"}), Labels: map[string]string{
-		provider.LabelProxyUID: "gone", provider.LabelInstallation: s.Installation, provider.LabelManagedBy: provider.ManagedByValue}})
+			provider.LabelProxyUID: "gone", provider.LabelInstallation: s.Installation, provider.LabelManagedBy: provider.ManagedByValue}})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { _, err := h.Describe(ctx); return err == nil }, time.Minute, 100*time.Millisecond,
 		"the worker never created the proxy-gc schedule")
