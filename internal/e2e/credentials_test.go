@@ -264,11 +264,11 @@ func TestCredentialsNeverLeaveTheLeaseAnswer(t *testing.T) {
 	require.NotEmpty(t, got)
 	for _, sp := range got {
 		for _, a := range sp.Attributes {
-			found("span "+sp.Name+" attribute "+string(a.Key), []byte(a.Value.Emit()))
+			found("span "+sp.Name+" attribute "+string(a.Key), []byte(a.Value.String()))
 		}
 		for _, ev := range sp.Events {
 			for _, a := range ev.Attributes {
-				found("span "+sp.Name+" event "+ev.Name, []byte(a.Value.Emit()))
+				found("span "+sp.Name+" event "+ev.Name, []byte(a.Value.String()))
 			}
 		}
 		found("span "+sp.Name+" status", []byte(sp.Status.Description))
