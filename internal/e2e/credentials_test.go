@@ -20,14 +20,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	enums "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/workflowservice/v1"
-	"go.temporal.io/sdk/client"
-	"go.temporal.io/sdk/interceptor"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -40,8 +34,6 @@ import (
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
-	"github.com/proxyfleet/proxyfleet/internal/telemetry"
-	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
@@ -147,21 +139,7 @@ func (b *syncBuffer) Bytes() []byte {
 // the passwords, in the clear, base64'd or as a Basic header. Only the lease answers may
 // carry them.
 func TestCredentialsNeverLeaveTheLeaseAnswer(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	prevTP, prevProp := otel.GetTracerProvider(), otel.GetTextMapPropagator()
-	otel.SetTracerProvider(tp)
-	otel.SetTextMapPropagator(propagation.TraceContext{})
-	t.Cleanup(func() {
-		_ = tp.Shutdown(context.Background())
-		otel.SetTracerProvider(prevTP)
-		otel.SetTextMapPropagator(prevProp)
-	})
-	tracing, err := telemetry.TemporalInterceptor()
-	require.NoError(t, err)
-	tc, err := client.NewClientFromExisting(testenv.Temporal(t).Client, client.Options{Interceptors: []interceptor.ClientInterceptor{tracing}})
-	require.NoError(t, err)
-	t.Cleanup(tc.Close)
+	spans, tc := traced(t)
 	logs := &syncBuffer{}
 	s := stack.Start(t, stack.Options{Client: tc, Log: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	ctx := context.Background()

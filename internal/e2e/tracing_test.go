@@ -31,21 +31,7 @@ import (
 // activities share one trace; a discovery request continues an incoming traceparent; and
 // the Secret's canary appears in no span.
 func TestOneTraceFromControllerToActivities(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	prevTP, prevProp := otel.GetTracerProvider(), otel.GetTextMapPropagator()
-	otel.SetTracerProvider(tp)
-	otel.SetTextMapPropagator(propagation.TraceContext{})
-	t.Cleanup(func() {
-		_ = tp.Shutdown(context.Background())
-		otel.SetTracerProvider(prevTP)
-		otel.SetTextMapPropagator(prevProp)
-	})
-	tracing, err := telemetry.TemporalInterceptor()
-	require.NoError(t, err)
-	tc, err := client.NewClientFromExisting(testenv.Temporal(t).Client, client.Options{Interceptors: []interceptor.ClientInterceptor{tracing}})
-	require.NoError(t, err)
-	t.Cleanup(tc.Close)
+	spans, tc := traced(t)
 	s := stack.Start(t, stack.Options{Client: tc})
 
 	ctx := context.Background()
@@ -120,4 +106,26 @@ func TestOneTraceFromControllerToActivities(t *testing.T) {
 		}
 		assert.NotContains(t, sp.Status.Description, canary)
 	}
+}
+
+// traced records every span of the test in memory, for this process's OpenTelemetry and a
+// Temporal client that traces (the stack's workflows and activities then do too).
+func traced(t *testing.T) (*tracetest.InMemoryExporter, client.Client) {
+	t.Helper()
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	prevTP, prevProp := otel.GetTracerProvider(), otel.GetTextMapPropagator()
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	t.Cleanup(func() {
+		_ = tp.Shutdown(context.Background())
+		otel.SetTracerProvider(prevTP)
+		otel.SetTextMapPropagator(prevProp)
+	})
+	tracing, err := telemetry.TemporalInterceptor()
+	require.NoError(t, err)
+	tc, err := client.NewClientFromExisting(testenv.Temporal(t).Client, client.Options{Interceptors: []interceptor.ClientInterceptor{tracing}})
+	require.NoError(t, err)
+	t.Cleanup(tc.Close)
+	return spans, tc
 }
