@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,15 +62,16 @@ func Run(ctx context.Context, cfg Config) (err error) {
 }
 
 type stack struct {
-	cfg       Config
-	logs      string
-	temporal  *testsuite.DevServer
-	kube      *envtest.Environment
-	kc        ctrlclient.Client
-	procs     []*exec.Cmd
-	token     string
-	kubecfg   string
-	firstPort int32
+	cfg      Config
+	logs     string
+	temporal *testsuite.DevServer
+	kube     *envtest.Environment
+	kc       ctrlclient.Client
+	procs    []*exec.Cmd
+	token    string
+	kubecfg  string
+	// firstURL is local-1's proxy URL with its credentials, for the printed fetch line.
+	firstURL string
 }
 
 func (s *stack) bin(parts ...string) string {
@@ -197,7 +199,9 @@ func (s *stack) start(ctx context.Context) error {
 			err := s.kc.Get(ctx, types.NamespacedName{Namespace: "default", Name: fmt.Sprintf("local-%d", i)}, &p)
 			if err == nil && p.Status.Phase == v1alpha1.PhaseReady && meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionReady) {
 				if i == 1 {
-					s.firstPort = p.Status.Port
+					if s.firstURL, err = proxyURL(keyPath, &p); err != nil {
+						return err
+					}
 				}
 				break
 			}
@@ -288,13 +292,14 @@ proxyfleet is running. Logs: %s
   Web UI:             http://127.0.0.1:%d
   Proxies:            bin/kubectl get proxies        (kubeconfig: %s)
   Lease a proxy:      %s
-  Fetch through it:   curl -sS -x http://127.0.0.1:%d http://127.0.0.1:%d/healthz
+  Fetch through it:   curl -sS -x %s http://127.0.0.1:%d/healthz
   Replace local-1:    bin/temporal workflow signal --address 127.0.0.1:%d --workflow-id %s --name replace --input '{"reason":"manual"}'
 
-(The fetch line uses local-1's port; a lease answers with the proxy's url. Local proxies
-reach loopback targets only.) Press Ctrl-C to stop everything.
+(The fetch line uses local-1's address and credentials, derived from the fleet key in
+.state; a lease answers with the proxy's url, credentials included. Local proxies reach
+loopback targets only.) Press Ctrl-C to stop everything.
 READY
-`, rel(s.logs), c.UIPort, rel(s.kubecfg), lease, s.firstPort, c.DaemonPort, c.TemporalPort, contract.ProxyWorkflowID("default", "local-1"))
+`, rel(s.logs), c.UIPort, rel(s.kubecfg), lease, s.firstURL, c.DaemonPort, c.TemporalPort, contract.ProxyWorkflowID("default", "local-1"))
 }
 
 // fleetKey returns the path of the dev stack's fleet key, generating it the first time. It
@@ -313,4 +318,19 @@ func fleetKey(stateDir string) (string, error) {
 		return "", fmt.Errorf("write the fleet key: %w", err)
 	}
 	return path, nil
+}
+
+// proxyURL is p's proxy URL with the credentials its instance requires, as a lease would
+// hand it out.
+func proxyURL(keyPath string, p *v1alpha1.Proxy) (string, error) {
+	kr, err := proxyauth.Load(keyPath, "")
+	if err != nil {
+		return "", err
+	}
+	creds, err := kr.Managed(kr.PrimaryID(), p.Status.InstanceName)
+	if err != nil {
+		return "", err
+	}
+	u := url.URL{Scheme: "http", User: url.UserPassword(creds.Username, creds.Password), Host: net.JoinHostPort(p.Status.IP, fmt.Sprint(p.Status.Port))}
+	return u.String(), nil
 }
