@@ -43,13 +43,20 @@ type probeCredentials struct {
 // probeCredentials resolves auth. A Secret that cannot be read for a passing reason (the API
 // server is down) falls back to the sealed copy, so an outage elsewhere does not make a
 // working proxy unhealthy.
-func (a *Activities) probeCredentials(ctx context.Context, auth *ProbeAuth) probeCredentials {
+//
+// The sealed text changes only when the credentials do, or, with reseal set, when they
+// were sealed under a key that is no longer the primary. A worker whose primary key
+// differs from the one that sealed them (during a rotation, or while a rollout runs old
+// and new workers side by side) must not re-seal at every Monitor start: each Monitor would
+// return at once, on whichever worker, and the proxy would churn history. Re-sealing under
+// a new primary waits for the drift interval.
+func (a *Activities) probeCredentials(ctx context.Context, auth *ProbeAuth, reseal bool) probeCredentials {
 	switch {
 	case auth == nil:
 		return probeCredentials{}
 	case auth.Secret != "":
 		if a.Keyring == nil {
-			return probeCredentials{problem: "this worker has no fleet key (--fleet-key-path or PROXYFLEET_FLEET_KEY) to seal the proxy's credentials with"}
+			return probeCredentials{problem: "this worker has no fleet key (--fleet-key-path or PROXYFLEET_FLEET_KEY) to seal the proxy's credentials with", sealed: auth.Sealed}
 		}
 		c, err := a.readCredentials(ctx, auth.Namespace, auth.Secret)
 		if err != nil {
@@ -60,6 +67,12 @@ func (a *Activities) probeCredentials(ctx context.Context, auth *ProbeAuth) prob
 				}
 			}
 			return probeCredentials{problem: err.Error(), sealed: auth.Sealed}
+		}
+		if auth.Sealed != "" {
+			if old, err := a.Keyring.Open(auth.Sealed, auth.UID); err == nil && old == c &&
+				(!reseal || proxyauth.SealedKeyID(auth.Sealed) == a.Keyring.PrimaryID()) {
+				return probeCredentials{creds: c, sealed: auth.Sealed}
+			}
 		}
 		sealed, err := a.Keyring.Seal(c, auth.UID)
 		if err != nil {

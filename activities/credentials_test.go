@@ -2,10 +2,12 @@ package activities_test
 
 import (
 	"context"
+	"encoding/base64"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -150,4 +152,54 @@ func TestCreateGivesTheInstanceCredentials(t *testing.T) {
 	assert.True(t, ok.OK, "%+v", ok)
 	bare := probe.Probe(ctx, probe.Request{Proxy: addr, URL: target.URL})
 	assert.Equal(t, probe.KindProxyAuth, bare.Kind)
+}
+
+// TestRotatedFleetKeyResealsOnlyAtTheDriftInterval: a worker whose primary fleet key is
+// newer than the one an External proxy's credentials were sealed with probes with them as
+// they are, and re-seals them under its primary only at the drift interval: a rollout that
+// runs workers with different primaries side by side must not make every Monitor return
+// at once.
+func TestRotatedFleetKeyResealsOnlyAtTheDriftInterval(t *testing.T) {
+	f := newFixture(t)
+	old := testKeys(t)
+	rotated, err := proxyauth.Parse(base64.StdEncoding.EncodeToString([]byte(strings.Repeat("n", proxyauth.MinKeyBytes))) + "\n" +
+		base64.StdEncoding.EncodeToString([]byte(strings.Repeat("a", proxyauth.MinKeyBytes))))
+	require.NoError(t, err)
+	require.Equal(t, old.PrimaryID(), rotated.IDs()[1])
+	f.acts.Keyring = rotated
+	kube := testenv.Kube(t).Client
+	ctx := context.Background()
+	creds := proxyauth.Credentials{Username: "partner", Password: "rotation-password"}
+	require.NoError(t, kube.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "partner"},
+		Data: map[string][]byte{"username": []byte(creds.Username), "password": []byte(creds.Password)}}))
+	sealedOld, err := old.Seal(creds, "uid-r")
+	require.NoError(t, err)
+
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	t.Cleanup(target.Close)
+	proxy := httptest.NewServer(&localproxy.ForwardProxy{Auth: local.NewAuth(creds)})
+	t.Cleanup(proxy.Close)
+	in := activities.MonitorInput{
+		Target: proxy.Listener.Addr().String(),
+		HealthCheck: v1alpha1.HealthCheck{URL: target.URL + "/", Interval: "1s", Timeout: "500ms",
+			SuccessThreshold: 1, FailureThreshold: 2, ExpectedStatus: 200},
+		DriftInterval: time.Hour,
+		Auth:          &activities.ProbeAuth{Namespace: f.ns, Secret: "partner", UID: "uid-r", Sealed: sealedOld},
+	}
+	v, err := f.env.ExecuteActivity(f.acts.Monitor, in)
+	require.NoError(t, err)
+	var res activities.MonitorResult
+	require.NoError(t, v.Get(&res))
+	assert.Equal(t, activities.MonitorVerdict, res.Reason, "the same credentials under an older key are not a change")
+	assert.True(t, res.Health.Healthy)
+
+	in.Last, in.DriftInterval = res.Health, time.Second
+	v, err = f.env.ExecuteActivity(f.acts.Monitor, in)
+	require.NoError(t, err)
+	require.NoError(t, v.Get(&res))
+	require.Equal(t, activities.MonitorCredentials, res.Reason, "at the drift interval they move to the primary key")
+	assert.Equal(t, rotated.PrimaryID(), proxyauth.SealedKeyID(res.Sealed))
+	got, err := rotated.Open(res.Sealed, "uid-r")
+	require.NoError(t, err)
+	assert.Equal(t, creds, got)
 }

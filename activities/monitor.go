@@ -116,7 +116,7 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 	}
 	// An External proxy's Secret is read now and every drift interval: a rotated password
 	// reaches the probes and, through the workflow's memo, the next lease.
-	creds := a.probeCredentials(ctx, in.Auth)
+	creds := a.probeCredentials(ctx, in.Auth, false)
 	if in.Auth != nil && creds.sealed != in.Auth.Sealed {
 		return MonitorResult{Reason: MonitorCredentials, Health: st.Health, Sealed: creds.sealed}, nil
 	}
@@ -139,7 +139,7 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 
 		if in.Auth != nil && in.Auth.Secret != "" && time.Since(lastCreds) >= drift {
 			lastCreds = time.Now()
-			if creds = a.probeCredentials(ctx, in.Auth); creds.sealed != in.Auth.Sealed {
+			if creds = a.probeCredentials(ctx, in.Auth, true); creds.sealed != in.Auth.Sealed {
 				return MonitorResult{Reason: MonitorCredentials, Health: st.Health, Sealed: creds.sealed}, nil
 			}
 		}
