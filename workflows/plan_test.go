@@ -114,3 +114,28 @@ func TestDesiredHashIgnoresFieldsThatNeedNoNewInstance(t *testing.T) {
 	edited.Port = 8080
 	assert.NotEqual(t, h, DesiredHash(&edited, "s1"), "port changes the hash")
 }
+
+// TestDesiredHashKeepsOlderSpecs: fields added since a spec was stored do not change its
+// hash while they hold their defaults, so upgrading replaces no instance. A GCP Proxy
+// stored before externalIP existed reads back with the schema's default (true); egress and
+// allowedClients are unset.
+func TestDesiredHashKeepsOlderSpecs(t *testing.T) {
+	stored := v1alpha1.ProxySpec{Mode: v1alpha1.ModeManaged, Provider: v1alpha1.ProviderGCP,
+		GCP: &v1alpha1.GCPSpec{Zone: "europe-west1-b", MachineType: "e2-micro", Image: "img"}}
+	// What DesiredHash gave for this spec before these fields existed (computed at commit
+	// 22f94cd): instances built then must not look stale now.
+	const before = "e37f68d09accf2aa"
+	h := DesiredHash(&stored, "")
+	assert.Equal(t, before, h)
+	readBack := stored
+	readBack.GCP = stored.GCP.DeepCopy()
+	on := true
+	readBack.GCP.ExternalIP = &on
+	assert.Equal(t, h, DesiredHash(&readBack, ""), "the schema's default is no change")
+	off := false
+	readBack.GCP.ExternalIP = &off
+	assert.NotEqual(t, h, DesiredHash(&readBack, ""), "turning the external IP off is one")
+	readBack.GCP.ExternalIP = &on
+	readBack.GCP.AllowedSourceRanges = []v1alpha1.CIDR{"203.0.113.0/24"}
+	assert.NotEqual(t, h, DesiredHash(&readBack, ""), "new source ranges are one")
+}

@@ -247,7 +247,7 @@ func DesiredHash(spec *v1alpha1.ProxySpec, secretHash string) string {
 		CloudInit  *v1alpha1.CloudInit      `json:"cloudInit,omitempty"`
 		SecretHash string                   `json:"secretHash,omitempty"`
 		Egress     *v1alpha1.Egress         `json:"egress,omitempty"`
-	}{spec.Provider, spec.EffectivePort(), spec.GCP, spec.Kubernetes, spec.Local, spec.CloudInit, secretHash, spec.Egress}
+	}{spec.Provider, spec.EffectivePort(), hashedGCP(spec.GCP), spec.Kubernetes, spec.Local, spec.CloudInit, secretHash, spec.Egress}
 	b, err := json.Marshal(shape)
 	if err != nil {
 		// The struct has only marshalable fields; this cannot happen.
@@ -255,6 +255,18 @@ func DesiredHash(spec *v1alpha1.ProxySpec, secretHash string) string {
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:8])
+}
+
+// hashedGCP is the GCP block as the hash sees it: externalIP true is its default, which the
+// API server fills in on objects stored before the field existed, so it hashes like unset.
+// Otherwise the first edit of such a Proxy, whatever it changed, would replace its VM.
+func hashedGCP(g *v1alpha1.GCPSpec) *v1alpha1.GCPSpec {
+	if g == nil || g.ExternalIP == nil || !*g.ExternalIP {
+		return g
+	}
+	c := g.DeepCopy()
+	c.ExternalIP = nil
+	return c
 }
 
 // InstanceName is the deterministic name of a Proxy's n-th instance: valid as a GCP

@@ -133,6 +133,18 @@ func buildFirewall(req provider.CreateRequest, r ref) (*computepb.Firewall, erro
 				"spec.gcp.allowedSourceRanges[%d] %q is an IPv6 range: the instance has an IPv4 address only, so list the IPv4 networks crawlers connect from", i, c))
 		}
 	}
+	if g.Subnetwork != "" && g.Network == "" {
+		// GCE puts the instance on the subnetwork's network, which the name alone does not
+		// say; a rule on the default network would admit no one.
+		return nil, provider.Permanent(errors.New(
+			"spec.gcp.network is required with spec.gcp.subnetwork and spec.gcp.allowedSourceRanges: the firewall rule is made on the instance's network"))
+	}
+	if m := subnetworkProject.FindStringSubmatch(g.Subnetwork); m != nil && m[1] != r.project {
+		return nil, provider.Permanent(fmt.Errorf(
+			"spec.gcp.subnetwork %q is in project %s, not the instance's project %s (a Shared VPC): its firewall rules live there, which the provider does not manage; "+
+				"leave spec.gcp.allowedSourceRanges empty, set spec.gcp.externalIP to false and admit crawlers with the host project's own rules",
+			g.Subnetwork, m[1], r.project))
+	}
 	network, err := ruleNetwork(g.Network, r.project)
 	if err != nil {
 		return nil, err
@@ -180,6 +192,9 @@ var networkRef = regexp.MustCompile(`(?:^|/)projects/([^/]+)/global/networks/([^
 // another project (a Shared VPC's host project) is refused: GCE keeps a network's rules in
 // the network's project, while Delete finds a rule by the provider ID alone, which names
 // the instance's project.
+// subnetworkProject finds the project in a subnetwork path or URL.
+var subnetworkProject = regexp.MustCompile(`projects/([^/]+)/regions/[^/]+/subnetworks/`)
+
 func ruleNetwork(network, project string) (string, error) {
 	if network == "" {
 		return defaultNetwork, nil

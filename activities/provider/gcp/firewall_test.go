@@ -237,6 +237,27 @@ func TestCreateRefusesItsRuleOnAnotherNetwork(t *testing.T) {
 	assert.Zero(t, srv.Requests(gcptest.MethodFirewallUpdate))
 }
 
+// TestCreateRefusesARuleItCannotPlace: a subnetwork alone does not say which network the
+// instance joins, and a Shared VPC's subnetwork keeps its rules in the host project; a rule
+// on the default network, or in this project, would admit no one.
+func TestCreateRefusesARuleItCannotPlace(t *testing.T) {
+	for name, tc := range map[string]struct{ network, subnetwork, want string }{
+		"subnetwork without network": {"", "crawl-sub", "spec.gcp.network is required with spec.gcp.subnetwork"},
+		"shared VPC subnetwork":      {"crawl-net", "projects/host-project/regions/europe-west1/subnetworks/shared", "is in project host-project"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p, srv := newTestProvider(t)
+			g := minimalSpec()
+			g.Network, g.Subnetwork = tc.network, tc.subnetwork
+			_, err := p.Create(t.Context(), gcpRequest("px-a", g))
+			require.Error(t, err)
+			assert.Equal(t, provider.KindPermanent, provider.Class(err))
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Zero(t, srv.TotalRequests(), "nothing is created")
+		})
+	}
+}
+
 func TestCreateRefusesAnExternalIPWithoutRanges(t *testing.T) {
 	for name, externalIP := range map[string]*bool{"unset": nil, "true": proto.Bool(true)} {
 		t.Run(name, func(t *testing.T) {

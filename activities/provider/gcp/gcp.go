@@ -137,7 +137,11 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		}
 	}
 	secrets := [][]byte{startupScriptOf(ins), req.CloudInit}
-	id := requestID(callInsert, r, req.ProxyUID)
+	// The fleet key is part of the ID: a retry under another primary key (a rotation cut
+	// the first attempt short) must not be answered with the first attempt's operation
+	// and then report its own labels for a VM built with the other key's credentials. It
+	// meets the 409 instead, and adopt reports the VM as it is.
+	id := requestID(callInsert, r, insertOwner(req))
 	for hop := 0; ; hop++ {
 		ins.RequestId = proto.String(id)
 		op, err := p.client.Insert(ctx, ins)

@@ -2,6 +2,7 @@ package gcp
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -147,6 +148,30 @@ func TestCreateTwiceAdoptsTheFirst(t *testing.T) {
 	assert.Len(t, srv.Instances(), 1)
 	assert.Equal(t, 2, srv.Requests(gcptest.MethodInsert))
 	assert.Equal(t, 1, srv.Requests(gcptest.MethodGet))
+}
+
+// TestCreateRetriedUnderAnotherKeyReportsTheVMsKey: a create cut short by a fleet key
+// rotation is retried under the new primary key. The VM was built with the first key's
+// credentials, and that is the key the retry must report, or every probe would present
+// the wrong password.
+func TestCreateRetriedUnderAnotherKeyReportsTheVMsKey(t *testing.T) {
+	p, srv := newTestProvider(t)
+	srv.HoldNextOperation(gcptest.MethodInsert, 1_000_000)
+	req := gcpRequest("px-a", minimalSpec())
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	_, err := p.Create(ctx, req)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the first attempt is cut short while GCE builds the VM")
+
+	// Bounded: answered with the first attempt's operation, the retry would wait on it.
+	retry := req
+	retry.KeyID = "ffff0000"
+	ctx2, cancel2 := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel2()
+	got, err := p.Create(ctx2, retry)
+	require.NoError(t, err)
+	assert.Equal(t, req.KeyID, got.Labels[provider.LabelKeyID], "the VM's own key, not the retry's")
+	assert.Len(t, srv.Instances(), 1)
 }
 
 func TestCreateRefusesANameOwnedByAnotherProxy(t *testing.T) {

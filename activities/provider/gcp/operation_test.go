@@ -127,7 +127,7 @@ func TestCreateGivesUpWaitingWhenCtxEnds(t *testing.T) {
 	assert.Equal(t, "px-a", inst.Name)
 	ids := srv.RequestIDs(gcptest.MethodInsert)
 	require.Len(t, ids, 3)
-	assert.Equal(t, requestID(callInsert, testRef, testUID), ids[0])
+	assert.Equal(t, requestID(callInsert, testRef, testUID+" key 0a1b2c3d"), ids[0])
 	assert.Equal(t, []string{ids[0], ids[0], ids[0]}, ids, "every retry sends the same request ID")
 	assert.Len(t, instanceOperations(srv), 1, "GCE recognised the retries: one operation")
 	assert.Len(t, srv.Instances(), 1)
@@ -224,7 +224,7 @@ func TestRequestIDs(t *testing.T) {
 	require.NoError(t, p.Delete(t.Context(), inst.ProviderID))
 	require.NoError(t, p.Delete(t.Context(), inst.ProviderID))
 
-	assert.Equal(t, []string{requestID(callInsert, testRef, testUID)}, srv.RequestIDs(gcptest.MethodInsert))
+	assert.Equal(t, []string{requestID(callInsert, testRef, testUID+" key 0a1b2c3d")}, srv.RequestIDs(gcptest.MethodInsert))
 	assert.Equal(t, []string{requestID(callDelete, testRef, ""), requestID(callDelete, testRef, "")}, srv.RequestIDs(gcptest.MethodDelete))
 
 	uuid4 := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
@@ -249,10 +249,10 @@ func TestRequestIDs(t *testing.T) {
 		seen[id] = what
 	}
 	op := &computepb.Operation{Name: proto.String("operation-1"), Id: proto.Uint64(1)}
-	next := nextRequestID(requestID(callInsert, testRef, testUID), op)
+	next := nextRequestID(requestID(callInsert, testRef, testUID+" key 0a1b2c3d"), op)
 	assert.Regexp(t, uuid4, next)
 	assert.NotContains(t, seen, next)
-	assert.Equal(t, next, nextRequestID(requestID(callInsert, testRef, testUID), op), "stable")
+	assert.Equal(t, next, nextRequestID(requestID(callInsert, testRef, testUID+" key 0a1b2c3d"), op), "stable")
 }
 
 func TestDeleteRetryIsRecognised(t *testing.T) {

@@ -6,6 +6,8 @@ import (
 	"strconv"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider"
 )
 
 // maxRequestIDHops bounds how many finished operations one call steps past (see
@@ -23,6 +25,15 @@ const maxRequestIDHops = 32
 // retry: it must meet the 409 that Create answers by checking who owns the instance.
 func requestID(c call, r ref, proxyUID string) string {
 	return nameUUID(string(c) + " " + r.String() + " " + proxyUID)
+}
+
+// insertOwner is what an insert's request ID is for: the Proxy, and the fleet key the
+// instance's credentials come from.
+func insertOwner(req provider.CreateRequest) string {
+	if req.KeyID == "" {
+		return req.ProxyUID
+	}
+	return req.ProxyUID + " key " + req.KeyID
 }
 
 // nextRequestID is the ID to send after GCE answered id with an operation that cannot be

@@ -265,6 +265,7 @@ type HealthCheck struct {
 // GCPSpec configures a Compute Engine instance. Zone, machine type and image have no
 // defaults on purpose: guessing them would create billable VMs of an arbitrary shape.
 // +kubebuilder:validation:XValidation:rule="(has(self.externalIP) && !self.externalIP) || (has(self.allowedSourceRanges) && size(self.allowedSourceRanges) > 0)",message="spec.gcp.allowedSourceRanges is required when the instance has an external IP: list the networks crawlers connect from (or set spec.gcp.externalIP to false)"
+// +kubebuilder:validation:XValidation:rule="!has(self.subnetwork) || has(self.network) || !has(self.allowedSourceRanges) || size(self.allowedSourceRanges) == 0",message="spec.gcp.network is required with spec.gcp.subnetwork and spec.gcp.allowedSourceRanges: the firewall rule is made on the instance's network"
 type GCPSpec struct {
 	// Project defaults to the worker's configured project.
 	// +kubebuilder:validation:Pattern=`^[a-z][-a-z0-9]{4,28}[a-z0-9]$`

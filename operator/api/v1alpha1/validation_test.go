@@ -188,6 +188,8 @@ func TestInvalidProxiesAreRejected(t *testing.T) {
 			"spec.gcp.allowedSourceRanges is required when the instance has an external IP"},
 		{"gcp external IP with empty source ranges", "provider: gcp\ngcp: {zone: us-central1-a, machineType: e2-micro, image: img, externalIP: true, allowedSourceRanges: []}\n" + hc,
 			"spec.gcp.allowedSourceRanges is required when the instance has an external IP"},
+		{"gcp subnetwork without network", "provider: gcp\ngcp: {zone: us-central1-a, machineType: e2-micro, image: img, subnetwork: crawl-sub, allowedSourceRanges: ['203.0.113.0/24']}\n" + hc,
+			"spec.gcp.network is required with spec.gcp.subnetwork and spec.gcp.allowedSourceRanges"},
 		{"gcp source range not a CIDR", "provider: gcp\ngcp: {zone: us-central1-a, machineType: e2-micro, image: img, allowedSourceRanges: ['203.0.113.7']}\n" + hc,
 			`spec.gcp.allowedSourceRanges[0]: Invalid value: "203.0.113.7": must be a CIDR`},
 		{"gcp reserved label", "provider: gcp\ngcp: {zone: us-central1-a, machineType: e2-micro, image: img, allowedSourceRanges: ['203.0.113.0/24'], labels: {proxyfleet-uid: x}}\n" + hc,
