@@ -78,7 +78,7 @@ func (s *ProxyState) applySpec(sig SpecSignal) effect {
 	}
 	if s.UID != "" && sig.UID != s.UID {
 		s.retireAll()
-		*s = ProxyState{Retiring: s.Retiring, legacy: s.legacy}
+		*s = ProxyState{Retiring: s.Retiring, legacy: s.legacy, requireAuth: s.requireAuth}
 		e = effect{note: "spec for a different object UID; retiring the old object's instances", warn: true}
 	}
 	if sig.Generation < s.Generation || sig.Generation == s.Generation && sig.SecretVersion == s.SecretVersion {

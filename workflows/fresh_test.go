@@ -17,13 +17,19 @@ import (
 )
 
 // leftBehind puts instances into h's provider as an earlier run of the same Proxy would have
-// left them: labelled with the Proxy's UID and the installation, and (when hash is set) the
-// spec hash they were built from.
+// left them: labelled with the Proxy's UID, the installation, the fleet key their
+// credentials come from, and (when hash is set) the spec hash they were built from.
 func (h *harness) leftBehind(hash string, names ...string) {
+	h.leftBehindKeyed(hash, testKeys.PrimaryID(), names...)
+}
+
+// leftBehindKeyed is leftBehind with the fleet key's ID; "" is an instance built before
+// instances had credentials.
+func (h *harness) leftBehindKeyed(hash, keyID string, names ...string) {
 	h.prov.mu.Lock()
 	defer h.prov.mu.Unlock()
 	for _, name := range names {
-		labels := provider.CreateRequest{ProxyUID: h.uid, Installation: "test", SpecHash: hash}.Labels()
+		labels := provider.CreateRequest{ProxyUID: h.uid, Installation: "test", SpecHash: hash, KeyID: keyID}.Labels()
 		h.prov.instances[name] = provider.Instance{Name: name, ProviderID: "fake/" + name, State: provider.StateRunning,
 			IP: "127.0.0.1", Port: 3128, Labels: labels}
 	}
@@ -64,6 +70,26 @@ func TestFreshRunReplacesAnInstanceOfAnotherSpec(t *testing.T) {
 	h.specAt(0, 1, h.spec())
 	h.checkAt(30*time.Minute, func() {
 		assert.Equal(t, []string{InstanceName(h.uid, 3)}, h.prov.names())
+	})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
+	h.run(fastTuning())
+	h.requireCompleted()
+	h.makeBeforeBreak(2, 3)
+}
+
+// TestInstanceWithoutCredentialsIsReplaced: an instance built before instances had
+// credentials (no fleet key label; it takes anyone) is adopted, keeps serving, and is
+// replaced make-before-break by one that requires credentials.
+func TestInstanceWithoutCredentialsIsReplaced(t *testing.T) {
+	h := newHarness(t)
+	spec := h.spec()
+	h.leftBehindKeyed(DesiredHash(&spec, ""), "", InstanceName(h.uid, 2))
+	h.specAt(0, 1, spec)
+	h.checkAt(30*time.Minute, func() {
+		assert.Equal(t, []string{InstanceName(h.uid, 3)}, h.prov.names())
+		st := h.lastStatus()
+		assert.Equal(t, v1alpha1.PhaseReady, st.Phase)
+		assert.Equal(t, InstanceName(h.uid, 3), st.InstanceName)
 	})
 	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())

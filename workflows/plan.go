@@ -101,7 +101,7 @@ func plan(s *ProxyState, now time.Time) step {
 	if !cur.Running() {
 		return stepWaitRunning
 	}
-	if cur.Hash != desired || s.ReplaceReason != "" {
+	if cur.Hash != desired || s.ReplaceReason != "" || s.lacksCredentials(cur) {
 		next := s.Next
 		switch {
 		case next != nil && next.Hash != desired:
@@ -145,7 +145,7 @@ func phase(s *ProxyState) v1alpha1.Phase {
 			}
 			return v1alpha1.PhaseProvisioning
 		}
-		if s.Next != nil || s.ReplaceReason != "" || s.Instance.Hash != DesiredHash(s.Spec, s.SecretHash) && !s.NeedHash {
+		if s.Next != nil || s.ReplaceReason != "" || s.Instance.Hash != DesiredHash(s.Spec, s.SecretHash) && !s.NeedHash || s.lacksCredentials(s.Instance) {
 			return v1alpha1.PhaseReplacing
 		}
 	}

@@ -29,7 +29,11 @@ const (
 	// and age, also while steady or idle; reports are published while idle too; a run that
 	// starts without state first finds and adopts what earlier runs left.
 	versionLongLived workflow.Version = 1
-	versionLatest                     = versionLongLived
+	// versionCredentials: a Managed instance without credentials (built before instances
+	// had them, so it carries no fleet key) is replaced make-before-break by one that
+	// requires them.
+	versionCredentials workflow.Version = 2
+	versionLatest                       = versionCredentials
 )
 
 // LatestVersion is the version new runs start with. `make record-histories` writes the
@@ -60,6 +64,7 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 	w.cost = costStart
 	w.runStart = workflow.Now(ctx)
 	w.state.legacy = w.version < versionLongLived
+	w.state.requireAuth = w.version >= versionCredentials
 	if in.State == nil && w.version >= versionLongLived {
 		w.state.Unlisted = true
 	}

@@ -219,6 +219,15 @@ type ProxyState struct {
 	// legacy is set (by the loop, never carried) on a run of version 0: decisions added
 	// since keep their old outcome there, so its history replays.
 	legacy bool
+	// requireAuth is set (by the loop) on runs that replace instances without credentials
+	// (versionCredentials).
+	requireAuth bool
+}
+
+// lacksCredentials reports a Managed instance built before instances had credentials: it
+// has no fleet key, so it takes anyone, and discovery would hand it out bare.
+func (s *ProxyState) lacksCredentials(ref *InstanceRef) bool {
+	return s.requireAuth && ref != nil && ref.Created && ref.KeyID == ""
 }
 
 // sortedKeys returns the keys in order, so workflow code never depends on map order.
