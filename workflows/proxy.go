@@ -756,8 +756,14 @@ func (w *proxyWorkflow) memoOf(st v1alpha1.ProxyStatus) contract.ProxyMemo {
 	}
 	switch {
 	case s.Spec != nil && s.Spec.EffectiveMode() == v1alpha1.ModeExternal:
-		if s.Spec.Endpoint != nil && s.Spec.Endpoint.CredentialsSecretRef != nil && s.Sealed != "" {
-			m.Auth = &contract.ProxyAuth{Sealed: s.Sealed}
+		if s.Spec.Endpoint != nil && s.Spec.Endpoint.CredentialsSecretRef != nil {
+			if s.Sealed != "" {
+				m.Auth = &contract.ProxyAuth{Sealed: s.Sealed}
+			} else {
+				// The Secret has not been read yet (it was just named, or cannot be found):
+				// leased now, the proxy would be handed out without the credentials it needs.
+				m.Healthy = false
+			}
 		}
 	case s.Instance != nil && s.Instance.KeyID != "":
 		m.Auth = &contract.ProxyAuth{KeyID: s.Instance.KeyID, Instance: s.Instance.Name}
