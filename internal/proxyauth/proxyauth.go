@@ -114,27 +114,34 @@ const (
 func Parse(text string) (*Keyring, error) {
 	var kr Keyring
 	seen := map[string]bool{}
-	for n, line := range strings.FieldsFunc(text, func(r rune) bool { return r == '\n' || r == ',' }) {
+	n := 0
+	for _, line := range strings.Split(text, "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		raw, err := decodeKey(line)
-		if err != nil {
-			return nil, fmt.Errorf("fleet key %d: %w", n+1, err)
+		for _, field := range strings.Split(line, ",") {
+			if field = strings.TrimSpace(field); field == "" {
+				continue
+			}
+			n++
+			raw, err := decodeKey(field)
+			if err != nil {
+				return nil, fmt.Errorf("fleet key %d: %w", n, err)
+			}
+			if len(raw) < MinKeyBytes {
+				return nil, fmt.Errorf("fleet key %d: %d bytes, want at least %d (generate one with: head -c 32 /dev/urandom | base64)", n, len(raw), MinKeyBytes)
+			}
+			k, err := newKey(raw)
+			if err != nil {
+				return nil, fmt.Errorf("fleet key %d: %w", n, err)
+			}
+			if seen[k.id] {
+				continue
+			}
+			seen[k.id] = true
+			kr.keys = append(kr.keys, k)
 		}
-		if len(raw) < MinKeyBytes {
-			return nil, fmt.Errorf("fleet key %d: %d bytes, want at least %d (generate one with: head -c 32 /dev/urandom | base64)", n+1, len(raw), MinKeyBytes)
-		}
-		k, err := newKey(raw)
-		if err != nil {
-			return nil, fmt.Errorf("fleet key %d: %w", n+1, err)
-		}
-		if seen[k.id] {
-			continue
-		}
-		seen[k.id] = true
-		kr.keys = append(kr.keys, k)
 	}
 	if len(kr.keys) == 0 {
 		return nil, errors.New("no fleet key given (generate one with: head -c 32 /dev/urandom | base64)")

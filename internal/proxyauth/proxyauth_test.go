@@ -60,7 +60,7 @@ func TestRotationKeepsOldKeysUsable(t *testing.T) {
 	derivedOld, err := old.Managed(old.PrimaryID(), "px-1")
 	require.NoError(t, err)
 
-	both, err := Parse("# new key first\n" + testKey(2) + "\n" + testKey(1) + "\n")
+	both, err := Parse("# new key first, then the old one\n" + testKey(2) + "\n" + testKey(1) + "\n")
 	require.NoError(t, err)
 	assert.NotEqual(t, old.PrimaryID(), both.PrimaryID())
 	assert.Equal(t, []string{both.PrimaryID(), old.PrimaryID()}, both.IDs())
@@ -122,4 +122,14 @@ func TestCredentialsNeverPrintTheirPassword(t *testing.T) {
 	assert.False(t, c.Match(Credentials{Username: "crawler", Password: "wrong"}.Header()))
 	assert.False(t, c.Match(""))
 	assert.True(t, strings.HasPrefix(c.Header(), "Basic "))
+}
+
+func TestParseTakesCommasAndLines(t *testing.T) {
+	lines, err := Parse(testKey(1) + "\n" + testKey(2))
+	require.NoError(t, err)
+	commas, err := Parse(testKey(1) + ", " + testKey(2))
+	require.NoError(t, err)
+	assert.Equal(t, lines.IDs(), commas.IDs())
+	_, err = Parse(testKey(1) + "\n!!!!")
+	assert.ErrorContains(t, err, "fleet key 2")
 }

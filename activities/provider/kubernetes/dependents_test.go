@@ -454,3 +454,22 @@ func TestDeleteRemovesWhatIsLeft(t *testing.T) {
 		f.assertNoDependents(req)
 	})
 }
+
+// TestDeleteSparesObjectsNotOfTheInstance: a Secret that happens to have the name of an
+// instance's configuration, but is not one (a user's), survives the instance's delete, as
+// it survived the create that refused to take it over.
+func TestDeleteSparesObjectsNotOfTheInstance(t *testing.T) {
+	f := newFixture(t)
+	req := f.request("px-spare-0")
+	users := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: configSecretName(req.Name), Namespace: req.Namespace},
+		Data:       map[string][]byte{"note": []byte("mine")},
+	}
+	require.NoError(t, f.c.Create(f.ctx, users))
+	_, err := f.p.Create(f.ctx, req)
+	require.Error(t, err)
+	require.NoError(t, f.p.Delete(f.ctx, f.p.ProviderID(req)))
+	var still corev1.Secret
+	require.NoError(t, f.c.Get(f.ctx, client.ObjectKeyFromObject(users), &still), "the user's Secret was deleted")
+	assert.Equal(t, []byte("mine"), still.Data["note"])
+}

@@ -302,8 +302,21 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 		&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}},
 	}
 	for _, dep := range deps {
-		if err := p.Client.Delete(ctx, dep); err != nil && !apierrors.IsNotFound(err) {
-			return classify(fmt.Sprintf("delete %T %s/%s", dep, key.Namespace, dep.GetName()), err)
+		what := fmt.Sprintf("%T %s/%s", dep, key.Namespace, dep.GetName())
+		switch err := p.Client.Get(ctx, client.ObjectKeyFromObject(dep), dep); {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return classify("get "+what, err)
+		}
+		// Only this instance's: Create refuses an object of the name that is not ours, and
+		// the retired instance's delete must not then remove it.
+		if dep.GetLabels()[labelInstance] != key.Name {
+			continue
+		}
+		uid := dep.GetUID()
+		if err := p.Client.Delete(ctx, dep, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+			return classify("delete "+what, err)
 		}
 	}
 	return nil
