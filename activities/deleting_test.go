@@ -2,7 +2,6 @@ package activities_test
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
@@ -46,7 +46,7 @@ func TestAnInstanceBeingDeletedIsGone(t *testing.T) {
 	// The monitor checks the provider as soon as probes fail (nothing listens at the
 	// target), and reports the instance gone.
 	mon := activities.MonitorInput{
-		Target: refusedAddr(t), Instance: &in, DriftInterval: time.Hour,
+		Target: testenv.FreeAddr(t), Instance: &in, DriftInterval: time.Hour,
 		HealthCheck: v1alpha1.HealthCheck{URL: "http://127.0.0.1:1/", Interval: "1s", Timeout: "200ms", SuccessThreshold: 1, FailureThreshold: 1},
 		Last:        activities.Health{Known: true, Healthy: true},
 	}
@@ -55,14 +55,4 @@ func TestAnInstanceBeingDeletedIsGone(t *testing.T) {
 	var res activities.MonitorResult
 	require.NoError(t, v.Get(&res))
 	assert.Equal(t, activities.MonitorGone, res.Reason)
-}
-
-// refusedAddr is a loopback address nothing listens on.
-func refusedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
 }

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -28,14 +27,8 @@ import (
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
+// freeAddr is a loopback address for a process the test starts.
+func freeAddr(t *testing.T) string { return testenv.FreeAddr(t) }
 
 // process runs one of the project's binaries for the test and stops it at the end.
 func process(t *testing.T, name string, env []string, args ...string) {

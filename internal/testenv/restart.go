@@ -304,3 +304,18 @@ func (k *KubeEnv) StartAPIServer(t testing.TB) {
 		t.Fatalf("testenv: restart kube-apiserver: %v", err)
 	}
 }
+
+// FreeAddr is a 127.0.0.1 address nothing listens on now: a port for a server the test
+// starts, or a proxy that refuses connections.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free address: %v", err)
+	}
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatalf("free address: %v", err)
+	}
+	return addr
+}
