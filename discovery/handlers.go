@@ -111,6 +111,14 @@ type ProxyList struct {
 }
 
 func (s *Server) listProxies(c *gin.Context) {
+	for name := range c.Request.URL.Query() {
+		// An unknown parameter (region=eu for attr.region=eu, say) would otherwise be
+		// ignored, and the answer would list proxies the caller meant to exclude.
+		if name != "healthy" && !strings.HasPrefix(name, "attr.") {
+			s.fail(c, apiErr(codeInvalid, "unknown query parameter %q: select by attribute with attr.<key>=<value>, or filter with healthy=true|false", name))
+			return
+		}
+	}
 	sel, err := ParseQuerySelector(c.Request.URL.Query())
 	if err != nil {
 		s.fail(c, apiErr(codeInvalidSelector, "%v", err))
@@ -158,14 +166,16 @@ func (r LeaseResponse) LogValue() slog.Value {
 }
 
 // Validate checks a lease request and returns the TTL to grant: its ttlSeconds, or
-// cfg.DefaultTTL when it gives none. It leaves r as it is.
+// cfg.DefaultTTL when it gives none. It normalises r.Target (NormalizeTarget).
 func (r *LeaseRequest) Validate(cfg Config) (time.Duration, error) {
 	if err := r.Selector.Validate(); err != nil {
 		return 0, apiErr(codeInvalidSelector, "%v", err)
 	}
-	if err := validateTarget(r.Target); err != nil {
+	target, err := NormalizeTarget(r.Target)
+	if err != nil {
 		return 0, err
 	}
+	r.Target = target
 	return ttl(r.TTLSeconds, cfg)
 }
 
@@ -182,11 +192,36 @@ func ttl(seconds int, cfg Config) (time.Duration, error) {
 	return time.Duration(seconds) * time.Second, nil
 }
 
-func validateTarget(t string) error {
-	if len(t) > 253 || strings.ContainsAny(t, " \t\r\n/") {
-		return apiErr(codeInvalid, "target must be a host name (at most 253 characters, no spaces or slashes)")
+// NormalizeTarget is the cooldown key of a target site: its host name in lower case,
+// without a port or a trailing dot, so "Shop.Example", "shop.example:443" and
+// "shop.example." rest a proxy for the same site. Anything that is not a host name (a URL,
+// spaces, control characters) is refused rather than becoming a key of its own.
+func NormalizeTarget(t string) (string, error) {
+	if t == "" {
+		return "", nil
 	}
-	return nil
+	bad := func() (string, error) {
+		return "", apiErr(codeInvalid, "target must be a host name such as shop.example (at most 253 characters, optionally with a port; no scheme, path, spaces or control characters)")
+	}
+	if len(t) > 253+6 || strings.ContainsFunc(t, func(r rune) bool {
+		return r <= ' ' || r == 0x7f || r == '/' || r == '?' || r == '#' || r == '@' || r == '\\'
+	}) {
+		return bad()
+	}
+	host := t
+	if h, port, err := net.SplitHostPort(t); err == nil {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return bad()
+		}
+		host = h
+	} else if strings.Count(t, ":") == 1 {
+		return bad() // "host:" or "host:port" with a port that is not one
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if host == "" || len(host) > 253 || strings.Contains(host, "..") {
+		return bad()
+	}
+	return host, nil
 }
 
 func (s *Server) acquire(c *gin.Context) {
@@ -275,10 +310,12 @@ func (s *Server) report(c *gin.Context) {
 		s.fail(c, apiErr(codeInvalidResult, "result must be ok, rate_limited or banned, got %q", req.Result))
 		return
 	}
-	if err := validateTarget(req.Target); err != nil {
+	target, err := NormalizeTarget(req.Target)
+	if err != nil {
 		s.fail(c, err)
 		return
 	}
+	req.Target = target
 	l, err := s.store.Lookup(c.Param("id"))
 	if err != nil {
 		s.fail(c, &opError{op: opReport, leaseID: c.Param("id"), err: err})

@@ -22,6 +22,10 @@ type Config struct {
 	CooldownRateLimited, CooldownBanned time.Duration
 	// BodyLimit caps request bodies (default 64 KiB).
 	BodyLimit int64
+	// TrustedProxies are the addresses or CIDRs of load balancers whose X-Forwarded-For
+	// names the client in logs. Empty trusts none: any caller could otherwise write any
+	// address into the logs.
+	TrustedProxies []string
 }
 
 // Defaults of Config and of the refresher; cmd/discovery's flags default to them too.
@@ -84,6 +88,12 @@ func (s *Server) Handler() http.Handler {
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
+	// Nil trusts no proxy. cmd/discovery checks the list at start; a bad entry here (a
+	// test's config) is logged, and Gin then trusts none.
+	if err := r.SetTrustedProxies(s.cfg.TrustedProxies); err != nil {
+		s.log.Error("trusted proxies", "error", err)
+		_ = r.SetTrustedProxies(nil)
+	}
 	// A trailing slash or odd case gets a JSON 404, not a redirect with an HTML body.
 	r.RedirectTrailingSlash, r.RedirectFixedPath = false, false
 	// Server spans continue an incoming traceparent; probes and metrics scrapes are noise.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -312,7 +313,8 @@ func TestListProxies(t *testing.T) {
 		{name: "healthy", query: "healthy=true", want: []string{"eu-fast", "eu-slow", "us-ok"}},
 		{name: "unhealthy", query: "healthy=false", want: []string{"us-sick"}},
 		{name: "attribute and health", query: "attr.region=us&healthy=true", want: []string{"us-ok"}},
-		{name: "other parameters ignored", query: "limit=3&attr.region=us", want: []string{"us-ok", "us-sick"}},
+		{name: "unknown parameter refused", query: "limit=3&attr.region=us", code: "invalid"},
+		{name: "attribute without attr. refused", query: "region=eu", code: "invalid"},
 		{name: "nothing matches", query: "attr.region=mars", want: []string{}},
 		{name: "unknown key matches nothing", query: "attr.tier=gold", want: []string{}},
 		{name: "uppercase key", query: "attr.Region=eu", code: "invalid_selector"},
@@ -653,6 +655,10 @@ func TestReportSignalsAndCoolsDown(t *testing.T) {
 			"news.example", 5 * time.Minute, "news.example", "shop.example"},
 		{"no target anywhere: every target", "", "", contract.ReportBanned,
 			"", 30 * time.Minute, "any.example", ""},
+		// One site, however it is written: case, port and a trailing dot make no new key,
+		// neither in discovery nor in the signal that makes the cooldown durable.
+		{"one site however written", "news.example", "Shop.Example:443", contract.ReportBanned,
+			"shop.example", 30 * time.Minute, "shop.example.", "news.example"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -790,3 +796,53 @@ func TestConcurrentAcquires(t *testing.T) {
 	assert.Equal(t, 8, granted)
 	assert.Equal(t, map[string]int{"p0": 2, "p1": 2, "p2": 2, "p3": 2}, per)
 }
+
+func TestNormalizeTarget(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                  "",
+		"shop.example":      "shop.example",
+		"Shop.Example":      "shop.example",
+		"shop.example.":     "shop.example",
+		"shop.example:443":  "shop.example",
+		"SHOP.example:8080": "shop.example",
+		"[2001:db8::1]:443": "2001:db8::1",
+		"2001:db8::1":       "2001:db8::1",
+		"203.0.113.7":       "203.0.113.7",
+	} {
+		got, err := discovery.NormalizeTarget(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, in := range []string{
+		"https://shop.example/", "shop.example/path", "shop example", "shop.example\x00", "shop\texample",
+		"shop.example:", "shop.example:http", "shop.example:70000", "user@shop.example", ".", "a..b",
+		strings.Repeat("a", 260),
+	} {
+		_, err := discovery.NormalizeTarget(in)
+		assert.Error(t, err, "%q", in)
+	}
+}
+
+// TestServerLimits: headers past MaxHeaderBytes are refused before any handler runs.
+func TestServerLimits(t *testing.T) {
+	svc := discovery.NewService(discovery.ServiceConfig{API: discovery.Config{Token: "t"}}, quietTemporal{&fakeLister{}}, slog.New(slog.DiscardHandler), nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = svc.Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	req, err := http.NewRequest(http.MethodGet, "http://"+ln.Addr().String()+"/healthz", nil)
+	require.NoError(t, err)
+	req.Header.Set("X-Padding", strings.Repeat("x", 2*discovery.MaxHeaderBytes))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusRequestHeaderFieldsTooLarge, resp.StatusCode)
+}
+
+// quietTemporal lists no workflows and takes every signal.
+type quietTemporal struct{ *fakeLister }
+
+func (quietTemporal) SignalWorkflow(context.Context, string, string, string, any) error { return nil }

@@ -51,6 +51,9 @@ type Service struct {
 	log       *slog.Logger
 }
 
+// MaxHeaderBytes bounds a request's headers: a bearer token and a traceparent need far less.
+const MaxHeaderBytes = 16 << 10
+
 // NewService assembles discovery. Metrics go to reg when it is not nil.
 func NewService(cfg ServiceConfig, tc Temporal, log *slog.Logger, reg prometheus.Registerer) *Service {
 	if log == nil {
@@ -92,7 +95,11 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	go func() { s.server.RunReports(reportsCtx); loops <- struct{}{} }()
 	go func() { s.Store.RunSweeper(ctx, s.sweep); loops <- struct{}{} }()
 
-	hs := &http.Server{Handler: s.server.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	// Bounded reads, writes and headers: a client that trickles a request or never reads
+	// its answer holds a connection for seconds, not forever. Every answer is small and
+	// quick, so a minute to write one is generous.
+	hs := &http.Server{Handler: s.server.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: MaxHeaderBytes}
 	shutdown := make(chan error, 1)
 	go func() {
 		<-ctx.Done()

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
@@ -23,6 +24,8 @@ func main() {
 	flag.DurationVar(&cfg.API.CooldownBanned, "cooldown-banned", discovery.DefaultCooldownBanned, "cooldown of a proxy for a target after a banned report")
 	flag.DurationVar(&cfg.RefreshInterval, "refresh-interval", discovery.DefaultRefreshInterval, "how often the index reads what changed in Temporal")
 	flag.DurationVar(&cfg.FullResyncInterval, "full-resync-interval", discovery.DefaultFullResyncInterval, "how often the index re-reads every proxy")
+	cmdline.ListVar(&cfg.API.TrustedProxies, "trusted-proxies", cmdline.Env("DISCOVERY_TRUSTED_PROXIES", ""),
+		"comma-separated addresses or CIDRs of load balancers whose X-Forwarded-For names the client in logs (default: none) (env DISCOVERY_TRUSTED_PROXIES)")
 	fleetKey := cmdline.FleetKeyVar()
 
 	cmdline.Main("discovery", func(ctx context.Context, p *cmdline.Process) error {
@@ -30,6 +33,13 @@ func main() {
 		cfg.API.Token = os.Getenv("DISCOVERY_TOKEN")
 		// Required: without the key no proxy that takes credentials could be leased, and
 		// every Managed proxy does.
+		for _, p := range cfg.API.TrustedProxies {
+			if _, err := netip.ParsePrefix(p); err != nil {
+				if _, err := netip.ParseAddr(p); err != nil {
+					return fmt.Errorf("--trusted-proxies: %q is neither an address nor a CIDR", p)
+				}
+			}
+		}
 		kr, err := fleetKey()
 		if err != nil {
 			return err
