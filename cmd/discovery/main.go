@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -26,13 +27,16 @@ func main() {
 	flag.DurationVar(&cfg.FullResyncInterval, "full-resync-interval", discovery.DefaultFullResyncInterval, "how often the index re-reads every proxy")
 	cmdline.ListVar(&cfg.API.TrustedProxies, "trusted-proxies", cmdline.Env("DISCOVERY_TRUSTED_PROXIES", ""),
 		"comma-separated addresses or CIDRs of load balancers whose X-Forwarded-For names the client in logs (default: none) (env DISCOVERY_TRUSTED_PROXIES)")
+	insecure := flag.Bool("insecure-no-auth", false,
+		"serve without authentication when DISCOVERY_TOKEN is empty; allowed only on a loopback --listen address (development)")
 	fleetKey := cmdline.FleetKeyVar()
 
 	cmdline.Main("discovery", func(ctx context.Context, p *cmdline.Process) error {
 		// The token comes from the environment only, so it never shows in a process listing.
 		cfg.API.Token = os.Getenv("DISCOVERY_TOKEN")
-		// Required: without the key no proxy that takes credentials could be leased, and
-		// every Managed proxy does.
+		if err := checkAuth(cfg.API.Token, *insecure, *listen); err != nil {
+			return err
+		}
 		for _, p := range cfg.API.TrustedProxies {
 			if _, err := netip.ParsePrefix(p); err != nil {
 				if _, err := netip.ParseAddr(p); err != nil {
@@ -40,6 +44,8 @@ func main() {
 				}
 			}
 		}
+		// Required: without the key no proxy that takes credentials could be leased, and
+		// every Managed proxy does.
 		kr, err := fleetKey()
 		if err != nil {
 			return err
@@ -59,4 +65,26 @@ func main() {
 		p.Log.Info("discovery listening", "addr", ln.Addr().String(), "temporal", temporal.Address, "fleetKeyIDs", kr.IDs())
 		return discovery.NewService(cfg, tc, p.Log, reg).Serve(ctx, ln)
 	})
+}
+
+// checkAuth fails closed: an empty token (a Secret created empty, a variable not passed
+// through) must not quietly open the API, which hands out proxy credentials. Running
+// without one takes --insecure-no-auth, and only where no one else can connect.
+func checkAuth(token string, insecure bool, listen string) error {
+	switch {
+	case token != "" && insecure:
+		return errors.New("--insecure-no-auth is set but DISCOVERY_TOKEN is not empty: drop one of them")
+	case token != "":
+		return nil
+	case !insecure:
+		return errors.New("DISCOVERY_TOKEN is empty: set it to the bearer token crawlers present, or pass --insecure-no-auth to serve without authentication on a loopback --listen address")
+	}
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return fmt.Errorf("--insecure-no-auth serves without authentication and is allowed only on a loopback address; --listen is %q", listen)
+	}
+	return nil
 }
