@@ -389,42 +389,11 @@ func (p *Provider) deleteFirewall(ctx context.Context, r ref) error {
 	if err != nil {
 		return err
 	}
-	id := requestID(callFirewallDelete, r, "")
-	for hop := 0; ; hop++ {
-		op, err := p.firewalls.Delete(ctx, &computepb.DeleteFirewallRequest{
+	return deleteOnce(ctx, callFirewallDelete, r, rulePath(r), func(id string) (*compute.Operation, error) {
+		return p.firewalls.Delete(ctx, &computepb.DeleteFirewallRequest{
 			Project: r.project, Firewall: r.name, RequestId: proto.String(id),
 		})
-		if isNotReady(err) {
-			// Another operation on the rule still runs, most often an earlier delete.
-			return nil
-		}
-		if err = classify(callFirewallDelete, err); err != nil {
-			if errors.Is(err, provider.ErrNotFound) {
-				return nil
-			}
-			return fmt.Errorf("gcp firewall delete %s: %w", rulePath(r), err)
-		}
-		if !op.Done() {
-			return nil
-		}
-		// Done at once: an earlier delete under this ID. If it succeeded the rule is gone,
-		// unless one has been made under the name since.
-		if len(op.Proto().GetError().GetErrors()) == 0 {
-			_, err := p.getFirewall(ctx, r)
-			if errors.Is(err, provider.ErrNotFound) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-		}
-		if hop == maxRequestIDHops {
-			return fmt.Errorf(
-				"gcp firewall delete %s: the last %d deletes did not take and GCE still remembers their request IDs; retrying once it forgets them (an hour or more)",
-				rulePath(r), maxRequestIDHops)
-		}
-		id = nextRequestID(id, op.Proto())
-	}
+	}, func() error { _, err := p.getFirewall(ctx, r); return err })
 }
 
 // ownedRule is a rule of owner's, with the instance it was made for.

@@ -338,31 +338,40 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 
 // deleteInstance issues the delete of the instance at r; a missing instance is success.
 func (p *Provider) deleteInstance(ctx context.Context, r ref) error {
-	id := requestID(callDelete, r, "")
-	for hop := 0; ; hop++ {
-		op, err := p.client.Delete(ctx, &computepb.DeleteInstanceRequest{
+	return deleteOnce(ctx, callDelete, r, r.String(), func(id string) (*compute.Operation, error) {
+		return p.client.Delete(ctx, &computepb.DeleteInstanceRequest{
 			Project: r.project, Zone: r.zone, Instance: r.name, RequestId: proto.String(id),
 		})
+	}, func() error { _, err := p.get(ctx, r); return err })
+}
+
+// deleteOnce issues a delete (an instance's or a firewall rule's) under a request ID
+// derived from the call, and does not wait for it: the caller polls until the resource is
+// gone and asks again if it stays. send issues the delete under an ID; get reads the
+// resource (provider.ErrNotFound when it is gone).
+func deleteOnce(ctx context.Context, c call, r ref, what string, send func(id string) (*compute.Operation, error), get func() error) error {
+	id := requestID(c, r, "")
+	for hop := 0; ; hop++ {
+		op, err := send(id)
 		if isNotReady(err) {
-			// Another operation on the instance is still running, most often a delete
+			// Another operation on the resource is still running, most often a delete
 			// issued before (by an earlier attempt whose request ID GCE has forgotten, or
-			// by someone else). That is a delete in progress, not a failure: the caller
-			// polls Get until the instance is gone and asks again if it stays.
+			// by someone else). That is a delete in progress, not a failure.
 			return nil
 		}
-		if err = classify(callDelete, err); err != nil {
+		if err = classify(c, err); err != nil {
 			if errors.Is(err, provider.ErrNotFound) {
 				return nil
 			}
-			return fmt.Errorf("gcp delete %s: %w", r, err)
+			return fmt.Errorf("gcp %s %s: %w", c, what, err)
 		}
 		if !op.Done() {
 			return nil
 		}
 		// Done at once: an earlier delete under this request ID, recognised by GCE. If it
-		// succeeded the instance is gone, unless one has been created under the name since.
+		// succeeded the resource is gone, unless one has been made under the name since.
 		if len(op.Proto().GetError().GetErrors()) == 0 {
-			_, err := p.get(ctx, r)
+			err := get()
 			if errors.Is(err, provider.ErrNotFound) {
 				return nil
 			}
@@ -370,12 +379,12 @@ func (p *Provider) deleteInstance(ctx context.Context, r ref) error {
 				return err
 			}
 		}
-		// A failed earlier delete, or one that deleted a previous instance of this name:
+		// A failed earlier delete, or one that deleted a previous resource of this name:
 		// sending its ID again would only fetch it again, so this attempt needs a new one.
 		if hop == maxRequestIDHops {
 			return fmt.Errorf(
-				"gcp delete %s: the last %d deletes of this name did not take and GCE still remembers their request IDs; retrying once it forgets them (an hour or more)",
-				r, maxRequestIDHops)
+				"gcp %s %s: the last %d deletes of this name did not take and GCE still remembers their request IDs; retrying once it forgets them (an hour or more)",
+				c, what, maxRequestIDHops)
 		}
 		id = nextRequestID(id, op.Proto())
 	}
