@@ -78,10 +78,7 @@ func buildPod(req provider.CreateRequest) *corev1.Pod {
 		port = req.Spec.EffectivePort()
 	}
 
-	labels := req.Labels()
-	labels[labelInstance] = req.Name
-	labels[labelAppName] = appName
-	labels[labelAppManagedBy] = provider.ManagedByValue
+	labels := objectLabels(req)
 
 	container := corev1.Container{
 		Name:  containerName,
@@ -233,6 +230,17 @@ func proxyPort(pod *corev1.Pod) int32 {
 	return 0
 }
 
+// objectLabels are the labels of everything an instance is made of (pod, Secret,
+// NetworkPolicy): the ownership labels, the instance (which its policy selects by), and the
+// recommended Kubernetes labels, so kubectl users and dashboards can tell them apart.
+func objectLabels(req provider.CreateRequest) map[string]string {
+	labels := req.Labels()
+	labels[labelInstance] = req.Name
+	labels[labelAppName] = appName
+	labels[labelAppManagedBy] = provider.ManagedByValue
+	return labels
+}
+
 // configSecretName is the name of the Secret holding an instance's rendered configuration.
 func configSecretName(instance string) string { return instance + "-squid" }
 
@@ -266,10 +274,7 @@ func renderConfig(req provider.CreateRequest) (squid.Files, error) {
 // buildConfigSecret is the Secret the pod mounts its configuration from. It carries the
 // ownership labels, so what it belongs to is visible, and is deleted with the pod.
 func buildConfigSecret(req provider.CreateRequest, files squid.Files) *corev1.Secret {
-	labels := req.Labels()
-	labels[labelInstance] = req.Name
-	labels[labelAppName] = appName
-	labels[labelAppManagedBy] = provider.ManagedByValue
+	labels := objectLabels(req)
 	return &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: configSecretName(req.Name), Namespace: podNamespace(req), Labels: labels},
 		Type:       corev1.SecretTypeOpaque,
@@ -300,10 +305,7 @@ func buildNetworkPolicy(req provider.CreateRequest, probeFrom []networkingv1.Net
 	for _, p := range probeFrom {
 		peers = append(peers, *p.DeepCopy())
 	}
-	labels := req.Labels()
-	labels[labelInstance] = req.Name
-	labels[labelAppName] = appName
-	labels[labelAppManagedBy] = provider.ManagedByValue
+	labels := objectLabels(req)
 	tcp := corev1.ProtocolTCP
 	target := intstr.FromInt32(port)
 	return &networkingv1.NetworkPolicy{
