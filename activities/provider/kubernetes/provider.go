@@ -164,18 +164,15 @@ func ensure[T client.Object](ctx context.Context, c client.Client, obj T, uid st
 	if got := have.GetLabels()[provider.LabelProxyUID]; got != uid {
 		return provider.Permanent(fmt.Errorf("%s already exists and is not this Proxy's (label %s=%q, want %q)", what, provider.LabelProxyUID, got, uid))
 	}
-	if same(have) {
-		obj.SetUID(have.GetUID())
-		obj.SetResourceVersion(have.GetResourceVersion())
-		obj.SetOwnerReferences(have.GetOwnerReferences())
-		return nil
+	if !same(have) {
+		// An earlier attempt's object, from another spec or fleet key: the pod is about to
+		// read it, so it must say what this attempt wants.
+		update(have)
+		if err := c.Update(ctx, have); err != nil {
+			return classify("update "+what, err)
+		}
 	}
-	// An earlier attempt's object, from another spec or fleet key: the pod is about to
-	// read it, so it must say what this attempt wants.
-	update(have)
-	if err := c.Update(ctx, have); err != nil {
-		return classify("update "+what, err)
-	}
+	// obj stands for the object in the cluster from here on (ownBy patches it).
 	obj.SetUID(have.GetUID())
 	obj.SetResourceVersion(have.GetResourceVersion())
 	obj.SetOwnerReferences(have.GetOwnerReferences())
