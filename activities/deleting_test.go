@@ -1,7 +1,6 @@
 package activities_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -11,33 +10,42 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/gcp"
+	"github.com/proxyfleet/proxyfleet/activities/provider/gcp/gcptest"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
-// tearingDown is a provider whose every instance is being deleted: a pod someone deleted,
-// or a VM that is gone while its firewall rule is still there.
-type tearingDown struct{ provider.Provider }
-
-func (tearingDown) Get(_ context.Context, id string) (provider.Instance, error) {
-	return provider.Instance{Name: "px-x-1", ProviderID: id, State: provider.StateDeleting}, nil
-}
-
-func (tearingDown) ProviderID(req provider.CreateRequest) string {
-	return "zones/z/instances/" + req.Name
-}
-
-// TestAnInstanceBeingDeletedIsGone: neither a wait for it to run nor the monitor's drift
-// check waits for it to vanish; both report it gone, so the workflow builds another.
+// TestAnInstanceBeingDeletedIsGone: a VM deleted behind the workflow's back, whose firewall
+// rule is still there, is reported by the gcp provider as being deleted. Neither a wait for
+// it to run nor the monitor's drift check waits for it to vanish; both report it gone, so
+// the workflow builds another. The provider runs against the fake Compute API on loopback.
 func TestAnInstanceBeingDeletedIsGone(t *testing.T) {
-	acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderGCP: tearingDown{}}, Installation: "test", Keyring: testKeys(t)}
+	const project = "test-project"
+	srv := gcptest.NewServer(t)
+	g, err := gcp.New(t.Context(), gcp.Config{DefaultProject: project, ClientOptions: srv.ClientOptions()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = g.Close() })
+	acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderGCP: g}, Installation: "test", Keyring: testKeys(t)}
 	var s testsuite.WorkflowTestSuite
 	env := s.NewTestActivityEnvironment()
 	env.RegisterActivity(acts)
-	in := activities.InstanceInput{Provider: v1alpha1.ProviderGCP, Name: "px-x-1", ProviderID: "zones/z/instances/px-x-1",
-		PollInterval: 10 * time.Millisecond, MaxWait: time.Hour}
 
-	v, err := env.ExecuteActivity(acts.WaitRunning, in)
+	spec := v1alpha1.ProxySpec{Provider: v1alpha1.ProviderGCP, GCP: &v1alpha1.GCPSpec{
+		Zone: "europe-west1-b", MachineType: "e2-micro", Image: "projects/debian-cloud/global/images/family/debian-12",
+		AllowedSourceRanges: []v1alpha1.CIDR{"203.0.113.0/24"},
+	}}
+	in := activities.InstanceInput{Provider: v1alpha1.ProviderGCP, Name: "px-gone-1", ProxyUID: "uid-gone", Namespace: "ns",
+		Spec: spec, PollInterval: 10 * time.Millisecond, MaxWait: time.Hour}
+	v, err := env.ExecuteActivity(acts.CreateInstance, in)
+	require.NoError(t, err)
+	var created activities.CreateResult
+	require.NoError(t, v.Get(&created))
+	in.ProviderID = created.Instance.ProviderID
+	srv.RemoveInstance(project, "europe-west1-b", "px-gone-1")
+	require.Len(t, srv.Firewalls(), 1, "the rule stays behind")
+
+	v, err = env.ExecuteActivity(acts.WaitRunning, in)
 	require.NoError(t, err)
 	var wait activities.WaitResult
 	require.NoError(t, v.Get(&wait))
