@@ -322,8 +322,9 @@ func TestUnresolvedCredentialsLoggedPerChange(t *testing.T) {
 }
 
 // TestRenewCarriesCurrentCredentials: a renewal carries the credentials the proxy takes
-// now (a replacement has new ones), and keeps the last ones while they cannot be resolved
-// rather than answer without any.
+// now (an External proxy's Secret may be rotated), and keeps the last ones while they
+// cannot be resolved rather than answer without any. A replacement (a new instance, even
+// at the same address) ends the lease instead: proxy_gone, reason replaced.
 func TestRenewCarriesCurrentCredentials(t *testing.T) {
 	kr := newKeyring(t)
 	m := readyMemo("p")
@@ -342,26 +343,44 @@ func TestRenewCarriesCurrentCredentials(t *testing.T) {
 		return r
 	}
 
-	// Replaced: a new instance at a new port, with credentials of its own.
-	m.Auth.Instance, m.Port = "pf-crawl-p-2", 3129
-	f.set(m)
-	require.NoError(t, f.ref.Incremental(t.Context()))
-	second, err := kr.Managed(kr.PrimaryID(), "pf-crawl-p-2")
-	require.NoError(t, err)
-	r := renew()
-	assert.Equal(t, second.Password, r.Proxy.Password)
-	assert.NotEqual(t, first.Password, second.Password)
-	assert.Equal(t, (&url.URL{Scheme: "http", Host: "127.0.0.1:3129", User: url.UserPassword(second.Username, second.Password)}).String(),
-		r.Proxy.URL)
-
 	// discovery loses the key (rotated out of its keyring too early): the proxy still
 	// takes the credentials it was configured with, so the renewal keeps them.
 	f.ref.Keyring = newKeyring(t)
 	require.NoError(t, f.ref.Full(t.Context()))
-	r = renew()
-	assert.Equal(t, second.Password, r.Proxy.Password)
+	r := renew()
+	assert.Equal(t, first.Password, r.Proxy.Password)
 	assert.Equal(t, "127.0.0.1", r.Proxy.IP)
 	requireError(t, f.do(http.MethodPost, "/v1/leases", `{}`), http.StatusConflict, "no_match")
+	f.ref.Keyring = kr
+	require.NoError(t, f.ref.Full(t.Context()))
+
+	// Replaced by a new instance at the same address: the lease ends.
+	m.Auth.Instance = "pf-crawl-p-2"
+	f.set(m)
+	require.NoError(t, f.ref.Incremental(t.Context()))
+	body := requireError(t, f.do(http.MethodPost, "/v1/leases/"+l.LeaseID+"/renew", `{}`), http.StatusGone, "proxy_gone")
+	assert.Equal(t, "replaced", body["reason"])
+
+	// An External proxy whose Secret was rotated: same address, new credentials.
+	seal := func(password string) string {
+		s, err := kr.Seal(proxyauth.Credentials{Username: "user", Password: password}, "uid-ext")
+		require.NoError(t, err)
+		return s
+	}
+	ext := readyMemo("ext")
+	ext.Provider, ext.Attributes = "external", map[string]string{"kind": "ext"}
+	ext.Auth = &contract.ProxyAuth{Sealed: seal("old-password")}
+	f.set(m, ext)
+	require.NoError(t, f.ref.Incremental(t.Context()))
+	l = f.acquire(`{"selector":{"kind":"ext"}}`)
+	require.Equal(t, "old-password", l.Proxy.Password)
+	ext.Auth = &contract.ProxyAuth{Sealed: seal("new-password")}
+	f.set(m, ext)
+	require.NoError(t, f.ref.Incremental(t.Context()))
+	r = renew()
+	assert.Equal(t, "new-password", r.Proxy.Password)
+	assert.Equal(t, (&url.URL{Scheme: "http", Host: "127.0.0.1:3128", User: url.UserPassword("user", "new-password")}).String(),
+		r.Proxy.URL)
 }
 
 // TestServiceWithoutFleetKey: a discovery assembled without a fleet key leases proxies

@@ -4,19 +4,26 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/gin-gonic/gin"
 )
 
 // Error codes of the API, mapped to HTTP statuses in exactly one place (status).
 const (
-	codeInvalid          = "invalid"
-	codeInvalidResult    = "invalid_result"
-	codeInvalidSelector  = "invalid_selector"
-	codeUnauthorized     = "unauthorized"
-	codeNotFound         = "not_found"
-	codeUnknownLease     = "unknown_lease"
-	codeLeaseExpired     = "lease_expired"
+	codeInvalid         = "invalid"
+	codeInvalidResult   = "invalid_result"
+	codeInvalidSelector = "invalid_selector"
+	codeUnauthorized    = "unauthorized"
+	codeNotFound        = "not_found"
+	codeUnknownLease    = "unknown_lease"
+	codeLeaseExpired    = "lease_expired"
+	// codeProxyGone: the lease ended because its proxy cannot serve it any more (replaced,
+	// unhealthy or removed; the answer's reason says which). Acquire a new lease.
+	codeProxyGone = "proxy_gone"
+	// codeReportLimit: the lease has reported as many cooldowns as a lease may.
+	codeReportLimit      = "report_limit"
 	codeNoMatch          = "no_match"
 	codeTooLarge         = "too_large"
 	codeMethodNotAllowed = "method_not_allowed"
@@ -38,8 +45,10 @@ func status(code string) int {
 		return http.StatusMethodNotAllowed
 	case codeNoMatch:
 		return http.StatusConflict
-	case codeLeaseExpired:
+	case codeLeaseExpired, codeProxyGone:
 		return http.StatusGone
+	case codeReportLimit:
+		return http.StatusTooManyRequests
 	case codeTooLarge:
 		return http.StatusRequestEntityTooLarge
 	case codeIndexLoading:
@@ -55,6 +64,11 @@ type APIError struct {
 	Message string `json:"message"`
 	// NoMatch details a 409.
 	*NoMatch `json:",omitempty"`
+	// Reason details a proxy_gone: a ProxyGone reason.
+	Reason string `json:"reason,omitempty"`
+	// RetryAfterSeconds, when set, is also the Retry-After header: how long to wait before
+	// the same request can succeed.
+	RetryAfterSeconds int `json:"retryAfterSeconds,omitempty"`
 }
 
 func (e *APIError) Error() string { return e.Code + ": " + e.Message }
@@ -97,9 +111,18 @@ func toAPIError(err error) (ae *APIError, known bool) {
 		op = *oe
 	}
 	if nm, ok := errors.AsType[*NoMatch](err); ok {
-		return &APIError{Code: codeNoMatch, NoMatch: nm,
+		ae := &APIError{Code: codeNoMatch, NoMatch: nm,
 			Message: fmt.Sprintf("no proxy available: %d match the selector, %d unhealthy, %d at capacity, %d in cooldown%s",
-				nm.Considered, nm.Unhealthy, nm.AtCapacity, nm.InCooldown, forTarget(op.target))}, true
+				nm.Considered, nm.Unhealthy, nm.AtCapacity, nm.InCooldown, forTarget(op.target))}
+		if nm.RetryAfter > 0 {
+			ae.RetryAfterSeconds = int((nm.RetryAfter + time.Second - 1) / time.Second)
+			ae.Message += fmt.Sprintf("; the first frees up in %ds", ae.RetryAfterSeconds)
+		}
+		return ae, true
+	}
+	if pg, ok := errors.AsType[*ProxyGone](err); ok {
+		return &APIError{Code: codeProxyGone, Reason: pg.Reason,
+			Message: fmt.Sprintf("lease %q has ended: its proxy %s; acquire a new lease", op.leaseID, goneText(pg.Reason))}, true
 	}
 	switch {
 	case errors.Is(err, ErrUnknownLease) && op.op == opReport:
@@ -108,10 +131,23 @@ func toAPIError(err error) (ae *APIError, known bool) {
 		return apiErr(codeUnknownLease, "no lease %q (or it expired more than the cooldown window ago)", op.leaseID), true
 	case errors.Is(err, ErrUnknownLease):
 		return apiErr(codeUnknownLease, "no lease %q", op.leaseID), true
+	case errors.Is(err, ErrReportLimit):
+		return apiErr(codeReportLimit, "lease %q has reported as many cooldowns as a lease may; report further ones on a new lease", op.leaseID), true
 	case errors.Is(err, ErrLeaseExpired):
 		return apiErr(codeLeaseExpired, "lease %q has expired; acquire a new one", op.leaseID), true
 	}
 	return apiErr(codeInternal, "internal error"), false
+}
+
+func goneText(reason string) string {
+	switch reason {
+	case ProxyGoneReplaced:
+		return "was replaced by an instance with another address"
+	case ProxyGoneUnhealthy:
+		return "is unhealthy"
+	default:
+		return "has left the fleet"
+	}
 }
 
 // forTarget ends a no_match message: cooldowns are counted for the target, so without one
@@ -128,6 +164,9 @@ func (s *Server) fail(c *gin.Context, err error) {
 	ae, known := toAPIError(err)
 	if !known {
 		s.log.Error("internal error", "method", c.Request.Method, "path", c.FullPath(), "error", err)
+	}
+	if ae.RetryAfterSeconds > 0 {
+		c.Header("Retry-After", strconv.Itoa(ae.RetryAfterSeconds))
 	}
 	c.AbortWithStatusJSON(status(ae.Code), ae)
 }

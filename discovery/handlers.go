@@ -6,11 +6,14 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
+	"golang.org/x/net/idna"
 
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
@@ -148,6 +151,8 @@ type LeaseRequest struct {
 	TTLSeconds int      `json:"ttlSeconds"`
 	// Target is the site the crawler will visit: proxies in cooldown for it are skipped.
 	Target string `json:"target"`
+	// Session keeps the crawler on one proxy across leases (Store.Lease).
+	Session string `json:"session"`
 }
 
 // LeaseResponse is the body of a granted lease (201) and a renewal (200).
@@ -157,12 +162,14 @@ type LeaseResponse struct {
 	ExpiresAt  time.Time   `json:"expiresAt"`
 	TTLSeconds int         `json:"ttlSeconds"`
 	Target     string      `json:"target,omitempty"`
+	Session    string      `json:"session,omitempty"`
 }
 
 // LogValue shows the lease with the proxy's password redacted, for slog.
 func (r LeaseResponse) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("leaseID", r.LeaseID), slog.Any("proxy", r.Proxy),
-		slog.Time("expiresAt", r.ExpiresAt), slog.Int("ttlSeconds", r.TTLSeconds), slog.String("target", r.Target))
+		slog.Time("expiresAt", r.ExpiresAt), slog.Int("ttlSeconds", r.TTLSeconds), slog.String("target", r.Target),
+		slog.String("session", r.Session))
 }
 
 // Validate checks a lease request and returns the TTL to grant: its ttlSeconds, or
@@ -176,8 +183,15 @@ func (r *LeaseRequest) Validate(cfg Config) (time.Duration, error) {
 		return 0, err
 	}
 	r.Target = target
+	if r.Session != "" && !sessionRE.MatchString(r.Session) {
+		return 0, apiErr(codeInvalid, "session must be 1-128 letters, digits, '.', '_', '~', ':' or '-'")
+	}
 	return ttl(r.TTLSeconds, cfg)
 }
+
+// sessionRE is what a session name may be: enough for a UUID or a crawler's own key, and
+// nothing that could not travel in a proxy username or a log line as it is.
+var sessionRE = regexp.MustCompile(`^[A-Za-z0-9._~:-]{1,128}$`)
 
 func ttl(seconds int, cfg Config) (time.Duration, error) {
 	switch {
@@ -218,7 +232,20 @@ func NormalizeTarget(t string) (string, error) {
 		return bad() // "host:" or "host:port" with a port that is not one
 	}
 	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	if host == "" || len(host) > 253 || strings.Contains(host, "..") {
+	if ip := net.ParseIP(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")); ip != nil {
+		return ip.String(), nil
+	}
+	if strings.ContainsFunc(host, func(r rune) bool { return r >= utf8.RuneSelf }) {
+		// An internationalised name rests a proxy under its ASCII form, which is what
+		// the crawler's requests carry: "bücher.example" and "xn--bcher-kva.example"
+		// are one site.
+		ascii, err := idna.Lookup.ToASCII(host)
+		if err != nil {
+			return bad()
+		}
+		host = ascii
+	}
+	if host == "" || len(host) > 253 || strings.Contains(host, "..") || strings.ContainsRune(host, ':') {
 		return bad()
 	}
 	return host, nil
@@ -237,7 +264,7 @@ func (s *Server) acquire(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	l, err := s.store.Acquire(req.Selector, req.Target, d)
+	l, err := s.store.Lease(Want{Selector: req.Selector, Target: req.Target, Session: req.Session, TTL: d})
 	if err != nil {
 		if _, ok := errors.AsType[*NoMatch](err); ok {
 			s.metrics.leaseRequests.WithLabelValues("no_match").Inc()
@@ -254,7 +281,7 @@ func (s *Server) acquire(c *gin.Context) {
 // ExpiresAt minus the wall clock: ExpiresAt is on the store's clock.
 func leaseResponse(l *Lease, d time.Duration) LeaseResponse {
 	return LeaseResponse{LeaseID: l.ID, Proxy: leased(l.Proxy), ExpiresAt: l.ExpiresAt.UTC(),
-		TTLSeconds: int(d / time.Second), Target: l.Target}
+		TTLSeconds: int(d / time.Second), Target: l.Target, Session: l.Session}
 }
 
 // RenewRequest is the body of POST /v1/leases/{id}/renew.
@@ -315,20 +342,17 @@ func (s *Server) report(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	req.Target = target
-	l, err := s.store.Lookup(c.Param("id"))
+	var until time.Time
+	if window > 0 {
+		until = s.store.Now().Add(window)
+	}
+	l, target, err := s.store.Report(c.Param("id"), target, until)
 	if err != nil {
 		s.fail(c, &opError{op: opReport, leaseID: c.Param("id"), err: err})
 		return
 	}
 	s.metrics.reports.WithLabelValues(req.Result).Inc()
 	if window > 0 {
-		target := req.Target
-		if target == "" {
-			target = l.Target
-		}
-		until := s.store.Now().Add(window)
-		s.store.Cooldown(l.ProxyID, target, until)
 		s.forward(l, contract.ReportSignal{Target: target, Result: req.Result, Until: until.UTC()})
 	}
 	c.Status(http.StatusNoContent)

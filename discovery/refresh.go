@@ -273,11 +273,13 @@ func decode(memo *commonpb.Memo, sa *commonpb.SearchAttributes, kr *proxyauth.Ke
 		Phase:   m.Phase, MaxLeases: int(m.MaxLeases), Provider: m.Provider,
 		Cooldowns: m.Cooldowns,
 	}
+	if m.Auth != nil {
+		p.Instance = m.Auth.Instance
+	}
 	// The memo's UID owns sealed credentials: a sealed value copied into another Proxy's
 	// memo does not open.
+	// A proxy whose credentials do not resolve keeps the health its checks gave: the
+	// store never leases it (Store.Upsert), but still renews leases already on it.
 	p.Credentials, p.authNote, p.CredentialsUnresolved = resolveCredentials(kr, m.Auth, m.UID)
-	if p.CredentialsUnresolved != "" {
-		p.Healthy = false
-	}
 	return p, updated, true
 }

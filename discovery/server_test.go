@@ -197,6 +197,10 @@ func requireError(t *testing.T, rec *httptest.ResponseRecorder, status int, code
 		case "error", "message":
 		case "considered", "atCapacity", "inCooldown", "unhealthy":
 			assert.Equal(t, "no_match", code, "NoMatch numbers only on a 409")
+		case "retryAfterSeconds":
+			assert.Equal(t, fmt.Sprint(body[k]), rec.Header().Get("Retry-After"), "the header and the field agree")
+		case "reason":
+			assert.Equal(t, "proxy_gone", code, "a reason only on proxy_gone")
 		default:
 			t.Errorf("unexpected field %q in error body %s", k, rec.Body.String())
 		}
@@ -270,7 +274,7 @@ func TestIndexLoading(t *testing.T) {
 		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &list))
 		assert.Equal(t, 2, list.Count)
 		l := h.acquire(`{"selector":{"region":"eu"}}`)
-		assert.Equal(t, "eu-fast", l.Proxy.Name)
+		assert.Contains(t, []string{"eu-fast", "eu-slow"}, l.Proxy.Name)
 		assert.Equal(t, http.StatusOK, h.do(http.MethodPost, "/v1/leases/"+l.LeaseID+"/renew", "").Code)
 	})
 
@@ -300,7 +304,7 @@ func TestEmptyFleetIsLoaded(t *testing.T) {
 
 func TestListProxies(t *testing.T) {
 	h := newHarness(t, defaultConfig(), fleet()...)
-	h.acquire(`{"selector":{"region":"eu"}}`) // eu-fast: 1 active lease
+	h.acquire(`{"selector":{"country":"de"}}`) // eu-fast: 1 active lease
 	tests := []struct {
 		name  string
 		query string
@@ -360,7 +364,7 @@ func TestAcquire(t *testing.T) {
 	h := newHarness(t, defaultConfig(), fleet()...)
 	now := h.clock.Now()
 
-	rec := h.do(http.MethodPost, "/v1/leases", `{"selector":{"region":"eu"},"ttlSeconds":60,"target":"shop.example"}`)
+	rec := h.do(http.MethodPost, "/v1/leases", `{"selector":{"region":"eu","country":"de"},"ttlSeconds":60,"target":"shop.example"}`)
 	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
 	var raw map[string]json.RawMessage
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &raw))
@@ -379,12 +383,10 @@ func TestAcquire(t *testing.T) {
 		l := h.acquire("")
 		assert.Equal(t, 300, l.TTLSeconds)
 		assert.True(t, now.Add(5*time.Minute).Equal(l.ExpiresAt))
-		assert.Equal(t, "us-ok", l.Proxy.Name, "the best free healthy proxy")
+		assert.Contains(t, []string{"us-ok", "eu-slow"}, l.Proxy.Name, "a free healthy proxy")
 		assert.Empty(t, l.Target)
-	})
-	t.Run("empty object", func(t *testing.T) {
-		l := h.acquire(`{}`)
-		assert.Equal(t, "eu-slow", l.Proxy.Name)
+		second := h.acquire(`{}`)
+		assert.ElementsMatch(t, []string{"us-ok", "eu-slow"}, []string{l.Proxy.Name, second.Proxy.Name}, "then the other")
 	})
 	t.Run("max TTL is allowed", func(t *testing.T) {
 		h := newHarness(t, defaultConfig(), fleet()...)
@@ -458,10 +460,12 @@ func TestAcquireNoMatch(t *testing.T) {
 		body string
 		want map[string]any
 	}{
+		// The cooldowns end in a minute, before the full proxy's lease (5 minutes).
 		{"every reason", `{"selector":{"region":"eu"},"target":"shop.example"}`,
-			map[string]any{"considered": 4.0, "unhealthy": 1.0, "atCapacity": 1.0, "inCooldown": 2.0}},
+			map[string]any{"considered": 4.0, "unhealthy": 1.0, "atCapacity": 1.0, "inCooldown": 2.0, "retryAfterSeconds": 60.0}},
+		// Nothing will free up by waiting: no Retry-After.
 		{"nothing matches", `{"selector":{"region":"mars"}}`,
-			map[string]any{"considered": 0.0, "unhealthy": 0.0, "atCapacity": 0.0, "inCooldown": 0.0}},
+			map[string]any{"considered": 0.0, "unhealthy": 0.0, "atCapacity": 0.0, "inCooldown": 0.0, "retryAfterSeconds": nil}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

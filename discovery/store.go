@@ -1,10 +1,10 @@
 package discovery
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"sort"
 	"sync"
@@ -29,6 +29,10 @@ type Proxy struct {
 	Phase         string            `json:"phase,omitempty"`
 	MaxLeases     int               `json:"maxLeases"`
 	Provider      string            `json:"provider,omitempty"`
+	// Instance is a Managed proxy's current instance, when the memo names it: a lease
+	// renewed across a replacement must not silently move to the new instance, whose
+	// egress address differs even if the proxy's address does not.
+	Instance string `json:"-"`
 	// Cooldowns are the durable ones from the proxy's workflow: target ("" = all) → until.
 	Cooldowns map[string]time.Time `json:"-"`
 	// Credentials are what the proxy takes, resolved from its memo; empty when it takes
@@ -47,13 +51,15 @@ type Proxy struct {
 // ID is namespace/name, unique in the fleet.
 func (p *Proxy) ID() string { return p.Namespace + "/" + p.Name }
 
-// Lease is a proxy handed to a crawler until ExpiresAt.
+// Lease is a proxy handed to a crawler until ExpiresAt. The store hands out copies.
 type Lease struct {
-	ID        string    `json:"leaseID"`
-	ProxyID   string    `json:"-"`
-	Target    string    `json:"target,omitempty"`
+	ID      string `json:"leaseID"`
+	ProxyID string `json:"-"`
+	Target  string `json:"target,omitempty"`
+	// Session is the crawler's sticky session, if it asked for one.
+	Session   string    `json:"session,omitempty"`
 	ExpiresAt time.Time `json:"expiresAt"`
-	// Proxy is a snapshot taken when the lease was granted.
+	// Proxy is the proxy as it was when the lease was granted or last renewed.
 	Proxy Proxy `json:"-"`
 }
 
@@ -64,37 +70,91 @@ type NoMatch struct {
 	AtCapacity int `json:"atCapacity"`
 	InCooldown int `json:"inCooldown"`
 	Unhealthy  int `json:"unhealthy"`
+	// RetryAfter is when the first matching proxy frees up by itself: the earliest end of
+	// a lease on a proxy at capacity or of a cooldown. Zero when none will (every match is
+	// unhealthy, or nothing matches): waiting alone would not help.
+	RetryAfter time.Duration `json:"-"`
 }
 
 func (n *NoMatch) Error() string { return "no proxy matches" }
+
+// ProxyGone says a lease's proxy can no longer serve it: the lease has ended, and the
+// crawler must acquire another. Reason is one of the ProxyGone* constants.
+type ProxyGone struct{ Reason string }
+
+// Reasons of ProxyGone.
+const (
+	// ProxyGoneReplaced: the proxy has a new address (its instance was replaced), so the
+	// crawler's traffic would leave from another IP than the one its session started on.
+	ProxyGoneReplaced = "replaced"
+	// ProxyGoneUnhealthy: the proxy failed its health checks.
+	ProxyGoneUnhealthy = "unhealthy"
+	// ProxyGoneRemoved: the proxy left the fleet (its Proxy was deleted).
+	ProxyGoneRemoved = "removed"
+)
+
+func (e *ProxyGone) Error() string { return "the lease's proxy is gone: " + e.Reason }
 
 // Errors of lease operations.
 var (
 	ErrUnknownLease = errors.New("unknown lease")
 	ErrLeaseExpired = errors.New("lease expired")
+	// ErrReportLimit: the lease has reported as many cooldowns as one lease may.
+	ErrReportLimit = errors.New("report limit reached")
 )
 
-// entry is a proxy with its lease count. It sits in the tree of every view it matches
-// while it can take a lease (healthy and under maxLeases).
+// entry is a proxy with its leases. It sits in the trees of every view it matches while it
+// can take a lease (healthy and under maxLeases).
 type entry struct {
-	p      Proxy
-	leases int
-	views  []*view
+	// p is replaced whole, never changed in place: leases share it as their snapshot.
+	p  *Proxy
+	id string
+	// probeHealthy is the health the proxy's checks gave, before the store overrode it for
+	// unresolved credentials: a renewal keeps a lease whose proxy still works.
+	probeHealthy bool
+	leases       int
+	held         []*lease
+	// lastUsed is the store's grant sequence number at the proxy's last lease; rank, drawn
+	// at random once, breaks ties. Ordering by them walks the fleet: the proxy leased
+	// longest ago comes first, and replicas or restarts do not all walk in one order.
+	lastUsed, rank uint64
+	// ring is the proxy's place on the session ring, a hash of its ID, the same in every
+	// process.
+	ring  uint64
+	views []*view
 	// inTrees is true while the entry is in its views' trees.
 	inTrees bool
 }
 
 func (e *entry) available() bool { return e.p.Healthy && e.leases < e.p.MaxLeases }
 
-// less orders candidates: fewest leases, then lowest latency, then name.
+// less orders candidates: fewest leases, then leased longest ago, then at random.
 func less(a, b *entry) bool {
 	if a.leases != b.leases {
 		return a.leases < b.leases
 	}
-	if a.p.LatencyMillis != b.p.LatencyMillis {
-		return a.p.LatencyMillis < b.p.LatencyMillis
+	if a.lastUsed != b.lastUsed {
+		return a.lastUsed < b.lastUsed
 	}
-	return a.p.ID() < b.p.ID()
+	if a.rank != b.rank {
+		return a.rank < b.rank
+	}
+	return a.id < b.id
+}
+
+// ringLess orders the session ring.
+func ringLess(a, b *entry) bool {
+	if a.ring != b.ring {
+		return a.ring < b.ring
+	}
+	return a.id < b.id
+}
+
+// ringHash places an ID or a session on the session ring. It must be the same in every
+// process and every release, so it is a fixed cryptographic hash, not maphash.
+func ringHash(s string) uint64 {
+	sum := sha256.Sum256([]byte(s))
+	return binary.BigEndian.Uint64(sum[:8])
 }
 
 // view is the set of proxies matching one selector, kept ordered for selection. Views are
@@ -104,23 +164,65 @@ type view struct {
 	sel      Selector
 	key      string
 	tree     *btree.BTreeG[*entry]
+	ring     *btree.BTreeG[*entry]
 	matching int // proxies matching the selector
 	healthy  int // of those, healthy
 	full     int // of those, healthy but at maxLeases
 	lastUsed uint64
 }
 
-type cooldownKey struct{ proxyID, target string }
+// StoreConfig bounds what the store keeps. Everything a crawler can make it remember is
+// capped, least recently used out, so that traffic cannot grow discovery's memory.
+type StoreConfig struct {
+	// KeepEnded is how long a lease still takes reports after it is released or expires:
+	// the longest cooldown a report can start (a late report arrives exactly when the proxy
+	// is being rate-limited).
+	KeepEnded time.Duration
+	// MaxEnded caps the ended leases kept for reports (default 65,536).
+	MaxEnded int
+	// MaxCooldowns caps the cooldowns from reports, in total (default 65,536) and per proxy
+	// (MaxCooldownsPerProxy, default 256).
+	MaxCooldowns, MaxCooldownsPerProxy int
+	// MaxReportsPerLease caps the cooldowns one lease may report (default 64); more are
+	// refused, so one lease cannot flood the proxy's workflow with signals.
+	MaxReportsPerLease int
+	// MaxSessions caps the sticky sessions remembered (default 65,536); SessionIdle is how
+	// long an unused one is kept (default 1h). A forgotten session is placed again by
+	// hashing, which most often gives the same proxy.
+	MaxSessions int
+	SessionIdle time.Duration
+}
 
-type expiredLease struct {
-	lease     *Lease
-	keepUntil time.Time
+// Defaults of StoreConfig.
+const (
+	DefaultMaxEnded             = 65536
+	DefaultMaxCooldowns         = 65536
+	DefaultMaxCooldownsPerProxy = 256
+	DefaultMaxReportsPerLease   = 64
+	DefaultMaxSessions          = 65536
+	DefaultSessionIdle          = time.Hour
+)
+
+func (c *StoreConfig) defaults() {
+	orDefaultInt(&c.MaxEnded, DefaultMaxEnded)
+	orDefaultInt(&c.MaxCooldowns, DefaultMaxCooldowns)
+	orDefaultInt(&c.MaxCooldownsPerProxy, DefaultMaxCooldownsPerProxy)
+	orDefaultInt(&c.MaxReportsPerLease, DefaultMaxReportsPerLease)
+	orDefaultInt(&c.MaxSessions, DefaultMaxSessions)
+	orDefault(&c.SessionIdle, DefaultSessionIdle)
+}
+
+func orDefaultInt(n *int, def int) {
+	if *n <= 0 {
+		*n = def
+	}
 }
 
 // Store holds the index, the leases and the cooldowns, behind one lock.
 type Store struct {
 	mu  sync.Mutex
 	now func() time.Time
+	cfg StoreConfig
 
 	proxies map[string]*entry
 	healthy int
@@ -128,17 +230,21 @@ type Store struct {
 	byAttr map[string]map[string]map[*entry]struct{}
 	views  map[string]*view
 	tick   uint64
+	// grants numbers the leases granted, for entry.lastUsed.
+	grants uint64
 
-	leases  map[string]*Lease
-	expired map[string]expiredLease
+	leases map[leaseKey]*lease
+	// ended are released or expired leases, kept for reports, oldest first out.
+	ended *lru[leaseKey, *lease]
 	// cooldowns are local ones from reports; durable ones come in Proxy.Cooldowns.
-	cooldowns map[cooldownKey]time.Time
+	cooldowns *cooldowns
+	sessions  *lru[string, session]
 	// unresolved counts the proxies by CredentialsUnresolved reason, kept like healthy so
 	// a metrics scrape does not scan the fleet.
 	unresolved map[string]int
-	// keepExpired is how long an expired lease still accepts a report.
-	keepExpired time.Duration
-	maxViews    int
+	maxViews   int
+	// rankOf draws entry.rank; tests make it follow the ID, to know the order.
+	rankOf func(id string) uint64
 
 	// loaded is set by the first ReplaceAll and never cleared. It is atomic, not under mu,
 	// because the server checks it on every list and acquire: an extra acquisition of the
@@ -147,21 +253,28 @@ type Store struct {
 	loaded atomic.Bool
 }
 
-// NewStore returns an empty store. keepExpired is how long a report is still accepted for a
-// lease after it expires (the cooldown window: a late report arrives exactly when the proxy
-// is being rate-limited).
-func NewStore(keepExpired time.Duration) *Store {
+// NewStore returns an empty store that keeps ended leases for reports for keepEnded, with
+// the other bounds at their defaults.
+func NewStore(keepEnded time.Duration) *Store {
+	return NewStoreWith(StoreConfig{KeepEnded: keepEnded})
+}
+
+// NewStoreWith returns an empty store bounded by cfg.
+func NewStoreWith(cfg StoreConfig) *Store {
+	cfg.defaults()
 	return &Store{
-		now:         time.Now,
-		proxies:     map[string]*entry{},
-		byAttr:      map[string]map[string]map[*entry]struct{}{},
-		views:       map[string]*view{},
-		leases:      map[string]*Lease{},
-		expired:     map[string]expiredLease{},
-		cooldowns:   map[cooldownKey]time.Time{},
-		unresolved:  map[string]int{},
-		keepExpired: keepExpired,
-		maxViews:    1024,
+		now:        time.Now,
+		cfg:        cfg,
+		proxies:    map[string]*entry{},
+		byAttr:     map[string]map[string]map[*entry]struct{}{},
+		views:      map[string]*view{},
+		leases:     map[leaseKey]*lease{},
+		ended:      newLRU[leaseKey, *lease](),
+		cooldowns:  newCooldowns(cfg.MaxCooldowns, cfg.MaxCooldownsPerProxy),
+		sessions:   newLRU[string, session](),
+		unresolved: map[string]int{},
+		maxViews:   1024,
+		rankOf:     func(string) uint64 { return rand.Uint64() },
 	}
 }
 
@@ -187,6 +300,7 @@ func (s *Store) detach(e *entry) {
 	}
 	for _, v := range e.views {
 		v.tree.Delete(e)
+		v.ring.Delete(e)
 	}
 	e.inTrees = false
 }
@@ -197,6 +311,7 @@ func (s *Store) attach(e *entry) {
 	}
 	for _, v := range e.views {
 		v.tree.ReplaceOrInsert(e)
+		v.ring.ReplaceOrInsert(e)
 	}
 	e.inTrees = true
 }
@@ -244,13 +359,15 @@ func (s *Store) upsertLocked(p Proxy) {
 	if p.MaxLeases <= 0 {
 		p.MaxLeases = 1
 	}
+	probeHealthy := p.Healthy
 	if p.CredentialsUnresolved != "" {
 		// Enforced here, not only where memos are decoded, so that no way into the index
 		// can make a proxy leasable without the credentials it needs.
 		p.Healthy = false
 		p.Credentials = proxyauth.Credentials{}
 	}
-	e, ok := s.proxies[p.ID()]
+	id := p.ID()
+	e, ok := s.proxies[id]
 	if ok {
 		s.detach(e)
 		s.count(e, -1)
@@ -262,14 +379,16 @@ func (s *Store) upsertLocked(p Proxy) {
 	} else {
 		// A proxy can leave the index and come back (its workflow restarted, or a closed
 		// run was listed after the running one) while crawlers still hold its leases.
-		e = &entry{leases: s.held(p.ID())}
-		s.proxies[p.ID()] = e
+		e = &entry{id: id, ring: ringHash(id), rank: s.rankOf(id)}
+		s.proxies[id] = e
+		s.adoptLeases(e)
 	}
-	e.p = p
+	e.p = &p
+	e.probeHealthy = probeHealthy
 	if p.Healthy {
 		s.healthy++
 	}
-	s.countUnresolved(p, +1)
+	s.countUnresolved(e.p, +1)
 	s.index(e, true)
 	e.views = e.views[:0]
 	for _, v := range s.views {
@@ -281,15 +400,16 @@ func (s *Store) upsertLocked(p Proxy) {
 	s.attach(e)
 }
 
-// held counts the live leases on a proxy. Only proxies new to the index pay for the scan.
-func (s *Store) held(id string) int {
-	n := 0
+// adoptLeases gives a proxy new to the index the live leases crawlers still hold on it: a
+// proxy can leave the index and come back (its workflow restarted, or a closed run was
+// listed after the running one). Only proxies new to the index pay for the scan.
+func (s *Store) adoptLeases(e *entry) {
 	for _, l := range s.leases {
-		if l.ProxyID == id {
-			n++
+		if l.proxyID == e.id {
+			e.held = append(e.held, l)
 		}
 	}
-	return n
+	e.leases = len(e.held)
 }
 
 // Remove drops a proxy (its workflow ended). Its leases stay until released or expired.
@@ -314,7 +434,7 @@ func (s *Store) removeLocked(id string) {
 	delete(s.proxies, id)
 }
 
-func (s *Store) countUnresolved(p Proxy, sign int) {
+func (s *Store) countUnresolved(p *Proxy, sign int) {
 	if p.CredentialsUnresolved == "" {
 		return
 	}
@@ -380,7 +500,7 @@ func (s *Store) viewFor(sel Selector) *view {
 	if len(s.views) >= s.maxViews {
 		s.evictView()
 	}
-	v := &view{sel: sel, key: key, tree: btree.NewG(16, less), lastUsed: s.tick}
+	v := &view{sel: sel, key: key, tree: btree.NewG(16, less), ring: btree.NewG(16, ringLess), lastUsed: s.tick}
 	s.views[key] = v
 	for _, e := range s.candidates(sel) {
 		if !sel.Matches(e.p.Attributes) {
@@ -396,6 +516,7 @@ func (s *Store) viewFor(sel Selector) *view {
 		}
 		if e.inTrees {
 			v.tree.ReplaceOrInsert(e)
+			v.ring.ReplaceOrInsert(e)
 		}
 	}
 	return v
@@ -439,189 +560,9 @@ func (s *Store) evictView() {
 	}
 }
 
-// --- cooldowns -----------------------------------------------------------------------
-
-func (s *Store) cooling(e *entry, target string, now time.Time) bool {
-	id := e.p.ID()
-	for _, t := range []string{target, ""} {
-		if until, ok := s.cooldowns[cooldownKey{id, t}]; ok && until.After(now) {
-			return true
-		}
-		if until, ok := e.p.Cooldowns[t]; ok && until.After(now) {
-			return true
-		}
-		if target == "" {
-			break
-		}
-	}
-	return false
-}
-
-// Cooldown puts a proxy in cooldown for target ("" = every target) until the given time.
-func (s *Store) Cooldown(proxyID, target string, until time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	k := cooldownKey{proxyID, target}
-	if until.After(s.cooldowns[k]) {
-		s.cooldowns[k] = until
-	}
-}
-
-// --- leases --------------------------------------------------------------------------
-
-// Acquire leases the best proxy matching sel that is not cooling down for target.
-func (s *Store) Acquire(sel Selector, target string, ttl time.Duration) (*Lease, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	v := s.viewFor(sel)
-	var pick *entry
-	cooling := 0
-	v.tree.Ascend(func(e *entry) bool {
-		if s.cooling(e, target, now) {
-			cooling++
-			return true
-		}
-		pick = e
-		return false
-	})
-	if pick == nil {
-		return nil, &NoMatch{
-			Considered: v.matching, Unhealthy: v.matching - v.healthy,
-			AtCapacity: v.full, InCooldown: cooling,
-		}
-	}
-	s.setLeases(pick, pick.leases+1)
-	l := &Lease{ID: newID(), ProxyID: pick.p.ID(), Target: target, ExpiresAt: now.Add(ttl), Proxy: pick.p}
-	s.leases[l.ID] = l
-	return l, nil
-}
-
-// setLeases changes an entry's lease count, keeping trees and counters right.
-func (s *Store) setLeases(e *entry, n int) {
-	s.detach(e)
-	s.count(e, -1)
-	e.leases = n
-	s.count(e, +1)
-	s.attach(e)
-}
-
-// Release ends a lease. Releasing an unknown or already released lease is not an error.
-func (s *Store) Release(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l, ok := s.leases[id]
-	if !ok {
-		return
-	}
-	s.endLocked(l)
-	// A crawler often learns it was banned as it finishes: a report right after release
-	// still counts, for the same window as after expiry.
-	s.expired[id] = expiredLease{lease: l, keepUntil: s.now().Add(s.keepExpired)}
-}
-
-func (s *Store) endLocked(l *Lease) {
-	delete(s.leases, l.ID)
-	if e, ok := s.proxies[l.ProxyID]; ok && e.leases > 0 {
-		s.setLeases(e, e.leases-1)
-	}
-}
-
-// Renew extends a live lease to now+ttl.
-func (s *Store) Renew(id string, ttl time.Duration) (*Lease, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	l, ok := s.leases[id]
-	if !ok {
-		if _, gone := s.expired[id]; gone {
-			return nil, ErrLeaseExpired
-		}
-		return nil, ErrUnknownLease
-	}
-	if !l.ExpiresAt.After(now) {
-		s.expireLocked(l, now)
-		return nil, ErrLeaseExpired
-	}
-	l.ExpiresAt = now.Add(ttl)
-	if e, ok := s.proxies[l.ProxyID]; ok && e.p.CredentialsUnresolved == "" {
-		// The lease is sticky to the proxy, not to an address: after a replacement the
-		// renewal tells the crawler where the proxy is now, and the credentials it takes
-		// now. While they cannot be resolved the renewal repeats the last ones the lease
-		// was given: an answer without them would surely fail, and a proxy whose key was
-		// merely rotated out of discovery's keyring still takes them.
-		l.Proxy = e.p
-	}
-	cp := *l
-	return &cp, nil
-}
-
-// Lookup returns a lease, live or expired within the report window.
-func (s *Store) Lookup(id string) (*Lease, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	if l, ok := s.leases[id]; ok {
-		if l.ExpiresAt.After(now) {
-			cp := *l
-			return &cp, nil
-		}
-		// Expired but not swept yet: the report window counts from its expiry.
-		s.expireLocked(l, now)
-	}
-	if x, ok := s.expired[id]; ok && x.keepUntil.After(now) {
-		cp := *x.lease
-		return &cp, nil
-	}
-	return nil, ErrUnknownLease
-}
-
-func (s *Store) expireLocked(l *Lease, now time.Time) {
-	s.endLocked(l)
-	s.expired[l.ID] = expiredLease{lease: l, keepUntil: l.ExpiresAt.Add(s.keepExpired)}
-}
-
-// RunSweeper calls Sweep every interval until ctx ends.
-func (s *Store) RunSweeper(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.Sweep()
-		}
-	}
-}
-
-// Sweep ends expired leases and forgets old cooldowns and expired leases. Correctness does
-// not depend on it running often: renewals check expiry themselves, and a lease counted a
-// second too long only makes selection a little conservative.
-func (s *Store) Sweep() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	for _, l := range s.leases {
-		if !l.ExpiresAt.After(now) {
-			s.expireLocked(l, now)
-		}
-	}
-	for id, x := range s.expired {
-		if !x.keepUntil.After(now) {
-			delete(s.expired, id)
-		}
-	}
-	for k, until := range s.cooldowns {
-		if !until.After(now) {
-			delete(s.cooldowns, k)
-		}
-	}
-}
-
 // Stats are gauges for metrics.
 type Stats struct {
-	Proxies, Healthy, Leases, Cooldowns, Views int
+	Proxies, Healthy, Leases, Cooldowns, Views, Sessions, Ended int
 }
 
 // Stats counts what the store holds.
@@ -629,7 +570,8 @@ func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// O(1): metrics scrape this under the lock acquires take, so it must not scan the fleet.
-	return Stats{Proxies: len(s.proxies), Healthy: s.healthy, Leases: len(s.leases), Cooldowns: len(s.cooldowns), Views: len(s.views)}
+	return Stats{Proxies: len(s.proxies), Healthy: s.healthy, Leases: len(s.leases),
+		Cooldowns: s.cooldowns.len(), Views: len(s.views), Sessions: s.sessions.len(), Ended: s.ended.len()}
 }
 
 // ProxyView is a proxy with its lease count, for listings.
@@ -647,14 +589,8 @@ func (s *Store) List(sel Selector, healthy *bool) []ProxyView {
 		if !sel.Matches(e.p.Attributes) || (healthy != nil && e.p.Healthy != *healthy) {
 			continue
 		}
-		out = append(out, ProxyView{Proxy: e.p, ActiveLeases: e.leases})
+		out = append(out, ProxyView{Proxy: *e.p, ActiveLeases: e.leases})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID() < out[j].ID() })
 	return out
-}
-
-func newID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }

@@ -37,13 +37,20 @@ const (
 
 // Error codes of the API (Error.Code).
 const (
-	CodeInvalid          = "invalid"
-	CodeInvalidResult    = "invalid_result"
-	CodeInvalidSelector  = "invalid_selector"
-	CodeUnauthorized     = "unauthorized"
-	CodeNotFound         = "not_found"
-	CodeUnknownLease     = "unknown_lease"
-	CodeLeaseExpired     = "lease_expired"
+	CodeInvalid         = "invalid"
+	CodeInvalidResult   = "invalid_result"
+	CodeInvalidSelector = "invalid_selector"
+	CodeUnauthorized    = "unauthorized"
+	CodeNotFound        = "not_found"
+	CodeUnknownLease    = "unknown_lease"
+	CodeLeaseExpired    = "lease_expired"
+	// CodeProxyGone (410) means the lease ended because its proxy can no longer serve it:
+	// Error.Reason says whether it was replaced (a new instance, so another egress IP),
+	// turned unhealthy or left the fleet. Acquire a new lease (Held does).
+	CodeProxyGone = "proxy_gone"
+	// CodeReportLimit (429) means the lease has reported as many cooldowns as a lease
+	// may; report further ones on a new lease.
+	CodeReportLimit      = "report_limit"
 	CodeNoMatch          = "no_match"
 	CodeTooLarge         = "too_large"
 	CodeMethodNotAllowed = "method_not_allowed"
@@ -158,6 +165,8 @@ type Lease struct {
 	TTLSeconds int `json:"ttlSeconds"`
 	// Target is the site the lease was acquired for, if any.
 	Target string `json:"target,omitempty"`
+	// Session is the sticky session the lease was acquired for, if any.
+	Session string `json:"session,omitempty"`
 }
 
 // String shows the lease with the proxy's password redacted.
@@ -180,6 +189,7 @@ type leaseRequest struct {
 	Selector   map[string]string `json:"selector,omitempty"`
 	TTLSeconds int               `json:"ttlSeconds,omitempty"`
 	Target     string            `json:"target,omitempty"`
+	Session    string            `json:"session,omitempty"`
 }
 
 type renewRequest struct {
@@ -206,7 +216,17 @@ type Error struct {
 	AtCapacity int `json:"atCapacity"`
 	InCooldown int `json:"inCooldown"`
 	Unhealthy  int `json:"unhealthy"`
+	// Reason says why, for CodeProxyGone.
+	Reason string `json:"reason"`
+	// RetryAfterSeconds is how long to wait before the same request can succeed, when the
+	// server knows (the Retry-After header): for CodeNoMatch, when the first matching
+	// proxy frees a slot or ends its cooldown; for CodeIndexLoading, a second. Zero when
+	// waiting alone would not help.
+	RetryAfterSeconds int `json:"retryAfterSeconds"`
 }
+
+// RetryAfter is RetryAfterSeconds as a duration.
+func (e *Error) RetryAfter() time.Duration { return time.Duration(e.RetryAfterSeconds) * time.Second }
 
 func (e *Error) Error() string {
 	code := e.Code
@@ -221,11 +241,16 @@ func (e *Error) Error() string {
 // selector when none match.
 func IsNoMatch(err error) bool { return hasCode(err, CodeNoMatch) }
 
-// IsLeaseGone reports whether err says the lease is no longer usable: it expired (410) or
-// the server does not know it (404). Acquire a new lease.
+// IsLeaseGone reports whether err says the lease is no longer usable: it expired (410),
+// its proxy can no longer serve it (410, IsProxyGone) or the server does not know it
+// (404). Acquire a new lease.
 func IsLeaseGone(err error) bool {
-	return hasCode(err, CodeLeaseExpired) || hasCode(err, CodeUnknownLease)
+	return hasCode(err, CodeLeaseExpired) || hasCode(err, CodeUnknownLease) || IsProxyGone(err)
 }
+
+// IsProxyGone reports whether err says a renewal found the lease's proxy replaced,
+// unhealthy or removed, and ended the lease; the Error's Reason says which.
+func IsProxyGone(err error) bool { return hasCode(err, CodeProxyGone) }
 
 // IsIndexLoading reports whether err says discovery is still loading its proxy index from
 // Temporal (503), as it does for a moment after every restart. It says nothing about the
@@ -277,13 +302,18 @@ type AcquireRequest struct {
 	// Target is the host the crawler will visit. Proxies resting for it after a report are
 	// skipped, and reports on the lease default to it.
 	Target string
+	// Session, if set, keeps the crawler on one proxy: every lease for the same session
+	// gets the same proxy while it is healthy, has a free slot and is not resting for the
+	// target, on any discovery replica. 1-128 letters, digits, '.', '_', '~', ':' or '-'.
+	Session string
 }
 
-// Acquire leases the best proxy for req: the least leased, then the fastest. When none is
-// available the error satisfies IsNoMatch; until discovery has loaded its index, it
-// satisfies IsIndexLoading instead (retry shortly).
+// Acquire leases a proxy for req: without a session, the least leased and, among those,
+// the one leased longest ago, so that successive leases walk the fleet. When none is
+// available the error satisfies IsNoMatch (its RetryAfter says when one frees up); until
+// discovery has loaded its index, it satisfies IsIndexLoading instead (retry shortly).
 func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*Lease, error) {
-	body := leaseRequest{Selector: req.Selector, TTLSeconds: seconds(req.TTL), Target: req.Target}
+	body := leaseRequest{Selector: req.Selector, TTLSeconds: seconds(req.TTL), Target: req.Target, Session: req.Session}
 	var out Lease
 	if err := c.do(ctx, http.MethodPost, "/v1/leases", body, &out); err != nil {
 		return nil, err
@@ -291,11 +321,12 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*Lease, error
 	return &out, nil
 }
 
-// Renew extends a lease to ttl from now (zero: the server's default). The lease stays on
-// the same proxy, but the answer carries that proxy's address as it is now, which differs
-// from the one granted if the proxy was replaced meanwhile: compare the renewal's
-// Proxy.URL with the one in use, and when it differs build a new HTTPClient from the
-// renewed Lease. An expired lease cannot be renewed: the error satisfies IsLeaseGone.
+// Renew extends a lease to ttl from now (zero: the server's default), on the same proxy
+// at the same address. The answer carries the credentials the proxy takes now, which
+// differ from the granted ones if an External proxy's Secret was rotated: use the renewed
+// Lease's ProxyURL. If the proxy was replaced, turned unhealthy or left the fleet, the
+// lease has ended and the error satisfies IsProxyGone; an expired lease satisfies
+// IsLeaseGone. Held does all of this for you.
 func (c *Client) Renew(ctx context.Context, leaseID string, ttl time.Duration) (*Lease, error) {
 	var out Lease
 	if err := c.do(ctx, http.MethodPost, leasePath(leaseID, "/renew"), renewRequest{TTLSeconds: seconds(ttl)}, &out); err != nil {
@@ -394,6 +425,12 @@ func decodeError(resp *http.Response) error {
 		e = &Error{Message: strings.TrimSpace(http.StatusText(resp.StatusCode) + " " + msg)}
 	}
 	e.Status = resp.StatusCode
+	if e.RetryAfterSeconds == 0 {
+		// Only the delay form: discovery never sends a date.
+		if n, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && n > 0 {
+			e.RetryAfterSeconds = n
+		}
+	}
 	return e
 }
 

@@ -265,7 +265,9 @@ func TestAcquireNoMatchCounts(t *testing.T) {
 				require.Equal(t, "busy", l.Proxy.Name)
 			},
 			target: "shop.example",
-			want:   Error{Status: 409, Code: CodeNoMatch, Considered: 3, Unhealthy: 1, AtCapacity: 1, InCooldown: 1},
+			// busy's lease (the default 5 minutes) ends before rest's cooldown (an hour).
+			want: Error{Status: 409, Code: CodeNoMatch, Considered: 3, Unhealthy: 1, AtCapacity: 1, InCooldown: 1,
+				RetryAfterSeconds: 300},
 		},
 	}
 	for _, tc := range tests {

@@ -1,0 +1,428 @@
+package discovery
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"time"
+)
+
+// leaseKey is a lease ID's 16 random bytes: the maps key on them rather than on the hex
+// text, which is twice as long.
+type leaseKey [16]byte
+
+func newLeaseKey() leaseKey {
+	var k leaseKey
+	_, _ = rand.Read(k[:])
+	return k
+}
+
+func (k leaseKey) String() string { return hex.EncodeToString(k[:]) }
+
+// parseLeaseID reads a lease ID; anything that is not one is simply not a known lease.
+func parseLeaseID(id string) (leaseKey, bool) {
+	var k leaseKey
+	if len(id) != 2*len(k) {
+		return k, false
+	}
+	if _, err := hex.Decode(k[:], []byte(id)); err != nil {
+		return k, false
+	}
+	return k, true
+}
+
+// lease is the store's record of a lease, live or ended. An ended lease keeps only what a
+// report needs: the proxy (a snapshot shared with the index), the target and the count of
+// reports, until keepUntil.
+type lease struct {
+	key     leaseKey
+	proxyID string
+	// proxy is the proxy as granted or last renewed; the store never changes a *Proxy
+	// once made, so many leases share one.
+	proxy   *Proxy
+	target  string
+	session string
+	expires time.Time
+	// reports counts the cooldowns this lease has reported (MaxReportsPerLease).
+	reports int
+	// Set once the lease has ended: until when it still takes reports, and, if it ended
+	// because its proxy could no longer serve it, why (a ProxyGone reason).
+	keepUntil time.Time
+	gone      string
+}
+
+func (l *lease) export() *Lease {
+	return &Lease{ID: l.key.String(), ProxyID: l.proxyID, Target: l.target, Session: l.session, ExpiresAt: l.expires, Proxy: *l.proxy}
+}
+
+// session is where a sticky session lives now.
+type session struct {
+	proxyID  string
+	lastUsed time.Time
+}
+
+// Want is what a crawler asks a lease for.
+type Want struct {
+	Selector Selector
+	// Target is the site the crawler will visit: proxies resting for it are skipped.
+	Target string
+	// Session, if set, keeps the crawler on one proxy across leases (see Store.Lease).
+	Session string
+	TTL     time.Duration
+}
+
+// --- cooldowns -----------------------------------------------------------------------
+
+// coolingUntil is when e stops resting for target (local cooldowns from reports and
+// durable ones from its workflow, for the target and for every target), or zero if it is
+// not resting.
+func (s *Store) coolingUntil(e *entry, target string, now time.Time) time.Time {
+	var end time.Time
+	consider := func(t time.Time) {
+		if t.After(now) && t.After(end) {
+			end = t
+		}
+	}
+	consider(s.cooldowns.until(e.id, ""))
+	consider(e.p.Cooldowns[""])
+	if target != "" {
+		consider(s.cooldowns.until(e.id, target))
+		consider(e.p.Cooldowns[target])
+	}
+	return end
+}
+
+func (s *Store) cooling(e *entry, target string, now time.Time) bool {
+	return !s.coolingUntil(e, target, now).IsZero()
+}
+
+// Cooldown puts a proxy in cooldown for target ("" = every target) until the given time.
+func (s *Store) Cooldown(proxyID, target string, until time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cooldowns.set(proxyID, target, until)
+}
+
+// --- leases --------------------------------------------------------------------------
+
+// Acquire leases a proxy matching sel that is not cooling down for target (Lease without
+// a session).
+func (s *Store) Acquire(sel Selector, target string, ttl time.Duration) (*Lease, error) {
+	return s.Lease(Want{Selector: sel, Target: target, TTL: ttl})
+}
+
+// Lease grants a lease on a proxy that matches w.Selector, is healthy, has a free slot and
+// is not resting for w.Target.
+//
+// Without a session it spreads the load: the proxy with the fewest leases, and among
+// those the one leased longest ago, so consecutive leases walk the whole fleet instead of
+// wearing out the fastest proxy. With a session it keeps the crawler on the proxy the
+// session last had while that proxy can take the lease; otherwise (or for a new session)
+// it takes the first proxy that can, clockwise from the session's place on a hash ring of
+// proxy IDs. The ring is the same in every process, so a session lands on the same proxy
+// on any replica and after restarts, and a proxy joining or leaving moves only the
+// sessions next to it.
+func (s *Store) Lease(w Want) (*Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	v := s.viewFor(w.Selector)
+	var pick *entry
+	take := func(e *entry) bool {
+		if s.cooling(e, w.Target, now) {
+			return true
+		}
+		pick = e
+		return false
+	}
+	if w.Session != "" {
+		if it, ok := s.sessions.get(w.Session); ok && now.Sub(it.val.lastUsed) < s.cfg.SessionIdle {
+			if e := s.proxies[it.val.proxyID]; e != nil && e.inTrees && w.Selector.Matches(e.p.Attributes) {
+				take(e)
+			}
+		}
+		if pick == nil {
+			pivot := &entry{ring: ringHash(w.Session)}
+			v.ring.AscendGreaterOrEqual(pivot, take)
+			if pick == nil {
+				v.ring.AscendLessThan(pivot, take)
+			}
+		}
+	} else {
+		v.tree.Ascend(take)
+	}
+	if pick == nil {
+		return nil, s.noMatch(v, w.Selector, w.Target, now)
+	}
+	s.grants++
+	s.detach(pick)
+	s.count(pick, -1)
+	pick.leases++
+	pick.lastUsed = s.grants
+	s.count(pick, +1)
+	s.attach(pick)
+	l := &lease{key: newLeaseKey(), proxyID: pick.id, proxy: pick.p, target: w.Target, session: w.Session, expires: now.Add(w.TTL)}
+	pick.held = append(pick.held, l)
+	s.leases[l.key] = l
+	if w.Session != "" {
+		s.touchSession(w.Session, pick.id, now)
+	}
+	return l.export(), nil
+}
+
+func (s *Store) touchSession(name, proxyID string, now time.Time) {
+	s.sessions.put(name, session{proxyID: proxyID, lastUsed: now})
+	for s.sessions.len() > s.cfg.MaxSessions {
+		s.sessions.remove(s.sessions.oldest())
+	}
+}
+
+// noMatch explains an acquire that found nothing, and says when to retry: the earliest
+// time a matching healthy proxy frees a slot (a lease on it expires) or stops resting for
+// the target. Only failed acquires pay for this scan of the matching proxies.
+func (s *Store) noMatch(v *view, sel Selector, target string, now time.Time) *NoMatch {
+	nm := &NoMatch{Considered: v.matching, Unhealthy: v.matching - v.healthy, AtCapacity: v.full,
+		InCooldown: v.healthy - v.full}
+	var soonest time.Time
+	s.forMatching(sel, func(e *entry) {
+		if !e.p.Healthy {
+			return
+		}
+		var free time.Time
+		if e.leases >= e.p.MaxLeases {
+			for _, l := range e.held {
+				if free.IsZero() || l.expires.Before(free) {
+					free = l.expires
+				}
+			}
+		} else {
+			free = s.coolingUntil(e, target, now)
+		}
+		if !free.IsZero() && (soonest.IsZero() || free.Before(soonest)) {
+			soonest = free
+		}
+	})
+	if !soonest.IsZero() {
+		// A lease past its expiry that the sweeper has not ended yet frees its slot within
+		// a sweep: never tell a crawler to retry at once.
+		nm.RetryAfter = max(soonest.Sub(now), time.Second)
+	}
+	return nm
+}
+
+// forMatching calls fn for every proxy matching sel, walking the smallest posting list
+// among the selector's pairs rather than the whole fleet.
+func (s *Store) forMatching(sel Selector, fn func(*entry)) {
+	var best map[*entry]struct{}
+	for k, v := range sel {
+		list := s.byAttr[k][v]
+		if len(list) == 0 {
+			return
+		}
+		if best == nil || len(list) < len(best) {
+			best = list
+		}
+	}
+	if best == nil {
+		for _, e := range s.proxies {
+			fn(e)
+		}
+		return
+	}
+	for e := range best {
+		if sel.Matches(e.p.Attributes) {
+			fn(e)
+		}
+	}
+}
+
+// Release ends a lease. Releasing an unknown or already ended lease is not an error.
+func (s *Store) Release(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key, ok := parseLeaseID(id)
+	if !ok {
+		return
+	}
+	if l, ok := s.leases[key]; ok {
+		// A crawler often learns it was banned as it finishes: a report right after
+		// release still counts, for the same window as after expiry.
+		s.endLocked(l, s.now().Add(s.cfg.KeepEnded))
+	}
+}
+
+// endLocked ends a live lease, keeping it for reports until keepUntil.
+func (s *Store) endLocked(l *lease, keepUntil time.Time) {
+	delete(s.leases, l.key)
+	if e, ok := s.proxies[l.proxyID]; ok {
+		for i, h := range e.held {
+			if h == l {
+				e.held[i] = e.held[len(e.held)-1]
+				e.held[len(e.held)-1] = nil
+				e.held = e.held[:len(e.held)-1]
+				s.detach(e)
+				s.count(e, -1)
+				e.leases = len(e.held)
+				s.count(e, +1)
+				s.attach(e)
+				break
+			}
+		}
+	}
+	l.keepUntil = keepUntil
+	l.session = ""
+	s.ended.put(l.key, l)
+	for s.ended.len() > s.cfg.MaxEnded {
+		s.ended.remove(s.ended.oldest())
+	}
+}
+
+func (s *Store) expireLocked(l *lease) {
+	s.endLocked(l, l.expires.Add(s.cfg.KeepEnded))
+}
+
+// Renew extends a live lease to now+ttl, on the same proxy at the same address. If the
+// proxy can no longer serve the lease (it was replaced by an instance with another
+// address, turned unhealthy or left the fleet) the lease ends and the error is a
+// *ProxyGone saying why: answering with another address would move the crawler's session
+// to another IP without it noticing.
+func (s *Store) Renew(id string, ttl time.Duration) (*Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	key, ok := parseLeaseID(id)
+	if !ok {
+		return nil, ErrUnknownLease
+	}
+	l, ok := s.leases[key]
+	if !ok {
+		if it, ended := s.ended.get(key); ended {
+			if it.val.gone != "" {
+				return nil, &ProxyGone{Reason: it.val.gone}
+			}
+			return nil, ErrLeaseExpired
+		}
+		return nil, ErrUnknownLease
+	}
+	if !l.expires.After(now) {
+		s.expireLocked(l)
+		return nil, ErrLeaseExpired
+	}
+	e := s.proxies[l.proxyID]
+	switch {
+	case e == nil:
+		l.gone = ProxyGoneRemoved
+	case !e.probeHealthy:
+		l.gone = ProxyGoneUnhealthy
+	case e.p.IP != l.proxy.IP || e.p.Port != l.proxy.Port || e.p.Instance != l.proxy.Instance:
+		l.gone = ProxyGoneReplaced
+	}
+	if l.gone != "" {
+		s.endLocked(l, now.Add(s.cfg.KeepEnded))
+		return nil, &ProxyGone{Reason: l.gone}
+	}
+	l.expires = now.Add(ttl)
+	if e.p.CredentialsUnresolved == "" {
+		// The credentials the proxy takes now (an External proxy's Secret may have been
+		// rotated). While they cannot be resolved the renewal repeats the last ones the
+		// lease was given: an answer without them would surely fail, and a proxy whose
+		// key was merely rotated out of discovery's keyring still takes them.
+		l.proxy = e.p
+	}
+	if l.session != "" {
+		s.touchSession(l.session, l.proxyID, now)
+	}
+	return l.export(), nil
+}
+
+// find returns a lease, live or ended within its report window.
+func (s *Store) find(id string, now time.Time) (*lease, error) {
+	key, ok := parseLeaseID(id)
+	if !ok {
+		return nil, ErrUnknownLease
+	}
+	if l, ok := s.leases[key]; ok {
+		if l.expires.After(now) {
+			return l, nil
+		}
+		// Expired but not swept yet: the report window counts from its expiry.
+		s.expireLocked(l)
+	}
+	if it, ok := s.ended.get(key); ok && it.val.keepUntil.After(now) {
+		return it.val, nil
+	}
+	return nil, ErrUnknownLease
+}
+
+// Lookup returns a lease, live or ended within the report window.
+func (s *Store) Lookup(id string) (*Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, err := s.find(id, s.now())
+	if err != nil {
+		return nil, err
+	}
+	return l.export(), nil
+}
+
+// Report records a report on a lease, live or ended within the report window. With a zero
+// until (a success) it only checks the lease. Otherwise it rests the lease's proxy for
+// target (the lease's own target when empty) until then, counting the report against the
+// lease's cap (ErrReportLimit past it). It returns the lease and the target the report is
+// for.
+func (s *Store) Report(id, target string, until time.Time) (*Lease, string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, err := s.find(id, s.now())
+	if err != nil {
+		return nil, "", err
+	}
+	if target == "" {
+		target = l.target
+	}
+	if !until.IsZero() {
+		if l.reports >= s.cfg.MaxReportsPerLease {
+			return nil, "", ErrReportLimit
+		}
+		l.reports++
+		s.cooldowns.set(l.proxyID, target, until)
+	}
+	return l.export(), target, nil
+}
+
+// RunSweeper calls Sweep every interval until ctx ends.
+func (s *Store) RunSweeper(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.Sweep()
+		}
+	}
+}
+
+// Sweep ends expired leases and forgets ended leases, cooldowns and sessions past their
+// time. Correctness does not depend on it running often: renewals check expiry
+// themselves, and a lease counted a second too long only makes selection a little
+// conservative. Apart from live leases (bounded by the fleet's capacity) it walks only
+// what it removes, oldest first.
+func (s *Store) Sweep() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	for _, l := range s.leases {
+		if !l.expires.After(now) {
+			s.expireLocked(l)
+		}
+	}
+	for it := s.ended.oldest(); it != nil && !it.val.keepUntil.After(now); it = s.ended.oldest() {
+		s.ended.remove(it)
+	}
+	s.cooldowns.sweep(now)
+	for it := s.sessions.oldest(); it != nil && now.Sub(it.val.lastUsed) >= s.cfg.SessionIdle; it = s.sessions.oldest() {
+		s.sessions.remove(it)
+	}
+}
