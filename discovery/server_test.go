@@ -812,6 +812,12 @@ func TestNormalizeTarget(t *testing.T) {
 		"[2001:db8::1]:443": "2001:db8::1",
 		"2001:db8::1":       "2001:db8::1",
 		"203.0.113.7":       "203.0.113.7",
+		// IDNA: an internationalised name and its ASCII form are one site.
+		"Bücher.Example":           "xn--bcher-kva.example",
+		"bücher.example:443":       "xn--bcher-kva.example",
+		"xn--bcher-kva.example":    "xn--bcher-kva.example",
+		"[2001:DB8:0:0:0:0:0:1]:1": "2001:db8::1",
+		"shop\u200b.example":       "shop.example", // UTS 46 drops a zero-width space, as browsers do
 	} {
 		got, err := discovery.NormalizeTarget(in)
 		require.NoError(t, err, in)
@@ -820,7 +826,7 @@ func TestNormalizeTarget(t *testing.T) {
 	for _, in := range []string{
 		"https://shop.example/", "shop.example/path", "shop example", "shop.example\x00", "shop\texample",
 		"shop.example:", "shop.example:http", "shop.example:70000", "user@shop.example", ".", "a..b",
-		strings.Repeat("a", 260),
+		strings.Repeat("a", 260), "bü cher.example", "b\u00fc\x7fcher.example", "-ü-.example",
 	} {
 		_, err := discovery.NormalizeTarget(in)
 		assert.Error(t, err, "%q", in)
@@ -850,3 +856,43 @@ func TestServerLimits(t *testing.T) {
 type quietTemporal struct{ *fakeLister }
 
 func (quietTemporal) SignalWorkflow(context.Context, string, string, string, any) error { return nil }
+
+// TestSessionsAndGoneOverHTTP: the API takes a session and answers with it, refuses a
+// malformed one, answers a renewal of a lease whose proxy was replaced with 410
+// proxy_gone and its reason, and caps the cooldowns one lease may report with a 429.
+func TestSessionsAndGoneOverHTTP(t *testing.T) {
+	p := proxy("only", 1, true, nil)
+	p.MaxLeases = 5
+	h := newHarness(t, defaultConfig(), p, proxy("other", 1, true, nil))
+
+	l := h.acquire(`{"session":"crawl-7:a_b.c~d"}`)
+	assert.Equal(t, "crawl-7:a_b.c~d", l.Session)
+	for range 3 {
+		again := h.acquire(`{"session":"crawl-7:a_b.c~d"}`)
+		assert.Equal(t, l.Proxy.Name, again.Proxy.Name, "a session keeps its proxy")
+	}
+	for _, bad := range []string{`"has space"`, `"` + strings.Repeat("s", 129) + `"`, `"a/b"`, `"tab\t"`} {
+		body := requireError(t, h.do(http.MethodPost, "/v1/leases", `{"session":`+bad+`}`), http.StatusBadRequest, "invalid")
+		assert.Contains(t, body["message"], "session")
+	}
+
+	moved := p
+	if l.Proxy.Name != p.Name {
+		moved = proxy("other", 1, true, nil)
+	}
+	moved.IP = "10.9.9.9"
+	h.store.Upsert(moved)
+	body := requireError(t, h.do(http.MethodPost, "/v1/leases/"+l.LeaseID+"/renew", `{}`), http.StatusGone, "proxy_gone")
+	assert.Equal(t, "replaced", body["reason"])
+	assert.Contains(t, body["message"], "replaced")
+
+	l = h.acquire(`{"selector":{},"target":"shop.example"}`)
+	for i := range discovery.DefaultMaxReportsPerLease {
+		rec := h.do(http.MethodPost, "/v1/leases/"+l.LeaseID+"/report", fmt.Sprintf(`{"result":"banned","target":"t%d.example"}`, i))
+		require.Equal(t, http.StatusNoContent, rec.Code, rec.Body.String())
+	}
+	requireError(t, h.do(http.MethodPost, "/v1/leases/"+l.LeaseID+"/report", `{"result":"banned","target":"last.example"}`),
+		http.StatusTooManyRequests, "report_limit")
+	rec := h.do(http.MethodPost, "/v1/leases/"+l.LeaseID+"/report", `{"result":"ok"}`)
+	assert.Equal(t, http.StatusNoContent, rec.Code, "successes are not capped")
+}

@@ -766,3 +766,251 @@ func TestRunSweeperEndsExpiredLeases(t *testing.T) {
 	<-done
 	checkInvariants(t, s)
 }
+
+// TestRotationWalksTheFleet: crawlers that lease per request (acquire, one fetch,
+// release) spread over the whole fleet instead of all going through one proxy, and
+// consecutive leases for one site never repeat a proxy before every proxy had a turn.
+func TestRotationWalksTheFleet(t *testing.T) {
+	s, _ := newTestStore(t)
+	s.rankOf = func(string) uint64 { return rand.Uint64() } // as in production
+	for i := range 100 {
+		s.Upsert(px(fmt.Sprintf("p%03d", i), int64(i), nil))
+	}
+	uses := map[string]int{}
+	var window []string
+	for i := range 1000 {
+		target := "shop.example"
+		if i%3 == 0 {
+			target = "news.example" // another site in between does not break the walk
+		}
+		l, err := s.Acquire(nil, target, time.Minute)
+		require.NoError(t, err)
+		s.Release(l.ID)
+		uses[l.Proxy.Name]++
+		if target == "shop.example" {
+			window = append(window, l.Proxy.Name)
+		}
+	}
+	require.Len(t, uses, 100, "every proxy served")
+	lo, hi := 1000, 0
+	for _, n := range uses {
+		lo, hi = min(lo, n), max(hi, n)
+	}
+	assert.LessOrEqual(t, float64(hi)/float64(lo), 1.5, "max/min uses per proxy: %d/%d", hi, lo)
+	// Any 50 consecutive leases for shop.example went through 50 different proxies.
+	for i := 0; i+50 <= len(window); i++ {
+		seen := map[string]bool{}
+		for _, n := range window[i : i+50] {
+			seen[n] = true
+		}
+		require.Len(t, seen, 50, "leases %d..%d for one site repeated a proxy", i, i+50)
+	}
+	checkInvariants(t, s)
+}
+
+// TestSessions: a session keeps its proxy across leases while the proxy can take it, moves
+// when it cannot (unhealthy, cooling down for the target, at capacity), and lands on the
+// same proxy in another store (another replica, or after a restart) with the same fleet.
+func TestSessions(t *testing.T) {
+	fleet := func(s *Store) {
+		for i := range 20 {
+			s.Upsert(withMax(px(fmt.Sprintf("p%02d", i), 1, map[string]string{"pool": "a"}), 2))
+		}
+	}
+	s, clk := newTestStore(t)
+	fleet(s)
+	lease := func(s *Store, session, target string) *Lease {
+		t.Helper()
+		l, err := s.Lease(Want{Selector: Selector{"pool": "a"}, Target: target, Session: session, TTL: time.Minute})
+		require.NoError(t, err)
+		return l
+	}
+	first := lease(s, "crawl-1", "shop.example")
+	assert.Equal(t, "crawl-1", first.Session)
+	for range 10 {
+		l := lease(s, "crawl-1", "shop.example")
+		assert.Equal(t, first.ProxyID, l.ProxyID, "same session, same proxy")
+		s.Release(l.ID)
+	}
+	// Sessions spread: 50 sessions do not share a handful of proxies.
+	used := map[string]bool{}
+	for i := range 50 {
+		l := lease(s, fmt.Sprintf("s-%d", i), "")
+		used[l.ProxyID] = true
+		s.Release(l.ID)
+	}
+	assert.Greater(t, len(used), 10, "50 sessions over 20 proxies used only %d", len(used))
+
+	// Another replica, or this one after a restart, places the session on the same proxy.
+	other, _ := newTestStore(t)
+	fleet(other)
+	assert.Equal(t, first.ProxyID, lease(other, "crawl-1", "shop.example").ProxyID)
+
+	// A proxy joining the fleet does not move the session (it is remembered).
+	s.Upsert(withMax(px("newcomer", 1, map[string]string{"pool": "a"}), 2))
+	assert.Equal(t, first.ProxyID, lease(s, "crawl-1", "").ProxyID)
+
+	// Cooling down for the target: the session moves, and stays where it moved.
+	s.Cooldown(first.ProxyID, "shop.example", clk.Now().Add(time.Minute))
+	moved := lease(s, "crawl-1", "shop.example")
+	assert.NotEqual(t, first.ProxyID, moved.ProxyID)
+	assert.Equal(t, moved.ProxyID, lease(s, "crawl-1", "").ProxyID)
+
+	// Unhealthy: it moves again.
+	e := s.proxies[moved.ProxyID]
+	s.Upsert(unhealthy(*e.p))
+	again := lease(s, "crawl-1", "")
+	assert.NotEqual(t, moved.ProxyID, again.ProxyID)
+	checkInvariants(t, s)
+}
+
+// TestRenewTellsTheTruth: renewing a lease whose proxy was replaced, turned unhealthy or
+// left the fleet ends the lease with that reason (and keeps saying so), instead of
+// extending it on another address; the ended lease still takes reports.
+func TestRenewTellsTheTruth(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(s *Store, p Proxy)
+		reason string
+	}{
+		{"new address", func(s *Store, p Proxy) { p.IP = "10.9.9.9"; s.Upsert(p) }, ProxyGoneReplaced},
+		{"new port", func(s *Store, p Proxy) { p.Port = 4000; s.Upsert(p) }, ProxyGoneReplaced},
+		{"new instance, same address", func(s *Store, p Proxy) { p.Instance = "pf-2"; s.Upsert(p) }, ProxyGoneReplaced},
+		{"unhealthy", func(s *Store, p Proxy) { s.Upsert(unhealthy(p)) }, ProxyGoneUnhealthy},
+		{"removed", func(s *Store, p Proxy) { s.Remove(p.ID()) }, ProxyGoneRemoved},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, clk := newTestStore(t)
+			p := withMax(px("a", 1, nil), 2)
+			p.Instance = "pf-1"
+			s.Upsert(p)
+			l, err := s.Acquire(nil, "shop.example", time.Minute)
+			require.NoError(t, err)
+			_, err = s.Renew(l.ID, time.Minute)
+			require.NoError(t, err, "nothing changed yet")
+			p.LatencyMillis = 99 // a change that keeps the proxy: still renewable
+			s.Upsert(p)
+			_, err = s.Renew(l.ID, time.Minute)
+			require.NoError(t, err)
+
+			tc.change(s, p)
+			for range 2 {
+				_, err = s.Renew(l.ID, time.Minute)
+				var gone *ProxyGone
+				require.ErrorAs(t, err, &gone)
+				assert.Equal(t, tc.reason, gone.Reason)
+			}
+			checkInvariants(t, s)
+			assert.Zero(t, s.Stats().Leases, "the lease ended")
+			_, target, err := s.Report(l.ID, "", clk.Now().Add(time.Minute))
+			require.NoError(t, err, "an ended lease still takes reports")
+			assert.Equal(t, "shop.example", target)
+		})
+	}
+}
+
+// TestRetryAfter: a refused acquire says when the first matching proxy frees up: the
+// earliest lease expiry on a proxy at capacity or cooldown end for the target; nothing
+// when no matching proxy will free up by itself.
+func TestRetryAfter(t *testing.T) {
+	s, clk := newTestStore(t)
+	pool := map[string]string{"pool": "a"}
+	s.Upsert(px("busy", 1, pool))
+	s.Upsert(px("resting", 1, pool))
+	s.Upsert(unhealthy(px("sick", 1, pool)))
+	_, err := s.Lease(Want{Selector: Selector{"pool": "a"}, TTL: 90 * time.Second})
+	require.NoError(t, err) // busy (ranked first)
+	s.Cooldown("ns/resting", "shop.example", clk.Now().Add(40*time.Second))
+	s.Cooldown("ns/resting", "", clk.Now().Add(20*time.Second))
+	// resting is free for shop.example only when both its cooldowns end: 40s.
+	requireNoMatch(t, s, Selector{"pool": "a"}, "shop.example",
+		NoMatch{Considered: 3, Unhealthy: 1, AtCapacity: 1, InCooldown: 1, RetryAfter: 40 * time.Second})
+	clk.Advance(30 * time.Second)
+	requireNoMatch(t, s, Selector{"pool": "a"}, "shop.example",
+		NoMatch{Considered: 3, Unhealthy: 1, AtCapacity: 1, InCooldown: 1, RetryAfter: 10 * time.Second})
+	s.Cooldown("ns/resting", "shop.example", clk.Now().Add(time.Hour))
+	requireNoMatch(t, s, Selector{"pool": "a"}, "shop.example",
+		NoMatch{Considered: 3, Unhealthy: 1, AtCapacity: 1, InCooldown: 1, RetryAfter: time.Minute})
+	clk.Advance(2 * time.Minute) // busy's lease expired, not yet swept: retry in a second, not now
+	requireNoMatch(t, s, Selector{"pool": "a", "absent": "x"}, "", NoMatch{})
+	l, err := s.Lookup("00000000000000000000000000000000")
+	assert.Nil(t, l)
+	assert.ErrorIs(t, err, ErrUnknownLease)
+	s.Upsert(unhealthy(px("busy", 1, pool)))
+	s.Upsert(unhealthy(px("resting", 1, pool)))
+	nm := requireNoMatchErr(t, s, Selector{"pool": "a"}, "")
+	assert.Zero(t, nm.RetryAfter, "all unhealthy: waiting alone does not help")
+}
+
+func requireNoMatchErr(t *testing.T, s *Store, sel Selector, target string) *NoMatch {
+	t.Helper()
+	_, err := s.Acquire(sel, target, time.Minute)
+	var nm *NoMatch
+	require.ErrorAs(t, err, &nm)
+	return nm
+}
+
+// TestBounds: what crawlers can make the store remember is capped, least recently used
+// out: ended leases, cooldowns (in total and per proxy), sessions, and cooldowns reported
+// per lease.
+func TestBounds(t *testing.T) {
+	s := NewStoreWith(StoreConfig{KeepEnded: time.Hour, MaxEnded: 10, MaxCooldowns: 50, MaxCooldownsPerProxy: 20,
+		MaxSessions: 5, MaxReportsPerLease: 3})
+	clk := newFakeClock()
+	s.SetClock(clk.Now)
+	for i := range 5 {
+		s.Upsert(withMax(px(fmt.Sprintf("p%d", i), 1, nil), 1000))
+	}
+	var ids []string
+	for range 100 {
+		l, err := s.Acquire(nil, "", time.Minute)
+		require.NoError(t, err)
+		s.Release(l.ID)
+		ids = append(ids, l.ID)
+	}
+	assert.Equal(t, 10, s.Stats().Ended)
+	_, err := s.Lookup(ids[0])
+	assert.ErrorIs(t, err, ErrUnknownLease, "the oldest ended lease was dropped")
+	_, err = s.Lookup(ids[99])
+	assert.NoError(t, err, "the newest is kept")
+
+	until := clk.Now().Add(time.Hour)
+	for i := range 30 {
+		s.Cooldown("ns/p0", fmt.Sprintf("t%d.example", i), until.Add(time.Duration(i)*time.Second))
+	}
+	assert.Equal(t, 20, s.Stats().Cooldowns, "per proxy cap")
+	_, err = s.Acquire(nil, "t0.example", time.Minute) // p0's earliest-ending cooldowns went first
+	require.NoError(t, err)
+	for i := range 100 {
+		s.Cooldown(fmt.Sprintf("ns/p%d", 1+i%4), fmt.Sprintf("u%d.example", i), until)
+	}
+	assert.Equal(t, 50, s.Stats().Cooldowns, "total cap")
+
+	for i := range 20 {
+		l, err := s.Lease(Want{Session: fmt.Sprintf("s%d", i), TTL: time.Minute})
+		require.NoError(t, err)
+		s.Release(l.ID)
+	}
+	assert.Equal(t, 5, s.Stats().Sessions)
+
+	l, err := s.Acquire(nil, "", time.Minute)
+	require.NoError(t, err)
+	for i := range 3 {
+		_, _, err := s.Report(l.ID, fmt.Sprintf("r%d.example", i), until)
+		require.NoError(t, err)
+	}
+	_, _, err = s.Report(l.ID, "r9.example", until)
+	assert.ErrorIs(t, err, ErrReportLimit)
+	_, _, err = s.Report(l.ID, "r9.example", time.Time{})
+	assert.NoError(t, err, "a success report is not counted")
+
+	// Sweeping forgets what has run out, oldest first.
+	clk.Advance(2 * time.Hour)
+	s.Sweep()
+	st := s.Stats()
+	assert.Zero(t, st.Ended)
+	assert.Zero(t, st.Sessions)
+	assert.Zero(t, st.Cooldowns)
+	checkInvariants(t, s)
+}
