@@ -328,6 +328,8 @@ type specCase struct {
 	// bodyConforms, when set, is whether the request body fits the documented schema: a
 	// request the server refuses for a reason the schema can express must not fit it.
 	bodyConforms *bool
+	// wantHeaders must be in the answer, beyond the ones the spec requires.
+	wantHeaders []string
 }
 
 func TestOpenAPIResponses(t *testing.T) {
@@ -341,6 +343,27 @@ func TestOpenAPIResponses(t *testing.T) {
 		return id
 	}
 	unknown := func(*testing.T, *specServer) string { return "0123456789abcdef0123456789abcdef" }
+	gone := func(t *testing.T, s *specServer) string {
+		l, err := s.store.Acquire(discovery.Selector{}, "shop.example", time.Hour)
+		require.NoError(t, err)
+		s.store.Remove(l.ProxyID)
+		return l.ID
+	}
+	reported := func(t *testing.T, s *specServer) string {
+		id := s.lease(t, time.Hour)
+		for i := range discovery.DefaultMaxReportsPerLease {
+			_, _, err := s.store.Report(id, fmt.Sprintf("t%d.example", i), time.Now().Add(time.Minute))
+			require.NoError(t, err)
+		}
+		return id
+	}
+	full := func(t *testing.T, s *specServer) string {
+		for {
+			if _, err := s.store.Acquire(discovery.Selector{"region": "eu"}, "", time.Hour); err != nil {
+				return ""
+			}
+		}
+	}
 	huge := `{"target":"` + strings.Repeat("a", 70<<10) + `"}`
 
 	cases := []specCase{
@@ -363,6 +386,10 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "acquire", op: "POST /v1/leases", body: `{"selector":{"region":"eu"},"ttlSeconds":60,"target":"shop.example"}`,
 			wantStatus: 201, bodyConforms: yes},
 		{name: "acquire empty body", op: "POST /v1/leases", wantStatus: 201},
+		{name: "acquire with a session", op: "POST /v1/leases", body: `{"session":"crawl-7"}`, wantStatus: 201,
+			bodyConforms: yes},
+		{name: "acquire bad session", op: "POST /v1/leases", body: `{"session":"crawl 7"}`, wantStatus: 400,
+			wantCode: "invalid", bodyConforms: no},
 		{name: "acquire unknown field", op: "POST /v1/leases", body: `{"ttl":60}`, wantStatus: 400, wantCode: "invalid",
 			bodyConforms: no},
 		{name: "acquire wrong type", op: "POST /v1/leases", body: `{"ttlSeconds":"60"}`, wantStatus: 400, wantCode: "invalid",
@@ -378,6 +405,8 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "acquire without token", op: "POST /v1/leases", noToken: true, wantStatus: 401, wantCode: "unauthorized"},
 		{name: "acquire no match", op: "POST /v1/leases", body: `{"selector":{"region":"ap"}}`, wantStatus: 409,
 			wantCode: "no_match", bodyConforms: yes},
+		{name: "acquire no match, frees up", op: "POST /v1/leases", prepare: full, body: `{"selector":{"region":"eu"}}`,
+			wantStatus: 409, wantCode: "no_match", wantHeaders: []string{"Retry-After"}},
 		{name: "acquire too large", op: "POST /v1/leases", body: huge, wantStatus: 413, wantCode: "too_large"},
 		{name: "acquire loading", op: "POST /v1/leases", body: `{"selector":{"region":"eu"}}`, loading: true,
 			wantStatus: 503, wantCode: "index_loading", bodyConforms: yes},
@@ -391,6 +420,7 @@ func TestOpenAPIResponses(t *testing.T) {
 			wantCode: "unauthorized"},
 		{name: "renew unknown", op: "POST /v1/leases/{id}/renew", prepare: unknown, wantStatus: 404, wantCode: "unknown_lease"},
 		{name: "renew expired", op: "POST /v1/leases/{id}/renew", prepare: expired, wantStatus: 410, wantCode: "lease_expired"},
+		{name: "renew proxy gone", op: "POST /v1/leases/{id}/renew", prepare: gone, wantStatus: 410, wantCode: "proxy_gone"},
 		{name: "renew too large", op: "POST /v1/leases/{id}/renew", prepare: live, body: huge, wantStatus: 413,
 			wantCode: "too_large"},
 
@@ -411,6 +441,8 @@ func TestOpenAPIResponses(t *testing.T) {
 			bodyConforms: no},
 		{name: "report without token", op: "POST /v1/leases/{id}/report", prepare: live, noToken: true, wantStatus: 401,
 			wantCode: "unauthorized"},
+		{name: "report over the limit", op: "POST /v1/leases/{id}/report", prepare: reported,
+			body: `{"result":"banned","target":"more.example"}`, wantStatus: 429, wantCode: "report_limit"},
 		{name: "report unknown", op: "POST /v1/leases/{id}/report", prepare: unknown, body: `{"result":"ok"}`,
 			wantStatus: 404, wantCode: "unknown_lease"},
 		{name: "report too large", op: "POST /v1/leases/{id}/report", prepare: live, body: huge, wantStatus: 413,
@@ -438,7 +470,8 @@ func TestOpenAPIResponses(t *testing.T) {
 				responses = doc.resolve(t, op["responses"])
 				method, path, _ = strings.Cut(tc.op, " ")
 				if tc.prepare != nil {
-					path = strings.ReplaceAll(path, "{id}", tc.prepare(t, s))
+					id := tc.prepare(t, s)
+					path = strings.ReplaceAll(path, "{id}", id)
 				}
 				if tc.bodyConforms != nil {
 					checkRequestBody(t, doc, op, tc.body, *tc.bodyConforms)
@@ -454,6 +487,9 @@ func TestOpenAPIResponses(t *testing.T) {
 
 			rec := s.serve(method, path, tc.body, token)
 			require.Equal(t, tc.wantStatus, rec.Code, "%s", rec.Body)
+			for _, h := range tc.wantHeaders {
+				assert.NotEmpty(t, rec.Header().Get(h), "header %s", h)
+			}
 
 			if tc.op != "" {
 				code := strconv.Itoa(rec.Code)
@@ -511,7 +547,12 @@ func checkResponse(t *testing.T, doc specDoc, response any, rec *httptest.Respon
 	t.Helper()
 	r := doc.resolve(t, response)
 	if headers, ok := r["headers"].(map[string]any); ok {
-		for name := range headers {
+		for name, h := range headers {
+			if hm, _ := doc.resolve(t, h)["required"].(bool); !hm {
+				if _, said := doc.resolve(t, h)["required"]; said {
+					continue // documented as optional
+				}
+			}
 			assert.NotEmpty(t, rec.Header().Get(name), "documented header %s", name)
 		}
 	}
