@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -321,4 +322,89 @@ func benchKeyring(b *testing.B) *proxyauth.Keyring {
 		b.Fatal(err)
 	}
 	return kr
+}
+
+// BenchmarkRotationSpread leases per request as rotating-proxy crawlers do: 1,000
+// sequential acquire+release pairs for one target over 100 idle proxies. It reports the
+// most and fewest uses of a proxy and their ratio (goal ≤ 1.5; an even split is 1.0).
+//
+//	go test ./discovery -run '^$' -bench RotationSpread -benchtime 1x
+func BenchmarkRotationSpread(b *testing.B) {
+	for b.Loop() {
+		st := benchFleet(100)
+		uses := map[string]int{}
+		for range 1000 {
+			l, err := st.Acquire(nil, "shop.example", time.Minute)
+			if err != nil {
+				b.Fatal(err)
+			}
+			st.Release(l.ID)
+			uses[l.ProxyID]++
+		}
+		lo, hi := 1000, 0
+		for _, n := range uses {
+			lo, hi = min(lo, n), max(hi, n)
+		}
+		if len(uses) < 100 {
+			lo = 0
+		}
+		b.ReportMetric(float64(hi), "max-uses")
+		b.ReportMetric(float64(lo), "min-uses")
+		b.ReportMetric(float64(hi)/float64(max(lo, 1)), "max/min")
+	}
+}
+
+// BenchmarkBoundedMemory drives 1,000,000 acquire+report+release cycles through the API
+// handler, each report on a target no other cycle used, at 10,000 proxies, and reports
+// the live heap after a GC: with the index alone (the baseline), after 100,000 cycles
+// (warm-up) and at the end. The goal is under 64 MiB at the end, and flat after warm-up.
+//
+//	go test ./discovery -run '^$' -bench BoundedMemory -benchtime 1x -timeout 30m
+func BenchmarkBoundedMemory(b *testing.B) {
+	heap := func() float64 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return float64(m.HeapAlloc) / (1 << 20)
+	}
+	for b.Loop() {
+		st := benchFleet(10_000)
+		srv := discovery.NewServer(discovery.Config{Token: "t"}, st, nil, slog.New(slog.DiscardHandler), nil)
+		h := srv.Handler()
+		base := heap()
+		do := func(method, path, body string) *httptest.ResponseRecorder {
+			req := httptest.NewRequest(method, path, strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer t")
+			req.Header.Set("Content-Type", "application/json")
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			return rec
+		}
+		var warm float64
+		for i := range 1_000_000 {
+			rec := do(http.MethodPost, "/v1/leases", `{"ttlSeconds":60}`)
+			if rec.Code != http.StatusCreated {
+				b.Fatalf("acquire: %d %s", rec.Code, rec.Body)
+			}
+			var l discovery.LeaseResponse
+			if err := json.Unmarshal(rec.Body.Bytes(), &l); err != nil {
+				b.Fatal(err)
+			}
+			rec = do(http.MethodPost, "/v1/leases/"+l.LeaseID+"/report", fmt.Sprintf(`{"result":"banned","target":"t%07d.example"}`, i))
+			if rec.Code != http.StatusNoContent {
+				b.Fatalf("report: %d %s", rec.Code, rec.Body)
+			}
+			do(http.MethodDelete, "/v1/leases/"+l.LeaseID, "")
+			if i == 100_000-1 {
+				warm = heap()
+			}
+		}
+		end := heap()
+		st.Stats()
+		b.ReportMetric(base, "heap-index-MiB")
+		b.ReportMetric(warm, "heap-warm-MiB")
+		b.ReportMetric(end, "heap-end-MiB")
+		b.ReportMetric(end-warm, "growth-after-warmup-MiB")
+	}
 }
