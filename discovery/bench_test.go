@@ -75,6 +75,21 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				i++
 			}
 		})
+		// With sessions: 1,000 sessions in turn, each placed once on the ring and then
+		// found in the session table.
+		b.Run(fmt.Sprintf("sessions/proxies=%d", n), func(b *testing.B) {
+			st := benchFleet(n)
+			sel := discovery.Selector{"region": "r1"}
+			i := 0
+			for b.Loop() {
+				l, err := st.Lease(discovery.Want{Selector: sel, Session: fmt.Sprintf("s%d", i%1000), TTL: time.Minute})
+				if err != nil {
+					b.Fatal(err)
+				}
+				st.Release(l.ID)
+				i++
+			}
+		})
 	}
 }
 
@@ -357,7 +372,7 @@ func BenchmarkRotationSpread(b *testing.B) {
 // BenchmarkBoundedMemory drives 1,000,000 acquire+report+release cycles through the API
 // handler, each report on a target no other cycle used, at 10,000 proxies, and reports
 // the live heap after a GC: with the index alone (the baseline), after 100,000 cycles
-// (warm-up) and at the end. The goal is under 64 MiB at the end, and flat after warm-up.
+// (warm-up), after 500,000 and at the end. The goal is under 64 MiB at the end, and flat after warm-up.
 //
 //	go test ./discovery -run '^$' -bench BoundedMemory -benchtime 1x -timeout 30m
 func BenchmarkBoundedMemory(b *testing.B) {
@@ -381,7 +396,7 @@ func BenchmarkBoundedMemory(b *testing.B) {
 			h.ServeHTTP(rec, req)
 			return rec
 		}
-		var warm float64
+		var warm, half float64
 		for i := range 1_000_000 {
 			rec := do(http.MethodPost, "/v1/leases", `{"ttlSeconds":60}`)
 			if rec.Code != http.StatusCreated {
@@ -396,14 +411,18 @@ func BenchmarkBoundedMemory(b *testing.B) {
 				b.Fatalf("report: %d %s", rec.Code, rec.Body)
 			}
 			do(http.MethodDelete, "/v1/leases/"+l.LeaseID, "")
-			if i == 100_000-1 {
+			switch i + 1 {
+			case 100_000:
 				warm = heap()
+			case 500_000:
+				half = heap()
 			}
 		}
 		end := heap()
 		st.Stats()
 		b.ReportMetric(base, "heap-index-MiB")
 		b.ReportMetric(warm, "heap-warm-MiB")
+		b.ReportMetric(half, "heap-half-MiB")
 		b.ReportMetric(end, "heap-end-MiB")
 		b.ReportMetric(end-warm, "growth-after-warmup-MiB")
 	}

@@ -53,7 +53,7 @@ type coalescer struct {
 }
 
 // maxCoalesced bounds the coalescer's memory; past it, reports are forwarded uncoalesced.
-const maxCoalesced = 100_000
+const maxCoalesced = 65_536
 
 func coalesceKey(l *Lease, sig contract.ReportSignal) string {
 	return l.ProxyID + "\x00" + net.JoinHostPort(l.Proxy.IP, strconv.Itoa(int(l.Proxy.Port))) + "\x00" + sig.Target + "\x00" + sig.Result
