@@ -122,8 +122,9 @@ type entry struct {
 	// process.
 	ring  uint64
 	views []*view
-	// inTrees is true while the entry is in its views' trees.
-	inTrees bool
+	// inTrees is true while the entry is in its views' rotation trees, onRing while it is
+	// on their session rings. They differ only inside a change (see syncRing).
+	inTrees, onRing bool
 }
 
 func (e *entry) available() bool { return e.p.Healthy && e.leases < e.p.MaxLeases }
@@ -300,20 +301,36 @@ func (s *Store) detach(e *entry) {
 	}
 	for _, v := range e.views {
 		v.tree.Delete(e)
-		v.ring.Delete(e)
 	}
 	e.inTrees = false
 }
 
 func (s *Store) attach(e *entry) {
-	if e.inTrees || !e.available() {
+	if !e.inTrees && e.available() {
+		for _, v := range e.views {
+			v.tree.ReplaceOrInsert(e)
+		}
+		e.inTrees = true
+	}
+	s.syncRing(e)
+}
+
+// syncRing puts e on its views' session rings while it is in their trees, and takes it
+// off otherwise. A ring's order does not depend on lease counts, so unlike the rotation
+// tree it changes only when the proxy starts or stops taking leases: a lease that leaves
+// the proxy available does not touch it.
+func (s *Store) syncRing(e *entry) {
+	if e.onRing == e.inTrees {
 		return
 	}
 	for _, v := range e.views {
-		v.tree.ReplaceOrInsert(e)
-		v.ring.ReplaceOrInsert(e)
+		if e.inTrees {
+			v.ring.ReplaceOrInsert(e)
+		} else {
+			v.ring.Delete(e)
+		}
 	}
-	e.inTrees = true
+	e.onRing = e.inTrees
 }
 
 // count adds (sign = +1) or removes (-1) e from its views' counters.
@@ -370,6 +387,7 @@ func (s *Store) upsertLocked(p Proxy) {
 	e, ok := s.proxies[id]
 	if ok {
 		s.detach(e)
+		s.syncRing(e) // off the rings of the views it is in now; attach puts it back
 		s.count(e, -1)
 		s.index(e, false)
 		if e.p.Healthy {
@@ -425,6 +443,7 @@ func (s *Store) removeLocked(id string) {
 		return
 	}
 	s.detach(e)
+	s.syncRing(e)
 	s.count(e, -1)
 	s.index(e, false)
 	if e.p.Healthy {

@@ -134,6 +134,7 @@ func checkInvariants(t *testing.T, s *Store) {
 			require.Same(t, l, s.leases[l.key], "%s: holds a lease the store does not", id)
 		}
 		require.Equal(t, e.available(), e.inTrees, "%s: in trees iff available", id)
+		require.Equal(t, e.inTrees, e.onRing, "%s: on the rings iff in the trees", id)
 		var want []string
 		for key, v := range s.views {
 			if v.sel.Matches(e.p.Attributes) {
