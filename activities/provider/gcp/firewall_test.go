@@ -8,7 +8,6 @@ import (
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/api/option"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
@@ -447,20 +446,7 @@ func TestListOwnedChecksRulesItself(t *testing.T) {
 	srv.AddFirewall(testProject, theirs)
 	srv.AddFirewall(testProject, &computepb.Firewall{Name: proto.String("allow-ssh"), Allowed: []*computepb.Allowed{{IPProtocol: proto.String("tcp"), Ports: []string{"22"}}}})
 
-	base := &http.Transport{}
-	t.Cleanup(base.CloseIdleConnections)
-	dropFilter := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		r = r.Clone(r.Context())
-		q := r.URL.Query()
-		q.Del("filter")
-		r.URL.RawQuery = q.Encode()
-		return base.RoundTrip(r)
-	})}
-	p, err := New(t.Context(), Config{DefaultProject: testProject, ClientOptions: []option.ClientOption{
-		option.WithEndpoint(srv.URL), option.WithoutAuthentication(), option.WithHTTPClient(dropFilter),
-	}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Close() })
+	p := filterIgnoringProvider(t, srv)
 
 	listed, err := p.ListOwned(t.Context(), provider.Owner{Installation: "prod-eu"})
 	require.NoError(t, err)

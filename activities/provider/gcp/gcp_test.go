@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path"
 	"strings"
 	"sync"
 	"testing"
@@ -364,25 +365,7 @@ func TestListOwnedChecksLabelsItself(t *testing.T) {
 		Name:   proto.String("px-foreign"),
 		Labels: map[string]string{provider.LabelInstallation: "staging", provider.LabelProxyUID: uid},
 	})
-	// A server that ignores the filter: every request reaches the fake with none. The
-	// transport has no proxy, so nothing leaves the loopback interface.
-	base := &http.Transport{}
-	t.Cleanup(base.CloseIdleConnections)
-	dropFilter := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		if r.URL.Query().Get("filter") == "" {
-			t.Errorf("the provider sent no filter: %s", r.URL)
-		}
-		r = r.Clone(r.Context())
-		q := r.URL.Query()
-		q.Del("filter")
-		r.URL.RawQuery = q.Encode()
-		return base.RoundTrip(r)
-	})}
-	p, err := New(t.Context(), Config{DefaultProject: testProject, ClientOptions: []option.ClientOption{
-		option.WithEndpoint(srv.URL), option.WithoutAuthentication(), option.WithHTTPClient(dropFilter),
-	}})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Close() })
+	p := filterIgnoringProvider(t, srv)
 
 	got, err := p.ListOwned(t.Context(), provider.Owner{Installation: "prod-eu", ProxyUID: uid})
 	require.NoError(t, err)
@@ -396,6 +379,32 @@ func TestListOwnedChecksLabelsItself(t *testing.T) {
 		names = append(names, inst.Name)
 	}
 	assert.ElementsMatch(t, []string{"px-mine", "px-sibling"}, names)
+}
+
+// filterIgnoringProvider is a provider whose every request reaches srv without its
+// filter, as from a server that ignores filters: what it lists must be checked by the
+// provider itself. It fails the test if the provider lists instances or rules without a filter. The
+// transport has no proxy, so nothing leaves the loopback interface.
+func filterIgnoringProvider(t *testing.T, srv *gcptest.Server) *Provider {
+	t.Helper()
+	inner := &http.Transport{}
+	t.Cleanup(inner.CloseIdleConnections)
+	dropFilter := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if base := path.Base(r.URL.Path); (base == "instances" || base == "firewalls") && r.URL.Query().Get("filter") == "" {
+			t.Errorf("the provider sent no filter: %s", r.URL)
+		}
+		r = r.Clone(r.Context())
+		q := r.URL.Query()
+		q.Del("filter")
+		r.URL.RawQuery = q.Encode()
+		return inner.RoundTrip(r)
+	})}
+	p, err := New(t.Context(), Config{DefaultProject: testProject, ClientOptions: []option.ClientOption{
+		option.WithEndpoint(srv.URL), option.WithoutAuthentication(), option.WithHTTPClient(dropFilter),
+	}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return p
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
