@@ -47,6 +47,16 @@ func credsFor(name string) proxyauth.Credentials {
 }
 
 // serve runs a daemon's control API on loopback and returns a Provider for it.
+// newDaemon runs a daemon with default options on a loopback port for the test, and
+// returns it with a provider talking to it.
+func newDaemon(t *testing.T) (*localproxy.Daemon, *local.Provider) {
+	t.Helper()
+	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Close() })
+	return d, serve(t, d)
+}
+
 func serve(t *testing.T, d *localproxy.Daemon) *local.Provider {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -99,10 +109,7 @@ func req(name, uid string) provider.CreateRequest {
 }
 
 func TestProviderLifecycle(t *testing.T) {
-	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
-	require.NoError(t, err)
-	defer d.Close()
-	p := serve(t, d)
+	d, p := newDaemon(t)
 	ctx := context.Background()
 	tgt := target(t)
 
@@ -150,11 +157,8 @@ func TestProviderLifecycle(t *testing.T) {
 }
 
 func TestProviderErrors(t *testing.T) {
-	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
-	require.NoError(t, err)
-	defer d.Close()
-	p := serve(t, d)
-	_, err = p.Create(context.Background(), req("Not_A_Name", "u"))
+	_, p := newDaemon(t)
+	_, err := p.Create(context.Background(), req("Not_A_Name", "u"))
 	require.Error(t, err)
 	assert.Equal(t, provider.KindPermanent, provider.Class(err))
 
@@ -169,10 +173,7 @@ func TestProviderErrors(t *testing.T) {
 }
 
 func TestListOwnedByProxy(t *testing.T) {
-	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
-	require.NoError(t, err)
-	defer d.Close()
-	p := serve(t, d)
+	_, p := newDaemon(t)
 	ctx := context.Background()
 
 	elsewhere := req("px-a-9", "uid-a") // the same UID in another installation
@@ -243,10 +244,7 @@ func TestListOwnedChecksLabelsItself(t *testing.T) {
 }
 
 func TestCreateLabelsTheSpecHash(t *testing.T) {
-	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
-	require.NoError(t, err)
-	defer d.Close()
-	p := serve(t, d)
+	_, p := newDaemon(t)
 	ctx := context.Background()
 
 	withHash := req("px-a-1", "uid-a")
@@ -266,10 +264,7 @@ func TestCreateLabelsTheSpecHash(t *testing.T) {
 }
 
 func TestCreateRequiresCredentials(t *testing.T) {
-	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
-	require.NoError(t, err)
-	defer d.Close()
-	p := serve(t, d)
+	d, p := newDaemon(t)
 
 	for name, c := range map[string]proxyauth.Credentials{
 		"none":        {},
@@ -291,12 +286,9 @@ func TestCreateRequiresCredentials(t *testing.T) {
 // TestControlAPIRefusesCreateWithoutAuth: a caller of the control API that sends no
 // credentials (an older client) gets a permanent error naming the field.
 func TestControlAPIRefusesCreateWithoutAuth(t *testing.T) {
-	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
-	require.NoError(t, err)
-	defer d.Close()
-	p := serve(t, d)
+	d, p := newDaemon(t)
 
-	_, err = p.CreateRaw(context.Background(), "px-raw-1", local.CreateRequest{Labels: map[string]string{"k": "v"}})
+	_, err := p.CreateRaw(context.Background(), "px-raw-1", local.CreateRequest{Labels: map[string]string{"k": "v"}})
 	require.Error(t, err)
 	assert.Equal(t, provider.KindPermanent, provider.Class(err))
 	assert.Contains(t, err.Error(), "auth is required")
@@ -308,10 +300,7 @@ func TestControlAPIRefusesCreateWithoutAuth(t *testing.T) {
 }
 
 func TestInstanceRequiresItsCredentials(t *testing.T) {
-	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
-	require.NoError(t, err)
-	defer d.Close()
-	p := serve(t, d)
+	_, p := newDaemon(t)
 	inst, err := p.Create(context.Background(), req("px-a-1", "uid-a"))
 	require.NoError(t, err)
 
@@ -363,10 +352,7 @@ func TestInstanceRequiresItsCredentials(t *testing.T) {
 }
 
 func TestInstanceStripsHeaders(t *testing.T) {
-	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
-	require.NoError(t, err)
-	defer d.Close()
-	p := serve(t, d)
+	_, p := newDaemon(t)
 	inst, err := p.Create(context.Background(), req("px-a-1", "uid-a"))
 	require.NoError(t, err)
 
@@ -403,10 +389,7 @@ func TestInstanceStripsHeaders(t *testing.T) {
 // TestCreateKeepsAnInstancesCredentials: creating a name that exists returns the instance
 // as it is; it goes on requiring the credentials it was created with.
 func TestCreateKeepsAnInstancesCredentials(t *testing.T) {
-	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
-	require.NoError(t, err)
-	defer d.Close()
-	p := serve(t, d)
+	_, p := newDaemon(t)
 	ctx := context.Background()
 	first, err := p.Create(ctx, req("px-a-1", "uid-a"))
 	require.NoError(t, err)
