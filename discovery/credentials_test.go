@@ -27,6 +27,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -405,7 +406,7 @@ func TestServiceWithoutFleetKey(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			temporal := &slowTemporal{}
 			temporal.set(running(locked), running(open))
-			logs := &syncBuffer{}
+			logs := &testenv.LogBuffer{}
 			svc := discovery.NewService(discovery.ServiceConfig{API: defaultConfig(), Namespace: "default",
 				RefreshInterval: time.Hour, FullResyncInterval: time.Hour, Keyring: tc.keyring},
 				temporal, slog.New(slog.NewTextHandler(logs, nil)), nil)
@@ -465,7 +466,7 @@ func TestCredentialsOnlyInLeaseAnswers(t *testing.T) {
 	stolen.Attributes = map[string]string{"kind": "stolen"}
 	stolen.Auth = &contract.ProxyAuth{Sealed: sealed}
 
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	store := discovery.NewStore(keepExpired)
 	signals := make(chan contract.ReportSignal, 64)

@@ -1,7 +1,6 @@
 package discovery_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -57,24 +57,6 @@ func (f *fakeSignaler) Report(ctx context.Context, namespace, name string, sig c
 	return f.report(ctx, namespace, name, sig)
 }
 
-// syncBuffer collects the server's log.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // forwarded is one report the Signaler was given.
 type forwarded struct {
 	namespace, name string
@@ -87,7 +69,7 @@ type harness struct {
 	clock   *testClock
 	srv     *discovery.Server
 	handler http.Handler
-	logs    *syncBuffer
+	logs    *testenv.LogBuffer
 	signals chan forwarded
 	reg     *prometheus.Registry
 }
@@ -108,7 +90,7 @@ func newLoadingHarness(t *testing.T, cfg discovery.Config) *harness {
 		t:       t,
 		store:   discovery.NewStore(keepExpired),
 		clock:   &testClock{t: time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)},
-		logs:    &syncBuffer{},
+		logs:    &testenv.LogBuffer{},
 		signals: make(chan forwarded, 16),
 		reg:     prometheus.NewRegistry(),
 	}

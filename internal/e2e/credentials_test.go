@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,6 +33,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
@@ -114,24 +114,6 @@ func TestExternalProxyBehindRealSquid(t *testing.T) {
 	recordHistory(t, s, contract.ProxyWorkflowID(ns, "partner"), "external-credentials.json")
 }
 
-// syncBuffer is a log sink the stack's goroutines write to while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.b.Bytes())
-}
-
 // TestCredentialsNeverLeaveTheLeaseAnswer runs a Managed proxy and an External one whose
 // Secret holds a canary password, leases both, fetches through both, and then searches
 // every workflow history (memos included: they are recorded as upserts), every memo
@@ -140,7 +122,7 @@ func (b *syncBuffer) Bytes() []byte {
 // carry them.
 func TestCredentialsNeverLeaveTheLeaseAnswer(t *testing.T) {
 	spans, tc := traced(t)
-	logs := &syncBuffer{}
+	logs := &testenv.LogBuffer{}
 	s := stack.Start(t, stack.Options{Client: tc, Log: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	ctx := context.Background()
 	ns := s.Namespace(t)

@@ -1,7 +1,6 @@
 package gcp
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"path"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +22,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/activities/provider/gcp/gcptest"
 	"github.com/proxyfleet/proxyfleet/activities/provider/squid"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
@@ -645,7 +644,7 @@ func TestCreateNeverReturnsTheStartupScript(t *testing.T) {
 // given. New replaces any logger among the options, so a worker run with debug logging
 // never prints the startup script.
 func TestClientLogsNothing(t *testing.T) {
-	var buf lockedBuffer
+	var buf testenv.LogBuffer
 	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	srv := gcptest.NewServer(t)
 	opts := append(srv.ClientOptions(), option.WithLogger(logger))
@@ -680,28 +679,4 @@ func TestClientLogsNothing(t *testing.T) {
 		assert.NotContains(t, logged, secret)
 	}
 	assert.Empty(t, logged)
-}
-
-// lockedBuffer is a bytes.Buffer a logger may write to from any goroutine.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *lockedBuffer) Reset() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.buf.Reset()
 }
