@@ -422,7 +422,6 @@ func BenchmarkBoundedMemory(b *testing.B) {
 			}
 		}
 		end := heap()
-		st.Stats()
 		b.ReportMetric(base, "heap-index-MiB")
 		b.ReportMetric(warm, "heap-100k-MiB")
 		b.ReportMetric(million, "heap-1M-MiB")

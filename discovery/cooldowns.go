@@ -62,7 +62,7 @@ func (c *cooldowns) set(proxyID, target string, until time.Time) {
 	if c.all.len() >= c.max {
 		c.drop(c.all.oldest())
 	}
-	c.byProxy[proxyID][target] = c.all.put(k, until)
+	targets[target] = c.all.put(k, until)
 }
 
 func (c *cooldowns) drop(it *lruItem[cooldownKey, time.Time]) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"slices"
 	"time"
 )
 
@@ -155,14 +156,11 @@ func (s *Store) Lease(w Want) (*Lease, error) {
 		return nil, s.noMatch(v, w.Selector, w.Target, now)
 	}
 	s.grants++
-	s.detach(pick)
-	s.count(pick, -1)
-	pick.leases++
-	pick.lastUsed = s.grants
-	s.count(pick, +1)
-	s.attach(pick)
 	l := &lease{key: newLeaseKey(), proxyID: pick.id, proxy: pick.p, target: w.Target, session: w.Session, expires: now.Add(w.TTL)}
-	pick.held = append(pick.held, l)
+	s.changeLeases(pick, func() {
+		pick.held = append(pick.held, l)
+		pick.lastUsed = s.grants
+	})
 	s.leases[l.key] = l
 	if w.Session != "" {
 		s.touchSession(w.Session, pick.id, now)
@@ -189,7 +187,7 @@ func (s *Store) noMatch(v *view, sel Selector, target string, now time.Time) *No
 			return
 		}
 		var free time.Time
-		if e.leases >= e.p.MaxLeases {
+		if e.leaseCount() >= e.p.MaxLeases {
 			for _, l := range e.held {
 				if free.IsZero() || l.expires.Before(free) {
 					free = l.expires
@@ -208,32 +206,6 @@ func (s *Store) noMatch(v *view, sel Selector, target string, now time.Time) *No
 		nm.RetryAfter = max(soonest.Sub(now), time.Second)
 	}
 	return nm
-}
-
-// forMatching calls fn for every proxy matching sel, walking the smallest posting list
-// among the selector's pairs rather than the whole fleet.
-func (s *Store) forMatching(sel Selector, fn func(*entry)) {
-	var best map[*entry]struct{}
-	for k, v := range sel {
-		list := s.byAttr[k][v]
-		if len(list) == 0 {
-			return
-		}
-		if best == nil || len(list) < len(best) {
-			best = list
-		}
-	}
-	if best == nil {
-		for _, e := range s.proxies {
-			fn(e)
-		}
-		return
-	}
-	for e := range best {
-		if sel.Matches(e.p.Attributes) {
-			fn(e)
-		}
-	}
 }
 
 // Release ends a lease. Releasing an unknown or already ended lease is not an error.
@@ -255,18 +227,10 @@ func (s *Store) Release(id string) {
 func (s *Store) endLocked(l *lease, keepUntil time.Time) {
 	delete(s.leases, l.key)
 	if e, ok := s.proxies[l.proxyID]; ok {
-		for i, h := range e.held {
-			if h == l {
-				e.held[i] = e.held[len(e.held)-1]
-				e.held[len(e.held)-1] = nil
-				e.held = e.held[:len(e.held)-1]
-				s.detach(e)
-				s.count(e, -1)
-				e.leases = len(e.held)
-				s.count(e, +1)
-				s.attach(e)
-				break
-			}
+		if i := slices.Index(e.held, l); i >= 0 {
+			s.changeLeases(e, func() {
+				e.held = slices.Delete(e.held, i, i+1)
+			})
 		}
 	}
 	l.keepUntil = keepUntil

@@ -112,8 +112,8 @@ type entry struct {
 	// probeHealthy is the health the proxy's checks gave, before the store overrode it for
 	// unresolved credentials: a renewal keeps a lease whose proxy still works.
 	probeHealthy bool
-	leases       int
-	held         []*lease
+	// held are the live leases on the proxy.
+	held []*lease
 	// lastUsed is the store's grant sequence number at the proxy's last lease; rank, drawn
 	// at random once, breaks ties. Ordering by them walks the fleet: the proxy leased
 	// longest ago comes first, and replicas or restarts do not all walk in one order.
@@ -127,12 +127,14 @@ type entry struct {
 	inTrees, onRing bool
 }
 
-func (e *entry) available() bool { return e.p.Healthy && e.leases < e.p.MaxLeases }
+func (e *entry) leaseCount() int { return len(e.held) }
+
+func (e *entry) available() bool { return e.p.Healthy && e.leaseCount() < e.p.MaxLeases }
 
 // less orders candidates: fewest leases, then leased longest ago, then at random.
 func less(a, b *entry) bool {
-	if a.leases != b.leases {
-		return a.leases < b.leases
+	if a.leaseCount() != b.leaseCount() {
+		return a.leaseCount() < b.leaseCount()
 	}
 	if a.lastUsed != b.lastUsed {
 		return a.lastUsed < b.lastUsed
@@ -336,14 +338,29 @@ func (s *Store) syncRing(e *entry) {
 // count adds (sign = +1) or removes (-1) e from its views' counters.
 func (s *Store) count(e *entry, sign int) {
 	for _, v := range e.views {
-		v.matching += sign
-		if e.p.Healthy {
-			v.healthy += sign
-			if e.leases >= e.p.MaxLeases {
-				v.full += sign
-			}
+		v.count(e, sign)
+	}
+}
+
+// count adds (sign = +1) or removes (-1) e from the view's counters.
+func (v *view) count(e *entry, sign int) {
+	v.matching += sign
+	if e.p.Healthy {
+		v.healthy += sign
+		if e.leaseCount() >= e.p.MaxLeases {
+			v.full += sign
 		}
 	}
+}
+
+// changeLeases runs change, which alters e's leases, keeping e's place in its views'
+// trees and their counters right.
+func (s *Store) changeLeases(e *entry, change func()) {
+	s.detach(e)
+	s.count(e, -1)
+	change()
+	s.count(e, +1)
+	s.attach(e)
 }
 
 func (s *Store) index(e *entry, add bool) {
@@ -427,7 +444,6 @@ func (s *Store) adoptLeases(e *entry) {
 			e.held = append(e.held, l)
 		}
 	}
-	e.leases = len(e.held)
 }
 
 // Remove drops a proxy (its workflow ended). Its leases stay until released or expired.
@@ -521,49 +537,41 @@ func (s *Store) viewFor(sel Selector) *view {
 	}
 	v := &view{sel: sel, key: key, tree: btree.NewG(16, less), ring: btree.NewG(16, ringLess), lastUsed: s.tick}
 	s.views[key] = v
-	for _, e := range s.candidates(sel) {
-		if !sel.Matches(e.p.Attributes) {
-			continue
-		}
+	s.forMatching(sel, func(e *entry) {
 		e.views = append(e.views, v)
-		v.matching++
-		if e.p.Healthy {
-			v.healthy++
-			if e.leases >= e.p.MaxLeases {
-				v.full++
-			}
-		}
+		v.count(e, +1)
 		if e.inTrees {
 			v.tree.ReplaceOrInsert(e)
 			v.ring.ReplaceOrInsert(e)
 		}
-	}
+	})
 	return v
 }
 
-// candidates is the smallest posting list among the selector's pairs (or every proxy).
-func (s *Store) candidates(sel Selector) []*entry {
+// forMatching calls fn for every proxy matching sel, walking the smallest posting list
+// among the selector's pairs rather than the whole fleet.
+func (s *Store) forMatching(sel Selector, fn func(*entry)) {
 	var best map[*entry]struct{}
 	for k, v := range sel {
 		list := s.byAttr[k][v]
+		if len(list) == 0 {
+			return
+		}
 		if best == nil || len(list) < len(best) {
 			best = list
 		}
-		if len(list) == 0 {
-			return nil
-		}
 	}
-	out := make([]*entry, 0, len(best))
 	if best == nil {
 		for _, e := range s.proxies {
-			out = append(out, e)
+			fn(e)
 		}
-		return out
+		return
 	}
 	for e := range best {
-		out = append(out, e)
+		if sel.Matches(e.p.Attributes) {
+			fn(e)
+		}
 	}
-	return out
 }
 
 func (s *Store) evictView() {
@@ -604,12 +612,11 @@ func (s *Store) List(sel Selector, healthy *bool) []ProxyView {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := []ProxyView{}
-	for _, e := range s.candidates(sel) {
-		if !sel.Matches(e.p.Attributes) || (healthy != nil && e.p.Healthy != *healthy) {
-			continue
+	s.forMatching(sel, func(e *entry) {
+		if healthy == nil || e.p.Healthy == *healthy {
+			out = append(out, ProxyView{Proxy: *e.p, ActiveLeases: e.leaseCount()})
 		}
-		out = append(out, ProxyView{Proxy: *e.p, ActiveLeases: e.leases})
-	}
+	})
 	sort.Slice(out, func(i, j int) bool { return out[i].ID() < out[j].ID() })
 	return out
 }

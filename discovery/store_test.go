@@ -127,9 +127,7 @@ func checkInvariants(t *testing.T, s *Store) {
 	require.Equal(t, healthy, s.healthy, "healthy count")
 	require.Equal(t, unresolved, s.unresolved, "unresolved credentials by reason")
 	for id, e := range s.proxies {
-		require.GreaterOrEqual(t, e.leases, 0, "%s: negative lease count", id)
-		require.Equal(t, held[id], e.leases, "%s: lease count", id)
-		require.Len(t, e.held, e.leases, "%s: held leases", id)
+		require.Equal(t, held[id], e.leaseCount(), "%s: lease count", id)
 		for _, l := range e.held {
 			require.Same(t, l, s.leases[l.key], "%s: holds a lease the store does not", id)
 		}
@@ -157,7 +155,7 @@ func checkInvariants(t *testing.T, s *Store) {
 			matching++
 			if e.p.Healthy {
 				healthy++
-				if e.leases >= e.p.MaxLeases {
+				if e.leaseCount() >= e.p.MaxLeases {
 					full++
 				}
 			}
@@ -934,10 +932,12 @@ func TestRetryAfter(t *testing.T) {
 	requireNoMatch(t, s, Selector{"pool": "a"}, "shop.example",
 		NoMatch{Considered: 3, Unhealthy: 1, AtCapacity: 1, InCooldown: 1, RetryAfter: time.Minute})
 	clk.Advance(2 * time.Minute) // busy's lease expired, not yet swept: retry in a second, not now
-	requireNoMatch(t, s, Selector{"pool": "a", "absent": "x"}, "", NoMatch{})
+	requireNoMatch(t, s, Selector{"pool": "a"}, "shop.example",
+		NoMatch{Considered: 3, Unhealthy: 1, AtCapacity: 1, InCooldown: 1, RetryAfter: time.Second})
+	assert.Zero(t, requireNoMatchErr(t, s, Selector{"pool": "a", "absent": "x"}, "").RetryAfter, "nothing matches")
 	l, err := s.Lookup("00000000000000000000000000000000")
 	assert.Nil(t, l)
-	assert.ErrorIs(t, err, ErrUnknownLease)
+	assert.ErrorIs(t, err, ErrUnknownLease, "a well-formed ID nobody was given")
 	s.Upsert(unhealthy(px("busy", 1, pool)))
 	s.Upsert(unhealthy(px("resting", 1, pool)))
 	nm := requireNoMatchErr(t, s, Selector{"pool": "a"}, "")

@@ -109,19 +109,19 @@ func (h *Held) Close(ctx context.Context) error {
 	return h.c.Release(ctx, l.ID)
 }
 
+// set makes l (nil for none) the current lease: idle connections to a proxy the lease no
+// longer names are closed, and a change of lease is told on Changes (a renewal of the same
+// lease is not one).
 func (h *Held) set(l *Lease) {
 	h.mu.Lock()
 	old := h.lease
 	h.lease = l
 	h.mu.Unlock()
-	if old != nil && l != nil && old.ID == l.ID && old.ProxyURL().String() == l.ProxyURL().String() {
-		return // a plain renewal
-	}
 	if old != nil && (l == nil || old.ProxyURL().String() != l.ProxyURL().String()) {
 		h.transport.CloseIdleConnections()
 	}
-	if old != nil && l != nil && old.ID == l.ID {
-		return // renewed with new credentials: not a new lease
+	if old == nil && l == nil || old != nil && l != nil && old.ID == l.ID {
+		return
 	}
 	select {
 	case h.changes <- l:

@@ -86,17 +86,23 @@ func TestHeldFollowsReplacement(t *testing.T) {
 	}
 }
 
-// TestHeldWithoutLeaseRefusesRequests: while Held has no lease, its HTTP client fails
-// fast instead of sending from an address nobody leased.
+// TestHeldWithoutLeaseRefusesRequests: when the held lease's proxy leaves the fleet and
+// no other can be leased, Held says so on Changes and its HTTP client fails fast instead
+// of sending from an address nobody leased.
 func TestHeldWithoutLeaseRefusesRequests(t *testing.T) {
 	f := newFixture(t, proxy("p", true, 1, nil))
-	h, err := f.client.Hold(t.Context(), AcquireRequest{TTL: time.Minute})
+	h, err := f.client.Hold(t.Context(), AcquireRequest{TTL: 2 * time.Second})
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = h.Close(context.Background()) })
 	f.store.ReplaceAll([]discovery.Proxy{}) // the proxy leaves the fleet
-	l, _ := h.Lease()
-	_, err = f.client.Renew(t.Context(), l.ID, time.Minute)
-	require.True(t, IsProxyGone(err), "%v", err)
-	h.set(nil)
+	select {
+	case l := <-h.Changes():
+		require.Nil(t, l, "no proxy is left to lease")
+	case <-time.After(15 * time.Second):
+		t.Fatal("Held did not notice its proxy was gone")
+	}
+	_, ok := h.Lease()
+	assert.False(t, ok)
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://target.example/", nil)
 	require.NoError(t, err)
 	_, err = h.HTTPClient().Do(req)
