@@ -142,15 +142,7 @@ func TestBuildConfigSecret(t *testing.T) {
 	assert.Equal(t, "egress", secret.Namespace, "beside the pod, which can mount only Secrets of its namespace")
 	assert.Equal(t, corev1.SecretTypeOpaque, secret.Type)
 	assert.Equal(t, map[string][]byte{"squid.conf": files.Conf, "passwd": files.Passwd}, secret.Data)
-	assert.Equal(t, map[string]string{
-		provider.LabelProxyUID:         req.ProxyUID,
-		provider.LabelInstallation:     req.Installation,
-		provider.LabelManagedBy:        provider.ManagedByValue,
-		provider.LabelKeyID:            req.KeyID,
-		"proxyfleet-instance":          req.Name,
-		"app.kubernetes.io/name":       "squid-proxy",
-		"app.kubernetes.io/managed-by": "proxyfleet",
-	}, secret.Labels)
+	assert.Equal(t, wantLabels(req), secret.Labels)
 }
 
 func TestBuildNetworkPolicy(t *testing.T) {

@@ -101,15 +101,7 @@ func TestBuildPod(t *testing.T) {
 
 			assert.Equal(t, req.Name, pod.Name)
 			assert.Equal(t, tc.namespace, pod.Namespace)
-			assert.Equal(t, map[string]string{
-				provider.LabelProxyUID:         req.ProxyUID,
-				provider.LabelInstallation:     req.Installation,
-				provider.LabelManagedBy:        provider.ManagedByValue,
-				provider.LabelKeyID:            req.KeyID,
-				"proxyfleet-instance":          req.Name,
-				"app.kubernetes.io/name":       "squid-proxy",
-				"app.kubernetes.io/managed-by": "proxyfleet",
-			}, pod.Labels)
+			assert.Equal(t, wantLabels(req), pod.Labels)
 
 			spec := pod.Spec
 			assert.Equal(t, corev1.RestartPolicyAlways, spec.RestartPolicy)
@@ -333,5 +325,19 @@ func TestCheckRequest(t *testing.T) {
 			require.Error(t, err)
 			assert.Equal(t, provider.KindPermanent, provider.Class(err))
 		})
+	}
+}
+
+// wantLabels are the labels every object the provider makes for req carries: the owner
+// labels ListOwned and Delete select on, and the instance's.
+func wantLabels(req provider.CreateRequest) map[string]string {
+	return map[string]string{
+		provider.LabelProxyUID:         req.ProxyUID,
+		provider.LabelInstallation:     req.Installation,
+		provider.LabelManagedBy:        provider.ManagedByValue,
+		provider.LabelKeyID:            req.KeyID,
+		"proxyfleet-instance":          req.Name,
+		"app.kubernetes.io/name":       "squid-proxy",
+		"app.kubernetes.io/managed-by": "proxyfleet",
 	}
 }
