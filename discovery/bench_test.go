@@ -252,12 +252,7 @@ func BenchmarkRefreshCredentials(b *testing.B) {
 	kr := benchKeyring(b)
 	for _, auth := range []string{"none", "managed", "sealed"} {
 		b.Run("auth="+auth, func(b *testing.B) {
-			st := discovery.NewStore(time.Hour)
-			r := &discovery.Refresher{Client: benchMemos(b, n, auth, kr), Namespace: "bench", Store: st, Keyring: kr,
-				Log: slog.New(slog.DiscardHandler)}
-			if err := r.Full(b.Context()); err != nil {
-				b.Fatal(err)
-			}
+			st, r := benchRefreshed(b, n, auth, kr)
 			if s := st.Stats(); s.Healthy != n {
 				b.Fatalf("%d of %d proxies leasable", s.Healthy, n)
 			}
@@ -272,6 +267,19 @@ func BenchmarkRefreshCredentials(b *testing.B) {
 	}
 }
 
+// benchRefreshed is a store loaded by a full refresh of n memos whose proxies take auth
+// credentials ("none", "managed" or "sealed"), and the refresher that loaded it.
+func benchRefreshed(b *testing.B, n int, auth string, kr *proxyauth.Keyring) (*discovery.Store, *discovery.Refresher) {
+	b.Helper()
+	st := discovery.NewStore(time.Hour)
+	r := &discovery.Refresher{Client: benchMemos(b, n, auth, kr), Namespace: "bench", Store: st, Keyring: kr,
+		Log: slog.New(slog.DiscardHandler)}
+	if err := r.Full(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	return st, r
+}
+
 // BenchmarkLeaseCredentials measures an acquire and a release through the API handler (no
 // network) over 1,000 proxies loaded by the refresher, with Managed credentials and
 // without: the difference is what carrying credentials in the answer costs, since they
@@ -283,12 +291,7 @@ func BenchmarkLeaseCredentials(b *testing.B) {
 	kr := benchKeyring(b)
 	for _, auth := range []string{"none", "managed"} {
 		b.Run("auth="+auth, func(b *testing.B) {
-			st := discovery.NewStore(time.Hour)
-			r := &discovery.Refresher{Client: benchMemos(b, n, auth, kr), Namespace: "bench", Store: st, Keyring: kr,
-				Log: slog.New(slog.DiscardHandler)}
-			if err := r.Full(b.Context()); err != nil {
-				b.Fatal(err)
-			}
+			st, _ := benchRefreshed(b, n, auth, kr)
 			srv := discovery.NewServer(discovery.Config{Token: "t"}, st, nil, slog.New(slog.DiscardHandler), nil)
 			h := srv.Handler()
 			body := `{"selector":{"region":"r1"},"ttlSeconds":60,"target":"shop.example"}`

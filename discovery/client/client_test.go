@@ -7,12 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"reflect"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -445,12 +443,9 @@ func TestLeaseHTTPClient(t *testing.T) {
 		_, _ = w.Write([]byte("via proxy"))
 	}))
 	t.Cleanup(fwd.Close)
-	host, port, err := net.SplitHostPort(fwd.Listener.Addr().String())
-	require.NoError(t, err)
-	p, err := strconv.Atoi(port)
-	require.NoError(t, err)
+	host, p := hostPort(t, fwd)
 
-	f := newFixture(t, discovery.Proxy{Name: "local", Namespace: "crawl", IP: host, Port: int32(p), Healthy: true, MaxLeases: 1})
+	f := newFixture(t, discovery.Proxy{Name: "local", Namespace: "crawl", IP: host, Port: p, Healthy: true, MaxLeases: 1})
 	l, err := f.client.Acquire(t.Context(), AcquireRequest{})
 	require.NoError(t, err)
 	want := &url.URL{Scheme: "http", Host: fwd.Listener.Addr().String()}
@@ -516,12 +511,9 @@ func TestLeaseCredentials(t *testing.T) {
 		_, _ = w.Write([]byte("via proxy"))
 	}))
 	t.Cleanup(fwd.Close)
-	host, port, err := net.SplitHostPort(fwd.Listener.Addr().String())
-	require.NoError(t, err)
-	p, err := strconv.Atoi(port)
-	require.NoError(t, err)
+	host, p := hostPort(t, fwd)
 
-	f := newFixture(t, discovery.Proxy{Name: "auth", Namespace: "crawl", IP: host, Port: int32(p), Healthy: true,
+	f := newFixture(t, discovery.Proxy{Name: "auth", Namespace: "crawl", IP: host, Port: p, Healthy: true,
 		MaxLeases: 1, Credentials: creds})
 	l, err := f.client.Acquire(t.Context(), AcquireRequest{})
 	require.NoError(t, err)

@@ -22,6 +22,12 @@ func standInProxy(t *testing.T, name string) (ip string, port int32) {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, name) }))
 	t.Cleanup(srv.Close)
+	return hostPort(t, srv)
+}
+
+// hostPort is where srv listens, as a discovery.Proxy's IP and port.
+func hostPort(t *testing.T, srv *httptest.Server) (string, int32) {
+	t.Helper()
 	host, p, err := net.SplitHostPort(srv.Listener.Addr().String())
 	require.NoError(t, err)
 	n, err := strconv.Atoi(p)
