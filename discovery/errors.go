@@ -31,6 +31,12 @@ const (
 	// codeIndexLoading: the index has not been loaded from Temporal yet (just started, or
 	// Temporal unreachable since), so an empty answer would be a lie.
 	codeIndexLoading = "index_loading"
+	// codeReplicasUnavailable: the replica that must answer (the lease's or the proxy's
+	// owner, or any peer to copy a lease to) cannot now; retry after Retry-After.
+	codeReplicasUnavailable = "replicas_unavailable"
+	// codeProxyUnavailable: between replicas only, the owner refuses a grant on a proxy
+	// that filled up or started resting; the asking replica picks another.
+	codeProxyUnavailable = "proxy_unavailable"
 )
 
 func status(code string) int {
@@ -43,7 +49,7 @@ func status(code string) int {
 		return http.StatusNotFound
 	case codeMethodNotAllowed:
 		return http.StatusMethodNotAllowed
-	case codeNoMatch:
+	case codeNoMatch, codeProxyUnavailable:
 		return http.StatusConflict
 	case codeLeaseExpired, codeProxyGone:
 		return http.StatusGone
@@ -51,7 +57,7 @@ func status(code string) int {
 		return http.StatusTooManyRequests
 	case codeTooLarge:
 		return http.StatusRequestEntityTooLarge
-	case codeIndexLoading:
+	case codeIndexLoading, codeReplicasUnavailable:
 		return http.StatusServiceUnavailable
 	default:
 		return http.StatusInternalServerError

@@ -264,7 +264,21 @@ func (s *Server) acquire(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	l, err := s.store.Lease(Want{Selector: req.Selector, Target: req.Target, Session: req.Session, TTL: d})
+	w := Want{Selector: req.Selector, Target: req.Target, Session: req.Session, TTL: d}
+	var l *Lease
+	if s.replicas == nil {
+		l, err = s.store.Lease(w)
+	} else {
+		var relayed bool
+		l, relayed, err = s.acquireReplicated(c, w, d)
+		if relayed {
+			if c.Writer.Status() == http.StatusCreated {
+				s.metrics.leaseRequests.WithLabelValues("granted").Inc()
+				s.metrics.acquireSeconds.Observe(time.Since(start).Seconds())
+			}
+			return
+		}
+	}
 	if err != nil {
 		if _, ok := errors.AsType[*NoMatch](err); ok {
 			s.metrics.leaseRequests.WithLabelValues("no_match").Inc()
@@ -301,6 +315,13 @@ func (s *Server) renew(c *gin.Context) {
 		return
 	}
 	l, err := s.store.Renew(c.Param("id"), d)
+	if _, gone := errors.AsType[*ProxyGone](err); err == nil || gone {
+		// A renewal, or the end of a lease whose proxy is gone, is copied to the
+		// other replicas before the crawler hears of it.
+		if rerr := s.replicateLease(c.Param("id")); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
 	if err != nil {
 		s.fail(c, &opError{op: opRenew, leaseID: c.Param("id"), err: err})
 		return
@@ -310,6 +331,9 @@ func (s *Server) renew(c *gin.Context) {
 
 func (s *Server) release(c *gin.Context) {
 	s.store.Release(c.Param("id"))
+	// A release no replica heard of only keeps the slot counted until the lease's
+	// expiry: answered anyway, since the crawler has stopped using the proxy.
+	_ = s.replicateLease(c.Param("id"))
 	c.Status(http.StatusNoContent)
 }
 

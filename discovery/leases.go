@@ -8,14 +8,24 @@ import (
 	"time"
 )
 
-// leaseKey is a lease ID's 16 random bytes: the maps key on them rather than on the hex
-// text, which is twice as long.
+// leaseKey is a lease ID's 16 bytes: the maps key on them rather than on the hex text,
+// which is twice as long. The first byte is the replica that granted the lease and owns it
+// (see Replicas); the other 15 are random.
 type leaseKey [16]byte
 
-func newLeaseKey() leaseKey {
+func newLeaseKey(owner byte) leaseKey {
 	var k leaseKey
 	_, _ = rand.Read(k[:])
+	k[0] = owner
 	return k
+}
+
+// LeaseOwner is the replica that owns the lease with this ID: the one that granted it and
+// alone renews, releases and takes reports for it. ok is false for a text that is not a
+// lease ID.
+func LeaseOwner(id string) (replica int, ok bool) {
+	k, ok := parseLeaseID(id)
+	return int(k[0]), ok
 }
 
 func (k leaseKey) String() string { return hex.EncodeToString(k[:]) }
@@ -46,6 +56,9 @@ type lease struct {
 	expires time.Time
 	// reports counts the cooldowns this lease has reported (MaxReportsPerLease).
 	reports int
+	// version counts the owner's changes to the lease (grant, renewals, end): replicas
+	// keep the highest they are sent, in whatever order the copies arrive.
+	version uint64
 	// Set once the lease has ended: until when it still takes reports, and, if it ended
 	// because its proxy could no longer serve it, why (a ProxyGone reason).
 	keepUntil time.Time
@@ -128,9 +141,48 @@ func (s *Store) Lease(w Want) (*Lease, error) {
 	defer s.mu.Unlock()
 	now := s.now()
 	v := s.viewFor(w.Selector)
+	pick := s.pickLocked(v, w, now, nil)
+	if pick == nil {
+		return nil, s.noMatch(v, w.Selector, w.Target, now)
+	}
+	return s.grantLocked(pick, w, now).export(), nil
+}
+
+// Pick chooses the proxy Lease would grant w on, without granting it, passing over the
+// proxies skip names. Replicas use it: the proxy's owner grants (Grant), and skip leaves
+// out the proxies of owners that cannot answer now or that just refused.
+func (s *Store) Pick(w Want, skip func(proxyID string) bool) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	v := s.viewFor(w.Selector)
+	pick := s.pickLocked(v, w, now, skip)
+	if pick == nil {
+		return "", s.noMatch(v, w.Selector, w.Target, now)
+	}
+	return pick.id, nil
+}
+
+// Grant leases the named proxy for w if it can take the lease now: it matches the
+// selector, is healthy, has a free slot and is not resting for the target. Otherwise it
+// fails with ErrProxyUnavailable, and the caller picks again. Only the proxy's owner calls
+// it, so that one process counts the proxy's slots.
+func (s *Store) Grant(proxyID string, w Want) (*Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	e := s.proxies[proxyID]
+	if e == nil || !e.inTrees || !w.Selector.Matches(e.p.Attributes) || s.cooling(e, w.Target, now) {
+		return nil, ErrProxyUnavailable
+	}
+	return s.grantLocked(e, w, now).export(), nil
+}
+
+// pickLocked is the proxy Lease chooses (see there), or nil.
+func (s *Store) pickLocked(v *view, w Want, now time.Time, skip func(string) bool) *entry {
 	var pick *entry
 	take := func(e *entry) bool {
-		if s.cooling(e, w.Target, now) {
+		if s.cooling(e, w.Target, now) || (skip != nil && skip(e.id)) {
 			return true
 		}
 		pick = e
@@ -152,11 +204,13 @@ func (s *Store) Lease(w Want) (*Lease, error) {
 	} else {
 		v.tree.Ascend(take)
 	}
-	if pick == nil {
-		return nil, s.noMatch(v, w.Selector, w.Target, now)
-	}
+	return pick
+}
+
+func (s *Store) grantLocked(pick *entry, w Want, now time.Time) *lease {
 	s.grants++
-	l := &lease{key: newLeaseKey(), proxyID: pick.id, proxy: pick.p, target: w.Target, session: w.Session, expires: now.Add(w.TTL)}
+	l := &lease{key: newLeaseKey(s.cfg.Replica), proxyID: pick.id, proxy: pick.p, target: w.Target, session: w.Session,
+		expires: now.Add(w.TTL), version: 1}
 	s.changeLeases(pick, func() {
 		pick.held = append(pick.held, l)
 		pick.lastUsed = s.grants
@@ -165,7 +219,7 @@ func (s *Store) Lease(w Want) (*Lease, error) {
 	if w.Session != "" {
 		s.touchSession(w.Session, pick.id, now)
 	}
-	return l.export(), nil
+	return l
 }
 
 func (s *Store) touchSession(name, proxyID string, now time.Time) {
@@ -235,6 +289,7 @@ func (s *Store) endLocked(l *lease, keepUntil time.Time) {
 	}
 	l.keepUntil = keepUntil
 	l.session = ""
+	l.version++
 	s.ended.put(l.key, l)
 	for s.ended.len() > s.cfg.MaxEnded {
 		s.ended.remove(s.ended.oldest())
@@ -286,6 +341,7 @@ func (s *Store) Renew(id string, ttl time.Duration) (*Lease, error) {
 		return nil, &ProxyGone{Reason: l.gone}
 	}
 	l.expires = now.Add(ttl)
+	l.version++
 	if e.p.CredentialsUnresolved == "" {
 		// The credentials the proxy takes now (an External proxy's Secret may have been
 		// rotated). While they cannot be resolved the renewal repeats the last ones the

@@ -23,6 +23,8 @@ type serverMetrics struct {
 	requestSeconds       *prometheus.HistogramVec
 	refreshSeconds       *prometheus.HistogramVec
 	refreshErrors        *prometheus.CounterVec
+	replicationFailures  prometheus.Counter
+	forwarded            prometheus.Counter
 	handler              http.Handler
 	// lastRefresh is the unix nanosecond time of the last successful refresh.
 	lastRefresh atomic.Int64
@@ -69,6 +71,14 @@ func newServerMetrics(reg prometheus.Registerer, store *Store) *serverMetrics {
 			Name: "proxyfleet_discovery_index_refresh_errors_total",
 			Help: "Failed index refreshes by kind.",
 		}, []string{"kind"}),
+		replicationFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "proxyfleet_discovery_replication_failures_total",
+			Help: "Lease changes a peer replica did not take (it was down or slow); the change waits for another peer's copy.",
+		}),
+		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "proxyfleet_discovery_forwarded_requests_total",
+			Help: "Renewals, releases and reports forwarded to the replica that owns the lease.",
+		}),
 	}
 	if reg == nil {
 		return m
@@ -78,8 +88,8 @@ func newServerMetrics(reg prometheus.Registerer, store *Store) *serverMetrics {
 			func() float64 { return float64(f(store.Stats())) })
 	}
 	reg.MustRegister(m.leaseRequests, m.acquireSeconds, m.reports, m.reportsCoalesced, m.reportSignalFailures,
-		m.requests, m.requestSeconds, m.refreshSeconds, m.refreshErrors,
-		gauge("proxyfleet_discovery_leases_active", "Leases held right now.", func(s Stats) int { return s.Leases }),
+		m.requests, m.requestSeconds, m.refreshSeconds, m.refreshErrors, m.replicationFailures, m.forwarded,
+		gauge("proxyfleet_discovery_leases_active", "Leases held right now (in a replica set, every replica counts all of them).", func(s Stats) int { return s.Leases }),
 		gauge("proxyfleet_discovery_cooldowns_active", "Per-target cooldowns known locally.", func(s Stats) int { return s.Cooldowns }),
 		gauge("proxyfleet_discovery_index_proxies", "Proxies in the index.", func(s Stats) int { return s.Proxies }),
 		gauge("proxyfleet_discovery_index_healthy_proxies", "Healthy proxies in the index.", func(s Stats) int { return s.Healthy }),

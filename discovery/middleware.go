@@ -67,11 +67,18 @@ func (s *Server) indexLoading(c *gin.Context) {
 	s.fail(c, apiErr(codeIndexLoading, "the proxy index is still loading from Temporal; retry shortly"))
 }
 
-// readyz serves GET and HEAD /readyz: 200 once the index is loaded, 503 index_loading
-// before, so a Service sends crawlers only to replicas that can lease. HEAD gets no body.
+// readyz serves GET and HEAD /readyz: 200 once the index is loaded (and, in a replica
+// set, this replica's leases restored), 503 before, so a Service sends crawlers only to
+// replicas that can lease, and a rolling update stops a replica only once the one it
+// replaced holds its leases again. HEAD gets no body.
 func (s *Server) readyz(c *gin.Context) {
 	head, loaded := c.Request.Method == http.MethodHead, s.store.Loaded()
 	switch {
+	case loaded && !s.restored() && head:
+		c.Header("Retry-After", retryIndexAfter)
+		c.AbortWithStatus(status(codeReplicasUnavailable))
+	case loaded && !s.restored():
+		s.fail(c, unavailable("this replica is restoring its leases from the others"))
 	case !loaded && head:
 		c.Header("Retry-After", retryIndexAfter)
 		c.AbortWithStatus(status(codeIndexLoading))

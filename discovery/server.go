@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"time"
@@ -26,6 +27,8 @@ type Config struct {
 	// names the client in logs. Empty trusts none: any caller could otherwise write any
 	// address into the logs.
 	TrustedProxies []string
+	// Replicas places this process among discovery's replicas; empty, it runs alone.
+	Replicas ReplicaConfig
 }
 
 // Defaults of Config and of the refresher; cmd/discovery's flags default to them too.
@@ -67,6 +70,8 @@ type Server struct {
 	reports chan pendingReport
 	// coalesce keeps repeated reports of one cooldown from becoming repeated signals.
 	coalesce coalescer
+	// replicas is nil when discovery runs alone.
+	replicas *replicas
 }
 
 // NewServer builds the API. reg may be nil (no metrics).
@@ -77,6 +82,10 @@ func NewServer(cfg Config, store *Store, signal Signaler, log *slog.Logger, reg 
 	}
 	s := &Server{cfg: cfg, store: store, signal: signal, log: log, reports: make(chan pendingReport, 4096)}
 	s.metrics = newServerMetrics(reg, store)
+	if cfg.Replicas.RestoreLimit <= 0 {
+		cfg.Replicas.RestoreLimit = cfg.MaxTTL
+	}
+	s.replicas = newReplicas(cfg.Replicas, store, log, s.metrics)
 	if cfg.Token == "" {
 		log.Warn("WARNING: discovery runs WITHOUT authentication: no bearer token is configured; anyone who can reach it can lease proxies")
 	}
@@ -125,8 +134,33 @@ func (s *Server) Handler() http.Handler {
 	// report work on leases, which live in memory and are all this process has granted.
 	v1.GET("/proxies", s.requireIndex, s.listProxies)
 	v1.POST("/leases", s.requireIndex, s.acquire)
-	v1.POST("/leases/:id/renew", s.renew)
-	v1.DELETE("/leases/:id", s.release)
-	v1.POST("/leases/:id/report", s.report)
+	v1.POST("/leases/:id/renew", s.routeLease, s.renew)
+	v1.DELETE("/leases/:id", s.routeLease, s.release)
+	v1.POST("/leases/:id/report", s.routeLease, s.report)
+	if s.replicas != nil {
+		peer := r.Group("/peer/v1", s.authenticatePeer)
+		peer.POST("/leases", s.peerApply)
+		peer.GET("/leases", s.peerSnapshot)
+		peer.POST("/grant", s.peerGrant)
+	}
 	return r
 }
+
+// RunReplicas restores this replica's leases from its peers, then returns; alone it
+// returns at once. Until it has, the replica grants, renews and ends none of its own
+// leases and is not ready.
+func (s *Server) RunReplicas(ctx context.Context) {
+	if s.replicas != nil {
+		s.replicas.restore(ctx)
+	}
+}
+
+// routeLease sends a request on a lease to the replica that owns it (see ownLease).
+func (s *Server) routeLease(c *gin.Context) {
+	if s.ownLease(c) {
+		c.Next()
+	}
+}
+
+// restored reports whether this replica holds every lease it owns.
+func (s *Server) restored() bool { return s.replicas == nil || s.replicas.restored.Load() }

@@ -65,7 +65,8 @@ func NewService(cfg ServiceConfig, tc Temporal, log *slog.Logger, reg prometheus
 	}
 	// A lease stays known after it ends for as long as a report about it can still matter:
 	// the longest cooldown a report can start.
-	store := NewStore(max(cfg.API.CooldownRateLimited, cfg.API.CooldownBanned))
+	store := NewStoreWith(StoreConfig{KeepEnded: max(cfg.API.CooldownRateLimited, cfg.API.CooldownBanned),
+		Replica: byte(cfg.API.Replicas.Self)})
 	srv := NewServer(cfg.API, store, TemporalSignaler{Client: tc}, log, reg)
 	ref := &Refresher{Client: tc, Namespace: cfg.Namespace, Store: store, Keyring: cfg.Keyring,
 		Interval: cfg.RefreshInterval, FullEvery: cfg.FullResyncInterval, Log: log, Observe: srv.ObserveRefresh}
@@ -86,8 +87,9 @@ func NewService(cfg ServiceConfig, tc Temporal, log *slog.Logger, reg prometheus
 func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	loops := make(chan struct{}, 3)
+	loops := make(chan struct{}, 4)
 	go func() { _ = s.refresher.Run(ctx); loops <- struct{}{} }()
+	go func() { s.server.RunReplicas(ctx); loops <- struct{}{} }()
 	// The report loop outlives the API: requests still in flight at shutdown may queue
 	// reports, and it forwards everything queued before it returns.
 	reportsCtx, stopReports := context.WithCancel(context.WithoutCancel(ctx))
@@ -116,7 +118,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 		}
 	}
 	stopReports()
-	for range 3 {
+	for range 4 {
 		<-loops
 	}
 	return err

@@ -101,6 +101,8 @@ var (
 	ErrLeaseExpired = errors.New("lease expired")
 	// ErrReportLimit: the lease has reported as many cooldowns as one lease may.
 	ErrReportLimit = errors.New("report limit reached")
+	// ErrProxyUnavailable: Grant was asked for a proxy that cannot take the lease now.
+	ErrProxyUnavailable = errors.New("proxy cannot take the lease now")
 )
 
 // entry is a proxy with its leases. It sits in the trees of every view it matches while it
@@ -194,6 +196,10 @@ type StoreConfig struct {
 	// hashing, which most often gives the same proxy.
 	MaxSessions int
 	SessionIdle time.Duration
+	// Replica is this process's number among discovery's replicas (0 when it runs
+	// alone): the first byte of every lease ID it grants, so that any replica knows
+	// which one owns a lease.
+	Replica byte
 }
 
 // Defaults of StoreConfig.

@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/internal/cmdline"
@@ -30,6 +32,10 @@ func main() {
 	insecure := flag.Bool("insecure-no-auth", false,
 		"serve without authentication when DISCOVERY_TOKEN is empty; allowed only on a loopback --listen address (development)")
 	fleetKey := cmdline.FleetKeyVar()
+	cmdline.ListVar(&cfg.API.Replicas.Peers, "peers", cmdline.Env("DISCOVERY_PEERS", ""),
+		"comma-separated base URLs of every discovery replica, this one included, in replica-number order; empty runs alone, and leases do not survive a restart (env DISCOVERY_PEERS)")
+	replica := flag.String("replica", cmdline.Env("DISCOVERY_REPLICA", "0"),
+		"this replica's number in --peers, or a StatefulSet pod name ending in it, such as discovery-2 (env DISCOVERY_REPLICA)")
 
 	cmdline.Main("discovery", func(ctx context.Context, p *cmdline.Process) error {
 		// The token comes from the environment only, so it never shows in a process listing.
@@ -51,6 +57,13 @@ func main() {
 			return err
 		}
 		cfg.Keyring = kr
+		if cfg.API.Replicas.Self, err = replicaNumber(*replica); err != nil {
+			return err
+		}
+		cfg.API.Replicas.Tokens = kr.PeerTokens()
+		if err := cfg.API.Replicas.Validate(); err != nil {
+			return err
+		}
 		cfg.Namespace = temporal.Namespace
 		reg := cmdline.NewMetrics()
 		tc, err := temporal.Dial(p, true, nil)
@@ -65,6 +78,16 @@ func main() {
 		p.Log.Info("discovery listening", "addr", ln.Addr().String(), "temporal", temporal.Address, "fleetKeyIDs", kr.IDs())
 		return discovery.NewService(cfg, tc, p.Log, reg).Serve(ctx, ln)
 	})
+}
+
+// replicaNumber reads --replica: a number, or a pod name whose last dash-separated part
+// is one (a StatefulSet names its pods so, and the downward API passes the name).
+func replicaNumber(s string) (int, error) {
+	n, err := strconv.Atoi(s[strings.LastIndex(s, "-")+1:])
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("--replica %q is neither a replica number nor a pod name ending in one", s)
+	}
+	return n, nil
 }
 
 // checkAuth fails closed: an empty token (a Secret created empty, a variable not passed

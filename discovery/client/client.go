@@ -59,6 +59,10 @@ const (
 	// since it started (Temporal may be unreachable): an answer now could only say "no
 	// proxies", which would not be true. See IsIndexLoading.
 	CodeIndexLoading = "index_loading"
+	// CodeReplicasUnavailable (503) means the discovery replica that must answer (the one
+	// that owns the lease or the proxy) is restarting or unreachable for a moment. Nothing
+	// is lost: retry the same call after Retry-After. See IsReplicasUnavailable.
+	CodeReplicasUnavailable = "replicas_unavailable"
 )
 
 // Client talks to one discovery server. It is safe for concurrent use.
@@ -255,9 +259,14 @@ func IsProxyGone(err error) bool { return hasCode(err, CodeProxyGone) }
 // IsIndexLoading reports whether err says discovery is still loading its proxy index from
 // Temporal (503), as it does for a moment after every restart. It says nothing about the
 // fleet or the request: retry the same call after a short wait (the server's Retry-After is
-// 1 second) instead of treating it as "no proxies". Leases from before the restart are
-// gone (they answer unknown_lease): acquire new ones once the index is loaded.
+// 1 second) instead of treating it as "no proxies". Leases held before the restart of a
+// discovery running alone are gone (they answer unknown_lease); replicas keep them.
 func IsIndexLoading(err error) bool { return hasCode(err, CodeIndexLoading) }
+
+// IsReplicasUnavailable reports whether err says the discovery replica that must answer
+// is restarting or unreachable for a moment (503): the lease is not lost, retry the same
+// call after the Error's RetryAfter.
+func IsReplicasUnavailable(err error) bool { return hasCode(err, CodeReplicasUnavailable) }
 
 // IsUnauthorized reports whether the token was missing or wrong (401).
 func IsUnauthorized(err error) bool { return hasCode(err, CodeUnauthorized) }

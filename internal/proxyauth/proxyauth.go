@@ -92,6 +92,7 @@ type key struct {
 	password []byte // HMAC key for Managed passwords
 	seal     cipher.AEAD
 	nonce    []byte // HMAC key for synthetic nonces
+	peer     string // bearer token discovery replicas present to each other
 }
 
 // Keyring holds the fleet keys. Its zero value holds none; Parse and Load build one.
@@ -105,6 +106,7 @@ const (
 	infoSeal     = "proxyfleet/seal-key/v1"
 	infoNonce    = "proxyfleet/seal-nonce/v1"
 	infoID       = "proxyfleet/key-id/v1"
+	infoPeer     = "proxyfleet/discovery-peer/v1"
 	sealVersion  = "v1"
 )
 
@@ -204,12 +206,28 @@ func newKey(raw []byte) (key, error) {
 		password: derive(infoPassword, 32),
 		seal:     aead,
 		nonce:    derive(infoNonce, 32),
+		peer:     hex.EncodeToString(derive(infoPeer, 32)),
 	}, nil
 }
 
 // PrimaryID is the ID of the key new instances are derived from and new credentials are
 // sealed with: 8 lowercase hex characters, fit for a label value.
 func (kr *Keyring) PrimaryID() string { return kr.keys[0].id }
+
+// PeerTokens are the bearer tokens discovery replicas present to each other, one per key,
+// primary first: a replica sends the first and accepts any, so replicas still agree while
+// a rolling update rotates the fleet key. Deriving them from the fleet key, which every
+// replica already holds, spares operators a second shared secret.
+func (kr *Keyring) PeerTokens() []string {
+	if kr == nil {
+		return nil
+	}
+	ts := make([]string, len(kr.keys))
+	for i, k := range kr.keys {
+		ts[i] = k.peer
+	}
+	return ts
+}
 
 // IDs lists the keys' IDs, primary first.
 func (kr *Keyring) IDs() []string {

@@ -1,0 +1,506 @@
+package discovery
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gin-gonic/gin"
+)
+
+// ReplicaConfig places a discovery process among its replicas. They share one lease
+// table: each proxy is owned by one replica, chosen by hashing, which alone grants
+// leases on it, so its maxLeases is counted in one place; every change to a lease is
+// copied to the other replicas before the crawler is answered, so a replica that restarts
+// (a rollout, a kill -9) takes its leases back from them before it serves them again.
+type ReplicaConfig struct {
+	// Peers are the base URLs of every replica, this one included, by replica number (a
+	// StatefulSet's pod ordinals). One or none: discovery runs alone, and its leases live
+	// only in its memory.
+	Peers []string
+	// Self is this replica's number, its index in Peers.
+	Self int
+	// Tokens authenticate replicas to each other: the first is sent, any is accepted
+	// (proxyauth.Keyring.PeerTokens).
+	Tokens []string
+	// RestoreLimit bounds how long a starting replica waits for every peer's copy of its
+	// leases (default: the longest TTL). By then each lease it granted before it stopped
+	// has expired unless renewed since, so starting without them oversubscribes nothing.
+	RestoreLimit time.Duration
+	// Timeout bounds each call to a peer (default 2s).
+	Timeout time.Duration
+}
+
+// Validate checks the configuration (cmd/discovery's flags).
+func (c ReplicaConfig) Validate() error {
+	if len(c.Peers) <= 1 {
+		return nil
+	}
+	if len(c.Peers) > 256 {
+		return fmt.Errorf("--peers: at most 256 replicas, got %d", len(c.Peers))
+	}
+	if c.Self < 0 || c.Self >= len(c.Peers) {
+		return fmt.Errorf("--replica %d is not a replica number of --peers (0 to %d)", c.Self, len(c.Peers)-1)
+	}
+	for i, p := range c.Peers {
+		if !strings.HasPrefix(p, "http://") && !strings.HasPrefix(p, "https://") {
+			return fmt.Errorf("--peers: replica %d's address %q is not an http:// or https:// URL", i, p)
+		}
+	}
+	if len(c.Tokens) == 0 {
+		return errors.New("replicas need the fleet key to authenticate each other")
+	}
+	return nil
+}
+
+// Internal paths between replicas, outside /v1: crawlers' tokens do not open them.
+const (
+	peerLeasesPath = "/peer/v1/leases"
+	peerGrantPath  = "/peer/v1/grant"
+	// forwardedHeader marks a crawler's request one replica forwarded to the lease's
+	// owner, which must answer it itself.
+	forwardedHeader = "Proxyfleet-Forwarded-By"
+)
+
+// replicas is this process's side of the replica set.
+type replicas struct {
+	cfg   ReplicaConfig
+	store *Store
+	log   *slog.Logger
+	hc    *http.Client
+	// restored is set once this replica holds every lease it owns (see restore).
+	restored atomic.Bool
+	mu       sync.Mutex
+	// downUntil marks peers that just failed a call: their proxies are passed over
+	// until then instead of costing each acquire a timeout.
+	downUntil map[int]time.Time
+	metrics   *serverMetrics
+}
+
+func newReplicas(cfg ReplicaConfig, store *Store, log *slog.Logger, m *serverMetrics) *replicas {
+	if len(cfg.Peers) <= 1 {
+		return nil
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 2 * time.Second
+	}
+	for i, p := range cfg.Peers {
+		cfg.Peers[i] = strings.TrimSuffix(p, "/")
+	}
+	return &replicas{cfg: cfg, store: store, log: log, hc: &http.Client{Timeout: cfg.Timeout},
+		downUntil: map[int]time.Time{}, metrics: m}
+}
+
+// ownerOf is the replica that owns a proxy: the highest hash of the proxy's ID with each
+// replica's number (rendezvous hashing). Every replica computes the same owner, and adding
+// a replica moves only the proxies it now wins.
+func (r *replicas) ownerOf(proxyID string) int {
+	best, owner := uint64(0), 0
+	var num [4]byte
+	for i := range r.cfg.Peers {
+		h := sha256.New()
+		h.Write([]byte(proxyID))
+		binary.BigEndian.PutUint32(num[:], uint32(i))
+		h.Write(num[:])
+		if v := binary.BigEndian.Uint64(h.Sum(nil)[:8]); i == 0 || v > best {
+			best, owner = v, i
+		}
+	}
+	return owner
+}
+
+func (r *replicas) markDown(peer int, d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.downUntil[peer] = time.Now().Add(d)
+}
+
+// canGrant reports whether replica can grant leases now: this one once restored, a peer
+// unless it just failed.
+func (r *replicas) canGrant(replica int) bool {
+	if replica == r.cfg.Self {
+		return r.restored.Load()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return time.Now().After(r.downUntil[replica])
+}
+
+// --- calls to peers ----------------------------------------------------------------
+
+// call sends a request to a peer with the replicas' token. A nil body sends none.
+func (r *replicas) call(ctx context.Context, peer int, method, path string, body []byte, header http.Header) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, r.cfg.Peers[peer]+path, rd)
+	if err != nil {
+		return nil, err
+	}
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	if req.Header.Get("Authorization") == "" {
+		req.Header.Set("Authorization", "Bearer "+r.cfg.Tokens[0])
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set(forwardedHeader, strconv.Itoa(r.cfg.Self))
+	return r.hc.Do(req)
+}
+
+// replicate copies lease changes to every peer, each call bounded by the timeout, and
+// succeeds if at least one took them: a replica that restarts takes its leases back from
+// all its peers, so one copy outlives the owner's memory. It waits for every peer rather
+// than the first, so that each peer that is up holds every change, and losing a second
+// replica loses only what the first could not copy to the third.
+func (r *replicas) replicate(recs ...LeaseRecord) error {
+	body, err := json.Marshal(recs)
+	if err != nil {
+		return err
+	}
+	acks := make(chan error, len(r.cfg.Peers))
+	for peer := range r.cfg.Peers {
+		if peer == r.cfg.Self {
+			continue
+		}
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), r.cfg.Timeout)
+			defer cancel()
+			resp, err := r.call(ctx, peer, http.MethodPost, peerLeasesPath, body, nil)
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusNoContent {
+					err = fmt.Errorf("replica %d answered %s", peer, resp.Status)
+				}
+			}
+			if err != nil {
+				r.metrics.replicationFailures.Inc()
+			}
+			acks <- err
+		}()
+	}
+	var errs []error
+	for range len(r.cfg.Peers) - 1 {
+		if err := <-acks; err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) == len(r.cfg.Peers)-1 {
+		return fmt.Errorf("no replica took the lease's copy: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// restore takes back the leases this replica owns from every peer before it grants,
+// renews or ends any: until then it would count its proxies' slots as free while crawlers
+// still hold them. It waits for all peers, since a change needs only one peer's copy to be
+// answered; past RestoreLimit every lease it could have missed has expired, and it starts
+// with what it has. A peer that is restoring too answers with what it holds: when every
+// replica restarted at once nothing more is to be had, and waiting on each other would
+// keep them all unready.
+func (r *replicas) restore(ctx context.Context) {
+	start := time.Now()
+	got := map[int]bool{}
+	for {
+		for peer := range r.cfg.Peers {
+			if peer == r.cfg.Self || got[peer] {
+				continue
+			}
+			recs, err := r.snapshot(ctx, peer)
+			if err != nil {
+				r.log.Info("waiting for a replica to restore leases from", "replica", peer, "error", err)
+				continue
+			}
+			r.store.Apply(recs)
+			got[peer] = true
+		}
+		if len(got) == len(r.cfg.Peers)-1 {
+			r.log.Info("leases restored from every replica", "replicas", len(r.cfg.Peers), "took", time.Since(start).Round(time.Millisecond).String())
+			break
+		}
+		if time.Since(start) >= r.cfg.RestoreLimit {
+			r.log.Warn("serving without every replica's copy of this replica's leases: each lease granted before it stopped has expired by now",
+				"reached", len(got), "replicas", len(r.cfg.Peers))
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+	r.restored.Store(true)
+}
+
+func (r *replicas) snapshot(ctx context.Context, peer int) ([]LeaseRecord, error) {
+	ctx, cancel := context.WithTimeout(ctx, 4*r.cfg.Timeout)
+	defer cancel()
+	resp, err := r.call(ctx, peer, http.MethodGet, peerLeasesPath+"?owner="+strconv.Itoa(r.cfg.Self), nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("replica %d answered %s", peer, resp.Status)
+	}
+	var recs []LeaseRecord
+	if err := json.NewDecoder(resp.Body).Decode(&recs); err != nil {
+		return nil, fmt.Errorf("replica %d: %w", peer, err)
+	}
+	return recs, nil
+}
+
+// grantRequest asks the owner of a proxy to grant a lease on it.
+type grantRequest struct {
+	ProxyID    string   `json:"proxyID"`
+	Selector   Selector `json:"selector"`
+	Target     string   `json:"target,omitempty"`
+	Session    string   `json:"session,omitempty"`
+	TTLSeconds int      `json:"ttlSeconds"`
+}
+
+// relay answers the crawler with a peer's answer as it is.
+func relay(c *gin.Context, resp *http.Response) {
+	defer resp.Body.Close()
+	for _, h := range []string{"Content-Type", "Retry-After", "WWW-Authenticate"} {
+		if v := resp.Header.Get(h); v != "" {
+			c.Header(h, v)
+		}
+	}
+	c.Status(resp.StatusCode)
+	_, _ = io.Copy(c.Writer, resp.Body)
+	c.Abort()
+}
+
+// --- the server's side ---------------------------------------------------------------
+
+// unavailable is the answer when the replica that must answer cannot now.
+func unavailable(format string, args ...any) *APIError {
+	e := apiErr(codeReplicasUnavailable, format, args...)
+	e.RetryAfterSeconds = 1
+	return e
+}
+
+// acquireReplicated grants a lease in a replica set: this replica picks as it would
+// alone, over every lease it knows of, and the proxy's owner grants. An owner that refuses
+// (the proxy filled up or started resting since this replica heard) or cannot answer has
+// that proxy, or all of its proxies, passed over on the next pick.
+func (s *Server) acquireReplicated(c *gin.Context, w Want, d time.Duration) (*Lease, bool, error) {
+	r := s.replicas
+	refused := map[string]bool{}
+	var lastErr error
+	skip := func(id string) bool {
+		if refused[id] {
+			return true
+		}
+		if owner := r.ownerOf(id); !r.canGrant(owner) {
+			// Not a 409: this proxy may well be free, its owner will answer soon.
+			lastErr = unavailable("replica %d, which owns proxies that could take the lease, cannot grant now", owner)
+			return true
+		}
+		return false
+	}
+	for range 4 {
+		id, err := s.store.Pick(w, skip)
+		if err != nil {
+			if lastErr != nil {
+				return nil, false, lastErr
+			}
+			return nil, false, err
+		}
+		owner := r.ownerOf(id)
+		if owner == r.cfg.Self {
+			l, err := s.grantOwned(id, w)
+			if errors.Is(err, ErrProxyUnavailable) {
+				refused[id] = true
+				continue
+			}
+			return l, false, err
+		}
+		body, _ := json.Marshal(grantRequest{ProxyID: id, Selector: w.Selector, Target: w.Target, Session: w.Session,
+			TTLSeconds: int(d / time.Second)})
+		resp, err := r.call(c.Request.Context(), owner, http.MethodPost, peerGrantPath, body, nil)
+		if err != nil {
+			r.markDown(owner, 2*time.Second)
+			lastErr = unavailable("replica %d, which owns the proxy picked, did not answer", owner)
+			continue
+		}
+		switch resp.StatusCode {
+		case http.StatusConflict:
+			refused[id] = true
+			resp.Body.Close()
+			continue
+		case http.StatusServiceUnavailable:
+			r.markDown(owner, time.Second)
+			lastErr = unavailable("replica %d, which owns the proxy picked, cannot grant now", owner)
+			resp.Body.Close()
+			continue
+		}
+		relay(c, resp)
+		return nil, true, nil
+	}
+	if lastErr == nil {
+		lastErr = unavailable("the replicas' owners refused every proxy picked; retry")
+	}
+	return nil, false, lastErr
+}
+
+// grantOwned grants a lease on a proxy this replica owns and copies it to a peer before
+// it is handed out: a lease no other replica knows of would be forgotten by a kill -9.
+func (s *Server) grantOwned(proxyID string, w Want) (*Lease, error) {
+	if !s.replicas.restored.Load() {
+		return nil, unavailable("this replica is restoring its leases from the others")
+	}
+	l, err := s.store.Grant(proxyID, w)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.replicateLease(l.ID); err != nil {
+		s.store.Release(l.ID)
+		return nil, err
+	}
+	return l, nil
+}
+
+// replicateLease copies a lease's current state to the peers (a no-op alone).
+func (s *Server) replicateLease(id string) error {
+	if s.replicas == nil {
+		return nil
+	}
+	rec, ok := s.store.Record(id)
+	if !ok {
+		return nil
+	}
+	if err := s.replicas.replicate(rec); err != nil {
+		s.log.Warn("lease change not copied to any replica", "error", err)
+		return unavailable("no other replica could take a copy of the lease; retry")
+	}
+	return nil
+}
+
+// ownLease routes a request on a lease: it returns true when this replica answers it,
+// having forwarded it to the lease's owner and relayed the answer otherwise.
+func (s *Server) ownLease(c *gin.Context) bool {
+	r := s.replicas
+	if r == nil {
+		return true
+	}
+	owner, ok := LeaseOwner(c.Param("id"))
+	if !ok || owner >= len(r.cfg.Peers) {
+		return true // not a lease ID of this set: answered as unknown
+	}
+	if owner == r.cfg.Self {
+		if !r.restored.Load() {
+			s.fail(c, unavailable("this replica is restoring its leases from the others"))
+			return false
+		}
+		return true
+	}
+	if c.GetHeader(forwardedHeader) != "" {
+		s.fail(c, unavailable("replica %s forwarded lease %q here, but replica %d owns it: the replicas' --peers differ", c.GetHeader(forwardedHeader), c.Param("id"), owner))
+		return false
+	}
+	body, err := io.ReadAll(c.Request.Body)
+	if err != nil {
+		s.fail(c, apiErr(codeTooLarge, "request body exceeds %d bytes", s.cfg.BodyLimit))
+		return false
+	}
+	if len(body) == 0 {
+		body = nil
+	}
+	resp, err := r.call(c.Request.Context(), owner, c.Request.Method, c.Request.URL.RequestURI(), body,
+		http.Header{"Authorization": c.Request.Header.Values("Authorization")})
+	if err != nil {
+		r.markDown(owner, 2*time.Second)
+		s.fail(c, unavailable("replica %d, which owns lease %q, did not answer", owner, c.Param("id")))
+		return false
+	}
+	s.metrics.forwarded.Inc()
+	relay(c, resp)
+	return false
+}
+
+// authenticatePeer admits only other replicas.
+func (s *Server) authenticatePeer(c *gin.Context) {
+	scheme, got, _ := strings.Cut(c.GetHeader("Authorization"), " ")
+	if s.replicas != nil && strings.EqualFold(scheme, "Bearer") {
+		for _, t := range s.replicas.cfg.Tokens {
+			if subtle.ConstantTimeCompare([]byte(got), []byte(t)) == 1 {
+				c.Next()
+				return
+			}
+		}
+	}
+	s.fail(c, apiErr(codeUnauthorized, "only discovery's replicas may call this route"))
+}
+
+// peerApply takes lease changes from their owner.
+func (s *Server) peerApply(c *gin.Context) {
+	var recs []LeaseRecord
+	if err := json.NewDecoder(c.Request.Body).Decode(&recs); err != nil {
+		s.fail(c, apiErr(codeInvalid, "lease records: %v", err))
+		return
+	}
+	s.store.Apply(recs)
+	if from, err := strconv.Atoi(c.GetHeader(forwardedHeader)); err == nil {
+		// Only a restored owner sends its changes: it can grant again.
+		s.replicas.markDown(from, 0)
+	}
+	c.Status(http.StatusNoContent)
+}
+
+// peerSnapshot serves a starting replica its leases.
+func (s *Server) peerSnapshot(c *gin.Context) {
+	owner, err := strconv.Atoi(c.Query("owner"))
+	if err != nil {
+		s.fail(c, apiErr(codeInvalid, "owner must be a replica number"))
+		return
+	}
+	c.JSON(http.StatusOK, s.store.Snapshot(owner))
+}
+
+// peerGrant grants a lease on a proxy this replica owns, for the replica a crawler asked.
+func (s *Server) peerGrant(c *gin.Context) {
+	var req grantRequest
+	if err := DecodeJSON(c.Request.Body, &req, false); err != nil {
+		s.fail(c, err)
+		return
+	}
+	d, err := ttl(req.TTLSeconds, s.cfg)
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	if s.replicas.ownerOf(req.ProxyID) != s.replicas.cfg.Self {
+		s.fail(c, apiErr(codeProxyUnavailable, "this replica does not own proxy %q: the replicas' --peers differ", req.ProxyID))
+		return
+	}
+	l, err := s.grantOwned(req.ProxyID, Want{Selector: req.Selector, Target: req.Target, Session: req.Session, TTL: d})
+	if errors.Is(err, ErrProxyUnavailable) {
+		s.fail(c, apiErr(codeProxyUnavailable, "proxy %q cannot take the lease now", req.ProxyID))
+		return
+	}
+	if err != nil {
+		s.fail(c, err)
+		return
+	}
+	s.metrics.leaseRequests.WithLabelValues("granted").Inc()
+	c.JSON(http.StatusCreated, leaseResponse(l, d))
+}

@@ -1,0 +1,300 @@
+package discovery_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/proxyfleet/proxyfleet/discovery"
+	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
+)
+
+const peerToken = "peer-token"
+
+// replicaSet runs discovery replicas in this process, each on its own loopback port, all
+// serving the same fleet. A replica can be killed (its listener and connections closed,
+// its memory dropped) and started afresh on the same address, as a pod restarts.
+type replicaSet struct {
+	t     *testing.T
+	addrs []string
+	urls  []string
+	fleet []discovery.Proxy
+	nodes []*replicaNode
+}
+
+type replicaNode struct {
+	store  *discovery.Store
+	hs     *http.Server
+	cancel context.CancelFunc
+	logs   *testenv.LogBuffer
+}
+
+func newReplicaSet(t *testing.T, n int, fleet []discovery.Proxy) *replicaSet {
+	rs := &replicaSet{t: t, fleet: fleet, nodes: make([]*replicaNode, n)}
+	for range n {
+		addr := testenv.FreeAddr(t)
+		rs.addrs = append(rs.addrs, addr)
+		rs.urls = append(rs.urls, "http://"+addr)
+	}
+	for i := range n {
+		rs.start(i)
+	}
+	for i := range n {
+		rs.waitReady(i)
+	}
+	t.Cleanup(func() {
+		for i := range rs.nodes {
+			rs.kill(i)
+		}
+	})
+	return rs
+}
+
+func (rs *replicaSet) start(i int) {
+	t := rs.t
+	t.Helper()
+	store := discovery.NewStoreWith(discovery.StoreConfig{KeepEnded: keepExpired, Replica: byte(i)})
+	store.ReplaceAll(rs.fleet)
+	cfg := defaultConfig()
+	cfg.Replicas = discovery.ReplicaConfig{Peers: slices.Clone(rs.urls), Self: i, Tokens: []string{peerToken},
+		Timeout: time.Second, RestoreLimit: time.Hour}
+	logs := &testenv.LogBuffer{}
+	sig := &fakeSignaler{report: func(context.Context, string, string, contract.ReportSignal) error { return nil }}
+	srv := discovery.NewServer(cfg, store, sig, slog.New(slog.NewTextHandler(logs, nil)), nil)
+	ln, err := net.Listen("tcp", rs.addrs[i])
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	hs := &http.Server{Handler: srv.Handler()}
+	go func() { _ = hs.Serve(ln) }()
+	go srv.RunReplicas(ctx)
+	rs.nodes[i] = &replicaNode{store: store, hs: hs, cancel: cancel, logs: logs}
+}
+
+// kill stops replica i at once, as kill -9 does: no request is finished, nothing handed
+// over.
+func (rs *replicaSet) kill(i int) {
+	if n := rs.nodes[i]; n != nil {
+		n.cancel()
+		_ = n.hs.Close()
+		rs.nodes[i] = nil
+	}
+}
+
+func (rs *replicaSet) waitReady(i int) {
+	rs.t.Helper()
+	require.Eventually(rs.t, func() bool {
+		resp, err := http.Get(rs.urls[i] + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 20*time.Second, 10*time.Millisecond, "replica %d ready", i)
+}
+
+func (rs *replicaSet) client(i int) *dclient.Client { return dclient.New(rs.urls[i], testToken) }
+
+// replicaFleet is n healthy proxies taking max leases each.
+func replicaFleet(n, max int) []discovery.Proxy {
+	var ps []discovery.Proxy
+	for i := range n {
+		p := proxy(fmt.Sprintf("p%02d", i), 10, true, map[string]string{"region": "eu"})
+		p.IP, p.MaxLeases = fmt.Sprintf("10.0.0.%d", i+1), max
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// acquireAll acquires through c until a 409, retrying 503s (an owner busy or
+// restarting), and returns what it got.
+func acquireAll(t *testing.T, c *dclient.Client) []*dclient.Lease {
+	return acquireUntil(t, c, dclient.IsNoMatch)
+}
+
+// acquireUntil acquires through c until an error stop accepts, retrying 503s
+// replicas_unavailable that it does not.
+func acquireUntil(t *testing.T, c *dclient.Client, stop func(error) bool) []*dclient.Lease {
+	t.Helper()
+	var got []*dclient.Lease
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		l, err := c.Acquire(context.Background(), dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, TTL: 5 * time.Minute})
+		switch {
+		case err == nil:
+			got = append(got, l)
+		case stop(err):
+			return got
+		case dclient.IsReplicasUnavailable(err):
+		default:
+			require.NoError(t, err)
+		}
+	}
+	t.Fatal("acquire never reached a 409")
+	return nil
+}
+
+// perProxy counts leases by proxy address.
+func perProxy(ls []*dclient.Lease) map[string]int {
+	n := map[string]int{}
+	for _, l := range ls {
+		n[l.Proxy.IP]++
+	}
+	return n
+}
+
+// TestReplicasShareMaxLeases: crawlers racing through three replicas get exactly the
+// fleet's capacity, never more than maxLeases of any proxy in total.
+func TestReplicasShareMaxLeases(t *testing.T) {
+	rs := newReplicaSet(t, 3, replicaFleet(12, 2))
+	var mu sync.Mutex
+	var all []*dclient.Lease
+	var wg sync.WaitGroup
+	for g := range 9 {
+		wg.Go(func() {
+			got := acquireAll(t, rs.client(g%3))
+			mu.Lock()
+			defer mu.Unlock()
+			all = append(all, got...)
+		})
+	}
+	wg.Wait()
+	assert.Len(t, all, 24, "every slot of 12 proxies × 2 granted once")
+	for ip, n := range perProxy(all) {
+		assert.LessOrEqual(t, n, 2, "proxy %s over-subscribed", ip)
+	}
+	owners := map[int]bool{}
+	for _, l := range all {
+		o, ok := discovery.LeaseOwner(l.ID)
+		require.True(t, ok)
+		owners[o] = true
+	}
+	assert.Len(t, owners, 3, "every replica owns some proxies")
+}
+
+// TestReplicaKilledLosesNoLease: a replica killed and started afresh takes its leases back
+// from the others before serving them. While it is down, renewals of its leases answer
+// 503 replicas_unavailable with a Retry-After, and the others keep granting; afterwards
+// every lease renews, reports and releases through any replica, and no proxy is
+// over-subscribed.
+func TestReplicaKilledLosesNoLease(t *testing.T) {
+	rs := newReplicaSet(t, 3, replicaFleet(6, 2))
+	ctx := context.Background()
+	var held []*dclient.Lease
+	for i := range 9 {
+		l, err := rs.client(i%3).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, TTL: 5 * time.Minute})
+		require.NoError(t, err)
+		held = append(held, l)
+	}
+	ownedBy1 := slices.IndexFunc(held, func(l *dclient.Lease) bool { o, _ := discovery.LeaseOwner(l.ID); return o == 1 })
+	require.GreaterOrEqual(t, ownedBy1, 0, "replica 1 owns one of the leases")
+
+	rs.kill(1)
+	_, err := rs.client(0).Renew(ctx, held[ownedBy1].ID, 5*time.Minute)
+	require.True(t, dclient.IsReplicasUnavailable(err), "renewal while its owner is down: %v", err)
+	var e *dclient.Error
+	require.True(t, errors.As(err, &e))
+	assert.Positive(t, e.RetryAfter(), "says when to retry")
+	// The others still grant on their own proxies. Once those are full the answer is a
+	// 503, not a 409, if the dead replica's proxies may have free slots.
+	more := acquireUntil(t, rs.client(2), func(err error) bool { return dclient.IsNoMatch(err) || dclient.IsReplicasUnavailable(err) })
+	for _, l := range more {
+		o, _ := discovery.LeaseOwner(l.ID)
+		assert.NotEqual(t, 1, o, "nothing granted on the dead replica's proxies")
+	}
+	held = append(held, more...)
+
+	rs.start(1)
+	rs.waitReady(1)
+	for i, l := range held {
+		via := (i + 1) % 3
+		r, err := rs.client(via).Renew(ctx, l.ID, 5*time.Minute)
+		require.NoError(t, err, "renew lease %d through replica %d", i, via)
+		assert.Equal(t, l.Proxy.IP, r.Proxy.IP)
+	}
+	require.NoError(t, rs.client(2).Report(ctx, held[ownedBy1].ID, "ok", ""))
+
+	held = append(held, acquireAll(t, rs.client(1))...)
+	assert.Len(t, held, 12, "exactly the fleet's capacity is held: the restarted replica counted the leases it had granted")
+	for ip, n := range perProxy(held) {
+		assert.LessOrEqual(t, n, 2, "proxy %s over-subscribed", ip)
+	}
+
+	require.NoError(t, rs.client(0).Release(ctx, held[ownedBy1].ID))
+	again := acquireAll(t, rs.client(2))
+	require.Len(t, again, 1, "the released slot is free on every replica, and only it")
+	assert.Equal(t, held[ownedBy1].Proxy.IP, again[0].Proxy.IP)
+}
+
+// TestReplicaWaitsForEveryPeer: a replica that starts while a peer is down is not ready and
+// serves none of its own leases until it has heard from every peer, since the one that is
+// down may hold the only copy of a change.
+func TestReplicaWaitsForEveryPeer(t *testing.T) {
+	rs := newReplicaSet(t, 3, replicaFleet(6, 1))
+	ctx := context.Background()
+	var mine *dclient.Lease
+	for mine == nil {
+		l, err := rs.client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
+		require.NoError(t, err)
+		if o, _ := discovery.LeaseOwner(l.ID); o == 0 {
+			mine = l
+		}
+	}
+	rs.kill(0)
+	rs.kill(2)
+	rs.start(0)
+	resp, err := http.Get(rs.urls[0] + "/readyz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "not ready while replica 2 cannot be asked")
+	_, err = rs.client(0).Renew(ctx, mine.ID, time.Minute)
+	assert.True(t, dclient.IsReplicasUnavailable(err), "its own leases wait: %v", err)
+
+	rs.start(2)
+	rs.waitReady(0)
+	r, err := rs.client(0).Renew(ctx, mine.ID, time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, mine.Proxy.IP, r.Proxy.IP)
+}
+
+// TestPeerRoutesAreForReplicas: a crawler's token does not open the routes replicas use
+// between themselves, so it cannot forge a lease into the table or read everyone's.
+func TestPeerRoutesAreForReplicas(t *testing.T) {
+	rs := newReplicaSet(t, 2, replicaFleet(2, 1))
+	for _, tc := range []struct {
+		method, path, body string
+	}{
+		{http.MethodGet, "/peer/v1/leases?owner=0", ""},
+		{http.MethodPost, "/peer/v1/leases", "[]"},
+		{http.MethodPost, "/peer/v1/grant", `{"proxyID":"crawl/p00"}`},
+	} {
+		req, err := http.NewRequest(tc.method, rs.urls[0]+tc.path, strings.NewReader(tc.body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%s %s: %s", tc.method, tc.path, body)
+	}
+	req, err := http.NewRequest(http.MethodGet, rs.urls[0]+"/peer/v1/leases?owner=1", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+peerToken)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}
