@@ -27,6 +27,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -256,6 +257,19 @@ func newLoadingSpecServer(t *testing.T) *specServer {
 	return &specServer{store: store, handler: srv.Handler()}
 }
 
+// newRestoringSpecServer is replica 0 of two, serving specFleet, that has not taken its
+// leases back from replica 1 (which does not answer): what a replica is after a restart
+// while a peer is down.
+func newRestoringSpecServer(t *testing.T) *specServer {
+	t.Helper()
+	store := discovery.NewStore(30 * time.Minute)
+	store.ReplaceAll(specFleet())
+	cfg := discovery.Config{Token: specToken, Replicas: discovery.ReplicaConfig{
+		Peers: []string{"http://" + testenv.FreeAddr(t), "http://" + testenv.FreeAddr(t)}, Self: 0, Tokens: []string{"peer"}}}
+	srv := discovery.NewServer(cfg, store, specSignaler{}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	return &specServer{store: store, handler: srv.Handler()}
+}
+
 // lease grants a lease directly in the store and returns its ID.
 func (s *specServer) lease(t *testing.T, ttl time.Duration) string {
 	t.Helper()
@@ -321,8 +335,9 @@ type specCase struct {
 	query        string
 	body         string
 	noToken      bool
-	// loading sends the request before the index is loaded (newLoadingSpecServer).
-	loading    bool
+	// loading sends the request before the index is loaded (newLoadingSpecServer),
+	// restoring to a replica taking its leases back (newRestoringSpecServer).
+	loading, restoring bool
 	wantStatus int
 	wantCode   string
 	// bodyConforms, when set, is whether the request body fits the documented schema: a
@@ -374,6 +389,8 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "ready loading", op: "GET /readyz", noToken: true, loading: true, wantStatus: 503,
 			wantCode: "index_loading"},
 		{name: "ready head loading", op: "HEAD /readyz", noToken: true, loading: true, wantStatus: 503},
+		{name: "ready restoring", op: "GET /readyz", noToken: true, restoring: true, wantStatus: 503,
+			wantCode: "replicas_unavailable", wantHeaders: []string{"Retry-After"}},
 		{name: "metrics", op: "GET /metrics", noToken: true, wantStatus: 200},
 
 		{name: "list all", op: "GET /v1/proxies", wantStatus: 200},
@@ -410,6 +427,14 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "acquire too large", op: "POST /v1/leases", body: huge, wantStatus: 413, wantCode: "too_large"},
 		{name: "acquire loading", op: "POST /v1/leases", body: `{"selector":{"region":"eu"}}`, loading: true,
 			wantStatus: 503, wantCode: "index_loading", bodyConforms: yes},
+		{name: "acquire, owners restoring", op: "POST /v1/leases", body: `{"selector":{"region":"eu"}}`, restoring: true,
+			wantStatus: 503, wantCode: "replicas_unavailable", wantHeaders: []string{"Retry-After"}},
+		{name: "renew, owner restoring", op: "POST /v1/leases/{id}/renew", prepare: live, restoring: true,
+			wantStatus: 503, wantCode: "replicas_unavailable", wantHeaders: []string{"Retry-After"}},
+		{name: "release, owner restoring", op: "DELETE /v1/leases/{id}", prepare: live, restoring: true,
+			wantStatus: 503, wantCode: "replicas_unavailable", wantHeaders: []string{"Retry-After"}},
+		{name: "report, owner restoring", op: "POST /v1/leases/{id}/report", prepare: live, restoring: true,
+			body: `{"result":"ok"}`, wantStatus: 503, wantCode: "replicas_unavailable", wantHeaders: []string{"Retry-After"}},
 
 		{name: "renew", op: "POST /v1/leases/{id}/renew", prepare: live, body: `{"ttlSeconds":120}`, wantStatus: 200,
 			bodyConforms: yes},
@@ -461,6 +486,9 @@ func TestOpenAPIResponses(t *testing.T) {
 			s := newSpecServer(t)
 			if tc.loading {
 				s = newLoadingSpecServer(t)
+			}
+			if tc.restoring {
+				s = newRestoringSpecServer(t)
 			}
 			var responses map[string]any
 			method, path := tc.method, tc.path
