@@ -162,16 +162,24 @@ func TestEveryServerKilledDuringChurn(t *testing.T) {
 }
 
 func (sys *system) startProcesses(t *testing.T) {
+	sys.startControlPlane(t)
+	// Discovery comes back on the same port after its restart.
+	addr := freeAddrs(t, 1)[0]
+	sys.discovery = sys.newDiscovery(t, "discovery", addr)
+	sys.crawler = dclient.New("http://"+addr, token)
+	sys.startDiscovery(t)
+}
+
+// startControlPlane starts the worker and the operator.
+func (sys *system) startControlPlane(t *testing.T) {
 	s := sys.s
 	kubeconfig := "KUBECONFIG=" + s.Kube.Kubeconfig(t)
-	fleetKey := "PROXYFLEET_FLEET_KEY=" + s.FleetKey
-	temporal := []string{"--temporal-address", s.Temporal.HostPort, "--temporal-namespace", s.Temporal.Namespace}
-	sys.worker = newProcess(t, "worker", []string{kubeconfig, fleetKey}, append(temporal,
+	sys.worker = newProcess(t, "worker", []string{kubeconfig, sys.fleetKeyEnv()}, append(sys.temporalArgs(),
 		"--task-queue", s.TaskQueue, "--installation", s.Installation,
 		"--providers", "local", "--local-daemon", s.DaemonURL,
 		"--http-address", "127.0.0.1:0", "--gc-interval", "0")...)
 	ft := stack.FastTuning()
-	sys.operator = newProcess(t, "operator", []string{kubeconfig}, append(temporal,
+	sys.operator = newProcess(t, "operator", []string{kubeconfig}, append(sys.temporalArgs(),
 		"--task-queue", s.TaskQueue, "--installation", s.Installation,
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0",
 		"--tuning-poll-interval", ft.PollInterval.String(),
@@ -180,17 +188,34 @@ func (sys *system) startProcesses(t *testing.T) {
 		"--tuning-wait-running-max", ft.WaitRunningMax.String(),
 		"--tuning-activity-timeout", ft.ActivityTimeout.String(), "--tuning-heartbeat-timeout", ft.HeartbeatTimeout.String(),
 		"--resync-interval", "1s")...)
-	// Discovery comes back on the same port after its restart.
-	ports, err := testenv.FreePorts(1)
-	require.NoError(t, err)
-	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
-	sys.discovery = newProcess(t, "discovery", []string{"DISCOVERY_TOKEN=" + token, fleetKey}, append(temporal,
-		"--listen", addr, "--refresh-interval", "200ms")...)
-	sys.crawler = dclient.New("http://"+addr, token)
-
 	sys.worker.start(t)
 	sys.operator.start(t)
-	sys.startDiscovery(t)
+}
+
+func (sys *system) temporalArgs() []string {
+	return []string{"--temporal-address", sys.s.Temporal.HostPort, "--temporal-namespace", sys.s.Temporal.Namespace}
+}
+
+func (sys *system) fleetKeyEnv() string { return "PROXYFLEET_FLEET_KEY=" + sys.s.FleetKey }
+
+// newDiscovery makes (without starting) a discovery process listening on addr, logged
+// under name; extra flags follow the common ones.
+func (sys *system) newDiscovery(t *testing.T, name, addr string, extra ...string) *process {
+	args := append(sys.temporalArgs(), "--listen", addr, "--refresh-interval", "200ms")
+	return &process{testenv.LoggedProcess(t, name, testenv.Command(t, "discovery"),
+		[]string{"DISCOVERY_TOKEN=" + token, sys.fleetKeyEnv()}, append(args, extra...)...)}
+}
+
+// freeAddrs are n loopback addresses nothing listens on, for servers that must come back
+// on the same address after a restart.
+func freeAddrs(t *testing.T, n int) []string {
+	ports, err := testenv.FreePorts(n)
+	require.NoError(t, err)
+	addrs := make([]string, n)
+	for i, p := range ports {
+		addrs[i] = fmt.Sprintf("127.0.0.1:%d", p)
+	}
+	return addrs
 }
 
 // startDiscovery starts discovery and waits until it answers.
