@@ -132,7 +132,7 @@ func (r *replicas) markDown(peer int, d time.Duration) {
 // unless it just failed.
 func (r *replicas) canGrant(replica int) bool {
 	if replica == r.cfg.Self {
-		return r.restored.Load()
+		return r.restored.Load() && r.store.Loaded()
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -365,8 +365,8 @@ func (s *Server) acquireReplicated(c *gin.Context, w Want, d time.Duration) (*Le
 // grantOwned grants a lease on a proxy this replica owns and copies it to a peer before
 // it is handed out: a lease no other replica knows of would be forgotten by a kill -9.
 func (s *Server) grantOwned(proxyID string, w Want) (*Lease, error) {
-	if !s.replicas.restored.Load() {
-		return nil, unavailable("this replica is restoring its leases from the others")
+	if err := s.ownerReady(); err != nil {
+		return nil, err
 	}
 	l, err := s.store.Grant(proxyID, w)
 	if err != nil {
@@ -377,6 +377,19 @@ func (s *Server) grantOwned(proxyID string, w Want) (*Lease, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// ownerReady says whether this replica can act on the leases it owns: once it holds them
+// all again and its index is loaded. Before the index is, a renewal would find the
+// lease's proxy missing and end the lease as if the proxy had left the fleet.
+func (s *Server) ownerReady() error {
+	switch {
+	case !s.replicas.restored.Load():
+		return unavailable("this replica is restoring its leases from the others")
+	case !s.store.Loaded():
+		return unavailable("this replica is still loading its proxy index from Temporal")
+	}
+	return nil
 }
 
 // replicateLease copies a lease's current state to the peers (a no-op alone).
@@ -407,8 +420,8 @@ func (s *Server) ownLease(c *gin.Context) bool {
 		return true // not a lease ID of this set: answered as unknown
 	}
 	if owner == r.cfg.Self {
-		if !r.restored.Load() {
-			s.fail(c, unavailable("this replica is restoring its leases from the others"))
+		if err := s.ownerReady(); err != nil {
+			s.fail(c, err)
 			return false
 		}
 		return true

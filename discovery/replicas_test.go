@@ -65,10 +65,19 @@ func newReplicaSet(t *testing.T, n int, fleet []discovery.Proxy) *replicaSet {
 }
 
 func (rs *replicaSet) start(i int) {
+	rs.t.Helper()
+	rs.startWith(i, true)
+}
+
+// startWith starts replica i; unless loaded, its index stays empty and unloaded (Temporal
+// not reached yet) until the test loads it.
+func (rs *replicaSet) startWith(i int, loaded bool) {
 	t := rs.t
 	t.Helper()
 	store := discovery.NewStoreWith(discovery.StoreConfig{KeepEnded: keepExpired, Replica: byte(i)})
-	store.ReplaceAll(rs.fleet)
+	if loaded {
+		store.ReplaceAll(rs.fleet)
+	}
 	cfg := defaultConfig()
 	cfg.Replicas = discovery.ReplicaConfig{Peers: slices.Clone(rs.urls), Self: i, Tokens: []string{peerToken},
 		Timeout: time.Second, RestoreLimit: time.Hour}
@@ -297,4 +306,31 @@ func TestPeerRoutesAreForReplicas(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// TestRestartedReplicaWaitsForItsIndex: a replica that has its leases back but not yet its
+// proxy index answers renewals of its leases with 503, not with a proxy_gone for proxies
+// it merely has not read yet.
+func TestRestartedReplicaWaitsForItsIndex(t *testing.T) {
+	rs := newReplicaSet(t, 2, replicaFleet(4, 1))
+	ctx := context.Background()
+	var mine *dclient.Lease
+	for mine == nil {
+		l, err := rs.client(1).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
+		require.NoError(t, err)
+		if o, _ := discovery.LeaseOwner(l.ID); o == 0 {
+			mine = l
+		}
+	}
+	rs.kill(0)
+	rs.startWith(0, false)
+	require.Eventually(t, func() bool { return strings.Contains(rs.nodes[0].logs.String(), "leases restored") },
+		10*time.Second, 10*time.Millisecond, "replica 0 restores its leases")
+	_, err := rs.client(1).Renew(ctx, mine.ID, time.Minute)
+	require.True(t, dclient.IsReplicasUnavailable(err), "renewal before the index loads: %v", err)
+
+	rs.nodes[0].store.ReplaceAll(rs.fleet)
+	r, err := rs.client(1).Renew(ctx, mine.ID, time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, mine.Proxy.IP, r.Proxy.IP)
 }
