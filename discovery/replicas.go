@@ -317,7 +317,7 @@ func (s *Server) acquireReplicated(c *gin.Context, w Want, d time.Duration) (*Le
 		}
 		return false
 	}
-	for range 4 {
+	for range maxPicks {
 		id, err := s.store.Pick(w, skip)
 		if err != nil {
 			if lastErr != nil {
@@ -357,10 +357,19 @@ func (s *Server) acquireReplicated(c *gin.Context, w Want, d time.Duration) (*Le
 		return nil, true, nil
 	}
 	if lastErr == nil {
-		lastErr = unavailable("the replicas' owners refused every proxy picked; retry")
+		// Every pick lost a race for its proxy's last slot. Say what is left: often
+		// nothing, and then a 409 with its Retry-After is the truth.
+		if _, err := s.store.Pick(w, skip); err != nil {
+			return nil, false, err
+		}
+		lastErr = unavailable("other crawlers took each proxy picked first; retry")
 	}
 	return nil, false, lastErr
 }
+
+// maxPicks bounds the proxies one acquire tries in a replica set: each refusal is one
+// round trip to an owner, and a crawler is better served by a quick answer.
+const maxPicks = 6
 
 // grantOwned grants a lease on a proxy this replica owns and copies it to a peer before
 // it is handed out: a lease no other replica knows of would be forgotten by a kill -9.

@@ -104,12 +104,13 @@ func TestDiscoveryReplicaKilledUnderLoad(t *testing.T) {
 	waitLoad(t, &stats, 5*time.Second)
 	killedAt := time.Now()
 	replicas[victim].kill(t)
-	grantsAtKill := stats.grants.Load()
+	grantsAtKill, unavailableAtKill := stats.grants.Load(), stats.unavailable.Load()
 	waitLoad(t, &stats, cfg.outage)
 	replicas[victim].start(t)
 	restartedAt := time.Now()
 	waitReplicaReady(t, urls[victim], sys.ns, cfg.proxies, clients[victim])
 	restored := time.Since(restartedAt)
+	unavailableDown := stats.unavailable.Load() - unavailableAtKill
 	waitLoad(t, &stats, 8*time.Second)
 	stop()
 	wg.Wait()
@@ -137,10 +138,10 @@ func TestDiscoveryReplicaKilledUnderLoad(t *testing.T) {
 	assert.Positive(t, victimAfter, "the restarted replica grants again")
 	assert.Greater(t, stats.grants.Load(), grantsAtKill, "the others kept granting")
 	t.Logf("replica kill under load: %d crawlers, %d proxies x %d leases; %d grants, %d renewals, %d reports, %d releases; "+
-		"%d leases held across the kill (%d owned by the killed replica); %d answers 503 (retried), %d connections refused, %d no_match; "+
+		"%d leases held across the kill (%d owned by the killed replica); %d answers 503 (retried; %d of them while the replica was down), %d connections refused, %d no_match; "+
 		"restarted replica ready in %s; most leases on one proxy at once: %d; leases lost: %d",
 		crawlers, cfg.proxies, maxLeases, stats.grants.Load(), stats.renewals.Load(), stats.reports.Load(), stats.releases.Load(),
-		spanned, spannedVictim, stats.unavailable.Load(), stats.refused.Load(), stats.noMatch.Load(),
+		spanned, spannedVictim, stats.unavailable.Load(), unavailableDown, stats.refused.Load(), stats.noMatch.Load(),
 		restored.Round(10*time.Millisecond), worst, stats.lost.Load())
 }
 
