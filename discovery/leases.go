@@ -163,6 +163,14 @@ func (s *Store) Pick(w Want, skip func(proxyID string) bool) (string, error) {
 	return pick.id, nil
 }
 
+// Explain says why w finds no proxy now, as Lease's 409 would; it is for a caller that
+// picked (Pick) and lost every proxy it picked to other crawlers.
+func (s *Store) Explain(w Want) *NoMatch {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.noMatch(s.viewFor(w.Selector), w.Selector, w.Target, s.now())
+}
+
 // Grant leases the named proxy for w if it can take the lease now: it matches the
 // selector, is healthy, has a free slot and is not resting for the target. Otherwise it
 // fails with ErrProxyUnavailable, and the caller picks again. Only the proxy's owner calls

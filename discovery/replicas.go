@@ -87,6 +87,8 @@ type replicas struct {
 	// downUntil marks peers that just failed a call: their proxies are passed over
 	// until then instead of costing each acquire a timeout.
 	downUntil map[int]time.Time
+	// links batch the lease changes bound for each peer (nil for this replica).
+	links []*peerLink
 	metrics   *serverMetrics
 }
 
@@ -100,8 +102,18 @@ func newReplicas(cfg ReplicaConfig, store *Store, log *slog.Logger, m *serverMet
 	for i, p := range cfg.Peers {
 		cfg.Peers[i] = strings.TrimSuffix(p, "/")
 	}
-	return &replicas{cfg: cfg, store: store, log: log, hc: &http.Client{Timeout: cfg.Timeout},
-		downUntil: map[int]time.Time{}, metrics: m}
+	// Every grant and renewal calls the peers, many at once under load: keep enough idle
+	// connections per peer that they are reused rather than reopened (the default keeps 2).
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 256
+	r := &replicas{cfg: cfg, store: store, log: log, hc: &http.Client{Timeout: cfg.Timeout, Transport: tr},
+		downUntil: map[int]time.Time{}, metrics: m, links: make([]*peerLink, len(cfg.Peers))}
+	for i := range r.links {
+		if i != cfg.Self {
+			r.links[i] = &peerLink{peer: i}
+		}
+	}
+	return r
 }
 
 // ownerOf is the replica that owns a proxy: the highest hash of the proxy's ID with each
@@ -169,43 +181,102 @@ func (r *replicas) call(ctx context.Context, peer int, method, path string, body
 // all its peers, so one copy outlives the owner's memory. It waits for every peer rather
 // than the first, so that each peer that is up holds every change, and losing a second
 // replica loses only what the first could not copy to the third.
-func (r *replicas) replicate(recs ...LeaseRecord) error {
+func (r *replicas) replicate(rec LeaseRecord) error {
+	var acks []<-chan error
+	for _, l := range r.links {
+		if l != nil {
+			acks = append(acks, r.send(l, rec))
+		}
+	}
+	var errs []error
+	for _, ack := range acks {
+		if err := <-ack; err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) == len(acks) {
+		return fmt.Errorf("no replica took the lease's copy: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// peerLink batches the changes bound for one peer: one request in flight at a time, and
+// whatever arrives meanwhile goes in the next. Under load a peer gets a few large
+// requests instead of one per change, which costs the replicas most of their CPU.
+type peerLink struct {
+	peer    int
+	mu      sync.Mutex
+	pending []queued
+	sending bool
+}
+
+// queued is one change waiting for its peer, and where its outcome goes.
+type queued struct {
+	rec LeaseRecord
+	ack chan error
+}
+
+// maxBatch caps the records in one request to a peer (about 150 KiB).
+const maxBatch = 512
+
+// send queues rec for the peer and returns where the outcome of its request arrives.
+func (r *replicas) send(l *peerLink, rec LeaseRecord) <-chan error {
+	ack := make(chan error, 1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pending = append(l.pending, queued{rec, ack})
+	if !l.sending {
+		l.sending = true
+		go r.drain(l)
+	}
+	return ack
+}
+
+// drain sends the peer's queued changes until none are left, then stops: an idle link
+// holds no goroutine.
+func (r *replicas) drain(l *peerLink) {
+	for {
+		l.mu.Lock()
+		if len(l.pending) == 0 {
+			l.sending = false
+			l.mu.Unlock()
+			return
+		}
+		n := min(len(l.pending), maxBatch)
+		batch := l.pending[:n:n]
+		l.pending = l.pending[n:]
+		l.mu.Unlock()
+		recs := make([]LeaseRecord, n)
+		for i, q := range batch {
+			recs[i] = q.rec
+		}
+		err := r.post(l.peer, recs)
+		for _, q := range batch {
+			q.ack <- err
+		}
+	}
+}
+
+// post sends records to a peer.
+func (r *replicas) post(peer int, recs []LeaseRecord) error {
 	body, err := json.Marshal(recs)
 	if err != nil {
 		return err
 	}
-	acks := make(chan error, len(r.cfg.Peers))
-	for peer := range r.cfg.Peers {
-		if peer == r.cfg.Self {
-			continue
-		}
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), r.cfg.Timeout)
-			defer cancel()
-			resp, err := r.call(ctx, peer, http.MethodPost, peerLeasesPath, body, nil)
-			if err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusNoContent {
-					err = fmt.Errorf("replica %d answered %s", peer, resp.Status)
-				}
-			}
-			if err != nil {
-				r.metrics.replicationFailures.Inc()
-			}
-			acks <- err
-		}()
-	}
-	var errs []error
-	for range len(r.cfg.Peers) - 1 {
-		if err := <-acks; err != nil {
-			errs = append(errs, err)
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.Timeout)
+	defer cancel()
+	resp, err := r.call(ctx, peer, http.MethodPost, peerLeasesPath, body, nil)
+	if err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent {
+			err = fmt.Errorf("replica %d answered %s", peer, resp.Status)
 		}
 	}
-	if len(errs) == len(r.cfg.Peers)-1 {
-		return fmt.Errorf("no replica took the lease's copy: %w", errors.Join(errs...))
+	if err != nil {
+		r.metrics.replicationFailures.Inc()
 	}
-	return nil
+	return err
 }
 
 // restore takes back the leases this replica owns from every peer before it grants,
@@ -319,6 +390,9 @@ func (s *Server) acquireReplicated(c *gin.Context, w Want, d time.Duration) (*Le
 	}
 	for range maxPicks {
 		id, err := s.store.Pick(w, skip)
+		if nm, ok := errors.AsType[*NoMatch](err); ok && lastErr == nil {
+			return nil, false, refusedAsFull(nm, len(refused))
+		}
 		if err != nil {
 			if lastErr != nil {
 				return nil, false, lastErr
@@ -357,14 +431,25 @@ func (s *Server) acquireReplicated(c *gin.Context, w Want, d time.Duration) (*Le
 		return nil, true, nil
 	}
 	if lastErr == nil {
-		// Every pick lost a race for its proxy's last slot. Say what is left: often
-		// nothing, and then a 409 with its Retry-After is the truth.
-		if _, err := s.store.Pick(w, skip); err != nil {
-			return nil, false, err
-		}
-		lastErr = unavailable("other crawlers took each proxy picked first; retry")
+		// Every pick lost the race for its proxy's last slot to other crawlers: the
+		// fleet is as full as this replica can tell, which a 409 says.
+		return nil, false, refusedAsFull(s.store.Explain(w), len(refused))
 	}
 	return nil, false, lastErr
+}
+
+// refusedAsFull corrects a NoMatch for the proxies whose owners refused the lease: this
+// replica's copy of their leases lagged, and counted them as free (which NoMatch reports
+// as resting), when they had just filled up. They will free up soon, so the crawler is
+// told to retry within a second at most.
+func refusedAsFull(nm *NoMatch, refused int) *NoMatch {
+	moved := min(refused, nm.InCooldown)
+	nm.InCooldown -= moved
+	nm.AtCapacity += moved
+	if refused > 0 && (nm.RetryAfter == 0 || nm.RetryAfter > time.Second) {
+		nm.RetryAfter = time.Second
+	}
+	return nm
 }
 
 // maxPicks bounds the proxies one acquire tries in a replica set: each refusal is one
