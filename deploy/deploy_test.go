@@ -8,6 +8,7 @@ package deploy_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
@@ -36,7 +37,12 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
@@ -284,12 +290,12 @@ stringData:
 	}{
 		{
 			dir:      "deploy/base",
-			replicas: map[string]int32{"proxyfleet-operator": 2, "proxyfleet-worker": 2, "proxyfleet-discovery": 1},
+			replicas: map[string]int32{"proxyfleet-operator": 2, "proxyfleet-worker": 2, "proxyfleet-discovery": 3},
 			config:   map[string]string{"PROXYFLEET_PROVIDERS": "kubernetes"},
 		},
 		{
 			dir:      "deploy/overlays/gcp",
-			replicas: map[string]int32{"proxyfleet-operator": 2, "proxyfleet-worker": 2, "proxyfleet-discovery": 1},
+			replicas: map[string]int32{"proxyfleet-operator": 2, "proxyfleet-worker": 2, "proxyfleet-discovery": 3},
 			config:   map[string]string{"PROXYFLEET_PROVIDERS": "gcp,kubernetes"},
 			check: func(t *testing.T, objs []object) {
 				var cm corev1.ConfigMap
@@ -326,8 +332,9 @@ stringData:
 				kinds[o.Kind]++
 				assert.NotEqual(t, "Secret", o.Kind, "%s: Secret %s is in the manifests; secrets are created by the user, never committed", tc.dir, o.Metadata.Name)
 			}
-			for kind, n := range map[string]int{"Deployment": 3, "Job": 1, "ServiceAccount": 3, "ClusterRoleBinding": 2,
-				"ClusterRole": 2, "CustomResourceDefinition": 1, "ConfigMap": 1, "Namespace": 1} {
+			for kind, n := range map[string]int{"Deployment": 2, "StatefulSet": 1, "PodDisruptionBudget": 1, "Job": 1,
+				"ServiceAccount": 3, "ClusterRoleBinding": 2, "ClusterRole": 2, "CustomResourceDefinition": 1, "ConfigMap": 1,
+				"Namespace": 1} {
 				assert.Equal(t, n, kinds[kind], "%s: number of %s objects", tc.dir, kind)
 			}
 			assert.GreaterOrEqual(t, kinds["Service"], 1)
@@ -340,17 +347,18 @@ stringData:
 			assert.NotEmpty(t, cm.Data["TEMPORAL_ADDRESS"])
 
 			for name, want := range tc.replicas {
-				var d appsv1.Deployment
-				find(t, objs, "Deployment", name, &d)
-				require.NotNil(t, d.Spec.Replicas, name)
-				assert.Equal(t, want, *d.Spec.Replicas, "%s replicas", name)
-				checkDeployment(t, d, cm)
+				replicas, pod := findWorkload(t, objs, name)
+				require.NotNil(t, replicas, name)
+				assert.Equal(t, want, *replicas, "%s replicas", name)
+				checkWorkload(t, name, pod.Spec, cm)
 			}
 
 			var svc corev1.Service
 			find(t, objs, "Service", "proxyfleet-discovery", &svc)
 			require.Len(t, svc.Spec.Ports, 1)
 			assert.Equal(t, int32(8090), svc.Spec.Ports[0].Port)
+			assertSelectsOnly(t, objs, "Service proxyfleet-discovery", labels.SelectorFromValidatedSet(svc.Spec.Selector), "proxyfleet-discovery")
+			checkDiscoveryReplicas(t, objs)
 
 			var job batchv1.Job
 			find(t, objs, "Job", "proxyfleet-register-search-attributes", &job)
@@ -376,35 +384,54 @@ var addressFlag = map[string]string{
 	"discovery": "listen",
 }
 
-func checkDeployment(t *testing.T, d appsv1.Deployment, cm corev1.ConfigMap) {
-	t.Helper()
-	pod := d.Spec.Template.Spec
-	require.Len(t, pod.Containers, 1, d.Name)
-	c := pod.Containers[0]
-	assert.Equal(t, image, c.Image, d.Name)
-	checkContainerBasics(t, d.Name, c)
+// workloadKinds is the kind of each workload. Discovery's is a StatefulSet: a replica's
+// number, which its peers address it by and its lease IDs carry, is its pod's ordinal.
+var workloadKinds = map[string]string{
+	"proxyfleet-operator":  "Deployment",
+	"proxyfleet-worker":    "Deployment",
+	"proxyfleet-discovery": "StatefulSet",
+}
 
-	require.NotEmpty(t, c.Command, "%s: the image has no entrypoint; command names the binary", d.Name)
-	name, ok := strings.CutPrefix(c.Command[0], binPrefix)
-	require.True(t, ok, "%s: command %q is not a binary in %s", d.Name, c.Command[0], binPrefix)
-	bin := binaryInfo(t, name)
-	args := append(slices.Clone(c.Command[1:]), c.Args...)
-	checkFlags(t, d.Name, bin, args)
-	checkVariableRefs(t, d.Name, c, cm)
+// findWorkload returns the replica count and pod template of the workload name, of its
+// kind in workloadKinds.
+func findWorkload(t *testing.T, objs []object, name string) (*int32, corev1.PodTemplateSpec) {
+	t.Helper()
+	switch kind := workloadKinds[name]; kind {
+	case "Deployment":
+		var d appsv1.Deployment
+		find(t, objs, kind, name, &d)
+		return d.Spec.Replicas, d.Spec.Template
+	case "StatefulSet":
+		var s appsv1.StatefulSet
+		find(t, objs, kind, name, &s)
+		return s.Spec.Replicas, s.Spec.Template
+	}
+	t.Fatalf("workloadKinds has no kind for %s", name)
+	return nil, corev1.PodTemplateSpec{}
+}
+
+// checkWorkload checks the pod of the Deployment or StatefulSet name.
+func checkWorkload(t *testing.T, name string, pod corev1.PodSpec, cm corev1.ConfigMap) {
+	t.Helper()
+	require.Len(t, pod.Containers, 1, name)
+	c := pod.Containers[0]
+	assert.Equal(t, image, c.Image, name)
+	checkContainerBasics(t, name, c)
+
+	bin := binaryName(t, name, c)
+	args, port := listenArgs(t, name, c)
+	checkFlags(t, name, binaryInfo(t, bin), args)
+	checkVariableRefs(t, name, c, cm)
 
 	// Probes hit the port the binary listens on.
-	addr, ok := flagValue(args, addressFlag[name])
-	require.True(t, ok, "%s: --%s is not set; its default listens on 127.0.0.1 only", d.Name, addressFlag[name])
-	_, port, err := net.SplitHostPort(addr)
-	require.NoError(t, err)
 	for what, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
-		require.NotNil(t, p, "%s: %s probe", d.Name, what)
-		require.NotNil(t, p.HTTPGet, "%s: %s probe", d.Name, what)
-		assert.Equal(t, port, containerPort(t, c, p.HTTPGet.Port.String()), "%s: %s probe port", d.Name, what)
+		require.NotNil(t, p, "%s: %s probe", name, what)
+		require.NotNil(t, p.HTTPGet, "%s: %s probe", name, what)
+		assert.Equal(t, port, containerPort(t, c, p.HTTPGet.Port.String()), "%s: %s probe port", name, what)
 	}
 
 	mounts := pod.AutomountServiceAccountToken != nil && *pod.AutomountServiceAccountToken
-	switch name {
+	switch bin {
 	case "operator":
 		assert.True(t, mounts, "the operator calls the Kubernetes API")
 		assert.Contains(t, args, "--leader-elect")
@@ -428,7 +455,230 @@ func checkDeployment(t *testing.T, d appsv1.Deployment, cm corev1.ConfigMap) {
 		require.NotNil(t, ref, "discovery reads DISCOVERY_TOKEN from a Secret")
 		assert.Equal(t, tokenSecret, ref.Name, "the Secret the user creates (docs/operations.md)")
 	}
-	assert.Equal(t, "proxyfleet-"+name, pod.ServiceAccountName)
+	assert.Equal(t, "proxyfleet-"+bin, pod.ServiceAccountName)
+}
+
+// binaryName is the image's binary that container c of workload name runs.
+func binaryName(t *testing.T, name string, c corev1.Container) string {
+	t.Helper()
+	require.NotEmpty(t, c.Command, "%s: the image has no entrypoint; command names the binary", name)
+	bin, ok := strings.CutPrefix(c.Command[0], binPrefix)
+	require.True(t, ok, "%s: command %q is not a binary in %s", name, c.Command[0], binPrefix)
+	return bin
+}
+
+// listenArgs returns the arguments container c of workload name passes its binary and the
+// port the binary listens on (for its probes, metrics and, for discovery, its API).
+func listenArgs(t *testing.T, name string, c corev1.Container) (args []string, port string) {
+	t.Helper()
+	bin := binaryName(t, name, c)
+	args = append(slices.Clone(c.Command[1:]), c.Args...)
+	addr, ok := flagValue(args, addressFlag[bin])
+	require.True(t, ok, "%s: --%s is not set; its default listens on 127.0.0.1 only", name, addressFlag[bin])
+	_, port, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
+	return args, port
+}
+
+// checkDiscoveryReplicas checks what discovery's replicas need to share one lease table:
+// numbers that survive restarts, a list of peers that matches the replica count, addresses
+// that resolve before a replica is ready, at most one replica down at a time, and a network
+// path between them.
+func checkDiscoveryReplicas(t *testing.T, objs []object) {
+	t.Helper()
+	const name = "proxyfleet-discovery"
+	var ss appsv1.StatefulSet
+	find(t, objs, "StatefulSet", name, &ss)
+	require.NotNil(t, ss.Spec.Replicas)
+	replicas := int(*ss.Spec.Replicas)
+	pod := ss.Spec.Template
+	require.Len(t, pod.Spec.Containers, 1)
+	c := pod.Spec.Containers[0]
+	_, port := listenArgs(t, name, c)
+
+	// Each replica waits for its peers itself: started one after the other, replica 0
+	// would wait for peers the StatefulSet creates only once it is ready.
+	assert.Equal(t, appsv1.ParallelPodManagement, ss.Spec.PodManagementPolicy, "podManagementPolicy")
+	// A rollout replaces one replica at a time, each once the one before is ready, that is
+	// has restored its leases: two down at once can lose a lease.
+	assert.Equal(t, appsv1.RollingUpdateStatefulSetStrategyType,
+		cmp.Or(ss.Spec.UpdateStrategy.Type, appsv1.RollingUpdateStatefulSetStrategyType), "updateStrategy")
+	if ru := ss.Spec.UpdateStrategy.RollingUpdate; ru != nil && ru.MaxUnavailable != nil {
+		assert.Equal(t, intstr.FromInt32(1), *ru.MaxUnavailable, "updateStrategy.rollingUpdate.maxUnavailable")
+	}
+	// Replicas on one node go down together with it.
+	assert.True(t, spreadsOverNodes(pod), "%s: no pod anti-affinity on kubernetes.io/hostname for its own pods", name)
+	// On SIGTERM discovery gives requests in flight up to 10s, then queued reports up to
+	// 10s more; a shorter grace period kills it before it has copied or forwarded them.
+	grace := int64(corev1.DefaultTerminationGracePeriodSeconds)
+	if pod.Spec.TerminationGracePeriodSeconds != nil {
+		grace = *pod.Spec.TerminationGracePeriodSeconds
+	}
+	assert.Greater(t, grace, int64(20), "terminationGracePeriodSeconds")
+
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
+	}
+	// Both variables are the binary's: one it does not read would leave every replica alone.
+	help := binaryInfo(t, "discovery").help
+	for _, v := range []string{"DISCOVERY_PEERS", "DISCOVERY_REPLICA"} {
+		assert.Contains(t, help, "env "+v, "discovery does not read %s", v)
+	}
+
+	// The replica's number is its pod's ordinal, which ends the pod's name.
+	replica := env["DISCOVERY_REPLICA"].ValueFrom
+	require.NotNil(t, replica, "%s: DISCOVERY_REPLICA is not set from the pod", name)
+	require.NotNil(t, replica.FieldRef, "%s: DISCOVERY_REPLICA", name)
+	assert.Equal(t, "metadata.name", replica.FieldRef.FieldPath, "%s: DISCOVERY_REPLICA", name)
+
+	// Every replica's address, by replica number, split as the binary splits it.
+	require.NotEmpty(t, ss.Spec.ServiceName, "%s: serviceName names the Service that gives its pods DNS names", name)
+	require.Nil(t, env["DISCOVERY_PEERS"].ValueFrom, "%s: DISCOVERY_PEERS is the same list for every replica", name)
+	var peers []string
+	for _, p := range strings.Split(env["DISCOVERY_PEERS"].Value, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			peers = append(peers, p)
+		}
+	}
+	if len(peers) == 0 {
+		assert.Equal(t, 1, replicas, "%s: DISCOVERY_PEERS is empty, so each replica would grant leases alone and a Proxy could hold replicas x maxLeases", name)
+	} else {
+		// Fewer, and the replicas past the list's end refuse to start; more, and every
+		// replica waits for peers that never start (a count changed without the list).
+		require.Len(t, peers, replicas, "%s: DISCOVERY_PEERS lists %d replicas, the StatefulSet runs %d", name, len(peers), replicas)
+	}
+	for i, p := range peers {
+		u, err := url.Parse(p)
+		require.NoError(t, err, "%s: DISCOVERY_PEERS", name)
+		assert.Equal(t, "http", u.Scheme, "%s: replica %d's address %s", name, i, p)
+		// Pod <name>-<i> of the StatefulSet's governing Service: replica i is the pod of
+		// ordinal i, whichever node it runs on.
+		assert.Equal(t, fmt.Sprintf("%s-%d.%s.%s.svc", ss.Name, i, ss.Spec.ServiceName, ss.Namespace), u.Hostname(),
+			"%s: replica %d's address %s", name, i, p)
+		assert.Equal(t, port, u.Port(), "%s: replica %d's address %s: replicas call each other on the API port", name, i, p)
+		assert.Contains(t, []string{"", "/"}, u.Path, "%s: replica %d's address %s: a base URL", name, i, p)
+	}
+
+	// The governing Service gives each pod its DNS name: headless, and publishing pods that
+	// are not ready, since a starting replica restores its leases from peers that may be
+	// restoring too.
+	var peerSvc corev1.Service
+	find(t, objs, "Service", ss.Spec.ServiceName, &peerSvc)
+	assert.Equal(t, corev1.ClusterIPNone, peerSvc.Spec.ClusterIP, "Service %s: clusterIP", peerSvc.Name)
+	assert.True(t, peerSvc.Spec.PublishNotReadyAddresses, "Service %s: publishNotReadyAddresses", peerSvc.Name)
+	assertSelectsOnly(t, objs, "Service "+peerSvc.Name, labels.SelectorFromValidatedSet(peerSvc.Spec.Selector), name)
+
+	// Drains evict one replica at a time, for the same reason as the rollout.
+	var pdb policyv1.PodDisruptionBudget
+	find(t, objs, "PodDisruptionBudget", name, &pdb)
+	require.NotNil(t, pdb.Spec.MaxUnavailable, "PodDisruptionBudget %s: maxUnavailable", name)
+	assert.Equal(t, intstr.FromInt32(1), *pdb.Spec.MaxUnavailable, "PodDisruptionBudget %s: maxUnavailable", name)
+	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+	require.NoError(t, err)
+	assertSelectsOnly(t, objs, "PodDisruptionBudget "+name, sel, name)
+
+	// A lease change is answered only once a peer holds its copy: replicas that cannot
+	// reach each other grant nothing.
+	portNum, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	assert.True(t, ingressAdmitted(t, objs, ss.Namespace, pod.Labels, pod.Labels, c, int32(portNum)),
+		"the NetworkPolicies do not admit %s's pods to each other on port %s", name, port)
+}
+
+// spreadsOverNodes reports whether pod asks, required or preferred, not to share a node
+// with the pods of its own labels.
+func spreadsOverNodes(pod corev1.PodTemplateSpec) bool {
+	aa := pod.Spec.Affinity
+	if aa == nil || aa.PodAntiAffinity == nil {
+		return false
+	}
+	terms := slices.Clone(aa.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution)
+	for _, w := range aa.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution {
+		terms = append(terms, w.PodAffinityTerm)
+	}
+	return slices.ContainsFunc(terms, func(term corev1.PodAffinityTerm) bool {
+		sel, err := metav1.LabelSelectorAsSelector(term.LabelSelector)
+		return err == nil && term.TopologyKey == corev1.LabelHostname && len(term.Namespaces) == 0 &&
+			term.NamespaceSelector == nil && sel.Matches(labels.Set(pod.Labels))
+	})
+}
+
+// assertSelectsOnly asserts that sel, the selector of what, matches the pods of workload
+// name and of no other workload.
+func assertSelectsOnly(t *testing.T, objs []object, what string, sel labels.Selector, name string) {
+	t.Helper()
+	require.False(t, sel.Empty(), "%s selects every pod", what)
+	for w := range workloadKinds {
+		_, pod := findWorkload(t, objs, w)
+		assert.Equal(t, w == name, sel.Matches(labels.Set(pod.Labels)), "%s: selects the pods of %s", what, w)
+	}
+}
+
+// ingressAdmitted reports whether the NetworkPolicies of namespace ns admit TCP traffic
+// from a pod labelled from to port of container c, in a pod labelled to, in the same
+// namespace. Only policies are read, as the network plugin applies them; a pod no policy
+// selects counts as not admitted, since discovery's own policy must select its pods.
+func ingressAdmitted(t *testing.T, objs []object, ns string, from, to map[string]string, c corev1.Container, port int32) bool {
+	t.Helper()
+	var nsObj corev1.Namespace
+	find(t, objs, "Namespace", ns, &nsObj)
+	nsLabels := labels.Set(maps.Clone(nsObj.Labels))
+	if nsLabels == nil {
+		nsLabels = labels.Set{}
+	}
+	nsLabels[corev1.LabelMetadataName] = ns // set by the API server on every namespace
+
+	matches := func(s *metav1.LabelSelector, l map[string]string) bool {
+		sel, err := metav1.LabelSelectorAsSelector(s)
+		require.NoError(t, err)
+		return sel.Matches(labels.Set(l))
+	}
+	portMatches := func(p networkingv1.NetworkPolicyPort) bool {
+		if p.Protocol != nil && *p.Protocol != corev1.ProtocolTCP {
+			return false
+		}
+		switch {
+		case p.Port == nil:
+			return true
+		case p.Port.Type == intstr.String:
+			return slices.ContainsFunc(c.Ports, func(cp corev1.ContainerPort) bool {
+				return cp.Name == p.Port.StrVal && cp.ContainerPort == port
+			})
+		case p.EndPort != nil:
+			return p.Port.IntVal <= port && port <= *p.EndPort
+		}
+		return p.Port.IntVal == port
+	}
+	peerMatches := func(p networkingv1.NetworkPolicyPeer) bool {
+		if p.IPBlock != nil {
+			return false // pod addresses are not known in advance
+		}
+		if p.NamespaceSelector != nil && !matches(p.NamespaceSelector, nsLabels) {
+			return false
+		}
+		return p.PodSelector == nil || matches(p.PodSelector, from)
+	}
+	for _, o := range objs {
+		if o.Kind != "NetworkPolicy" || o.Metadata.Namespace != ns {
+			continue
+		}
+		var np networkingv1.NetworkPolicy
+		require.NoError(t, json.Unmarshal(o.raw, &np))
+		if !matches(&np.Spec.PodSelector, to) {
+			continue
+		}
+		if len(np.Spec.PolicyTypes) > 0 && !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+			continue
+		}
+		for _, rule := range np.Spec.Ingress {
+			if (len(rule.Ports) == 0 || slices.ContainsFunc(rule.Ports, portMatches)) &&
+				(len(rule.From) == 0 || slices.ContainsFunc(rule.From, peerMatches)) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // containerPort resolves a probe's port (a number or a port name) to a number.
