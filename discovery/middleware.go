@@ -40,10 +40,12 @@ func (s *Server) logRequests(c *gin.Context) {
 		"duration", time.Since(start).Round(time.Microsecond).String(), "remote", c.ClientIP())
 }
 
-// probeRoute reports whether route is polled by probes or Prometheus every few seconds:
-// logging or tracing each of those would drown the requests of crawlers.
+// probeRoute reports whether route is polled by probes or Prometheus every few seconds,
+// or is one of the calls replicas make to each other for every lease change: logging or
+// tracing each of those would drown the requests of crawlers. They are still counted in
+// the request metrics.
 func probeRoute(route string) bool {
-	return route == "/healthz" || route == "/readyz" || route == "/metrics"
+	return route == "/healthz" || route == "/readyz" || route == "/metrics" || strings.HasPrefix(route, "/peer/")
 }
 
 // retryIndexAfter is the Retry-After of index_loading answers, in seconds: short, so that

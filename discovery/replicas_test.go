@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,7 +30,7 @@ const peerToken = "peer-token"
 // serving the same fleet. A replica can be killed (its listener and connections closed,
 // its memory dropped) and started afresh on the same address, as a pod restarts.
 type replicaSet struct {
-	t     *testing.T
+	t     testing.TB
 	addrs []string
 	urls  []string
 	fleet []discovery.Proxy
@@ -43,7 +44,7 @@ type replicaNode struct {
 	logs   *testenv.LogBuffer
 }
 
-func newReplicaSet(t *testing.T, n int, fleet []discovery.Proxy) *replicaSet {
+func newReplicaSet(t testing.TB, n int, fleet []discovery.Proxy) *replicaSet {
 	rs := &replicaSet{t: t, fleet: fleet, nodes: make([]*replicaNode, n)}
 	for range n {
 		addr := testenv.FreeAddr(t)
@@ -333,4 +334,58 @@ func TestRestartedReplicaWaitsForItsIndex(t *testing.T) {
 	r, err := rs.client(1).Renew(ctx, mine.ID, time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, mine.Proxy.IP, r.Proxy.IP)
+}
+
+// BenchmarkReplicatedAcquireRelease measures acquire+release pairs over HTTP on loopback
+// through the Go client, 64 concurrent crawlers, 1,000 proxies with 4 slots each: one
+// discovery alone (the baseline) and three replicas (each crawler on one replica, as a
+// keep-alive connection through a Service is), all in this process on the same cores.
+//
+//	go test ./discovery -run '^$' -bench ReplicatedAcquireRelease -benchtime 20000x
+func BenchmarkReplicatedAcquireRelease(b *testing.B) {
+	const crawlers = 64
+	for _, n := range []int{1, 3} {
+		b.Run(fmt.Sprintf("replicas=%d", n), func(b *testing.B) {
+			rs := newReplicaSet(b, n, replicaFleet(1000, 4))
+			tr := &http.Transport{MaxIdleConnsPerHost: crawlers}
+			clients := make([]*dclient.Client, n)
+			for i := range clients {
+				clients[i] = dclient.New(rs.urls[i], testToken, dclient.WithHTTPClient(&http.Client{Transport: tr}))
+			}
+			ctx := context.Background()
+			var next atomic.Int64
+			lat := make([][]time.Duration, crawlers)
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for g := range crawlers {
+				wg.Go(func() {
+					c := clients[g%n]
+					for next.Add(1) <= int64(b.N) {
+						t0 := time.Now()
+						l, err := c.Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, TTL: time.Minute})
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						lat[g] = append(lat[g], time.Since(t0))
+						if err := c.Release(ctx, l.ID); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			took := time.Since(start)
+			var all []time.Duration
+			for _, l := range lat {
+				all = append(all, l...)
+			}
+			slices.Sort(all)
+			b.ReportMetric(float64(b.N)/took.Seconds(), "pairs/s")
+			b.ReportMetric(float64(all[len(all)/2].Microseconds())/1000, "p50-acquire-ms")
+			b.ReportMetric(float64(all[len(all)*99/100].Microseconds())/1000, "p99-acquire-ms")
+		})
+	}
 }
