@@ -338,8 +338,8 @@ type specCase struct {
 	// loading sends the request before the index is loaded (newLoadingSpecServer),
 	// restoring to a replica taking its leases back (newRestoringSpecServer).
 	loading, restoring bool
-	wantStatus int
-	wantCode   string
+	wantStatus         int
+	wantCode           string
 	// bodyConforms, when set, is whether the request body fits the documented schema: a
 	// request the server refuses for a reason the schema can express must not fit it.
 	bodyConforms *bool

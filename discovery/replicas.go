@@ -88,8 +88,8 @@ type replicas struct {
 	// until then instead of costing each acquire a timeout.
 	downUntil map[int]time.Time
 	// links batch the lease changes bound for each peer (nil for this replica).
-	links []*peerLink
-	metrics   *serverMetrics
+	links   []*peerLink
+	metrics *serverMetrics
 }
 
 func newReplicas(cfg ReplicaConfig, store *Store, log *slog.Logger, m *serverMetrics) *replicas {
