@@ -37,6 +37,10 @@ const (
 	// codeProxyUnavailable: between replicas only, the owner refuses a grant on a proxy
 	// that filled up or started resting; the asking replica picks another.
 	codeProxyUnavailable = "proxy_unavailable"
+	// codeTooManyRequests: the client is over its requests per second.
+	codeTooManyRequests = "too_many_requests"
+	// codeLeaseLimit: the client holds as many leases as it may.
+	codeLeaseLimit = "lease_limit"
 )
 
 func status(code string) int {
@@ -53,7 +57,7 @@ func status(code string) int {
 		return http.StatusConflict
 	case codeLeaseExpired, codeProxyGone:
 		return http.StatusGone
-	case codeReportLimit:
+	case codeReportLimit, codeTooManyRequests, codeLeaseLimit:
 		return http.StatusTooManyRequests
 	case codeTooLarge:
 		return http.StatusRequestEntityTooLarge
@@ -124,6 +128,11 @@ func toAPIError(err error) (ae *APIError, known bool) {
 			ae.RetryAfterSeconds = int((nm.RetryAfter + time.Second - 1) / time.Second)
 			ae.Message += fmt.Sprintf("; the first frees up in %ds", ae.RetryAfterSeconds)
 		}
+		return ae, true
+	}
+	if ll, ok := errors.AsType[*LeaseLimit](err); ok {
+		ae := apiErr(codeLeaseLimit, "client %q holds %d leases, as many as it may; release one or wait", ll.Client, ll.Max)
+		ae.RetryAfterSeconds = int((ll.RetryAfter + time.Second - 1) / time.Second)
 		return ae, true
 	}
 	if pg, ok := errors.AsType[*ProxyGone](err); ok {

@@ -265,6 +265,9 @@ func (s *Server) acquire(c *gin.Context) {
 		return
 	}
 	w := Want{Selector: req.Selector, Target: req.Target, Session: req.Session, TTL: d}
+	if cl := clientOf(c); cl != nil {
+		w.Client, w.MaxLeases = cl.name, cl.maxLeases
+	}
 	var l *Lease
 	if s.replicas == nil {
 		l, err = s.store.Lease(w)
@@ -282,6 +285,9 @@ func (s *Server) acquire(c *gin.Context) {
 	if err != nil {
 		if _, ok := errors.AsType[*NoMatch](err); ok {
 			s.metrics.leaseRequests.WithLabelValues("no_match").Inc()
+		}
+		if _, ok := errors.AsType[*LeaseLimit](err); ok {
+			s.metrics.throttled.WithLabelValues(w.Client, "leases").Inc()
 		}
 		s.fail(c, &opError{op: opAcquire, target: req.Target, err: err})
 		return

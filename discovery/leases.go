@@ -53,6 +53,8 @@ type lease struct {
 	proxy   *Proxy
 	target  string
 	session string
+	// client is the name of the crawler identity that holds the lease ("" without names).
+	client  string
 	expires time.Time
 	// reports counts the cooldowns this lease has reported (MaxReportsPerLease).
 	reports int
@@ -81,8 +83,52 @@ type Want struct {
 	// Target is the site the crawler will visit: proxies resting for it are skipped.
 	Target string
 	// Session, if set, keeps the crawler on one proxy across leases (see Store.Lease).
+	// Sessions are the client's own: two clients' sessions of one name are two sessions.
 	Session string
 	TTL     time.Duration
+	// Client names the crawler identity asking; MaxLeases, when positive, is how many
+	// live leases it may hold at once (more is a *LeaseLimit).
+	Client    string
+	MaxLeases int
+}
+
+// sessionKey is where the session table and the ring place a client's session.
+func sessionKey(client, session string) string {
+	if client == "" {
+		return session
+	}
+	return client + "\x00" + session
+}
+
+// LeaseLimit refuses a lease to a client that holds as many as it may.
+type LeaseLimit struct {
+	Client string
+	Max    int
+	// RetryAfter is when the client's first lease expires.
+	RetryAfter time.Duration
+}
+
+func (e *LeaseLimit) Error() string { return "client " + e.Client + " holds as many leases as it may" }
+
+// clientLimit is a *LeaseLimit when w's client holds its MaxLeases already, else nil.
+func (s *Store) clientLimit(w Want, now time.Time) error {
+	if w.MaxLeases <= 0 || s.byClient[w.Client] < w.MaxLeases {
+		return nil
+	}
+	// Only refusals pay for this scan of the live leases.
+	var first time.Time
+	for _, l := range s.leases {
+		if l.client == w.Client && (first.IsZero() || l.expires.Before(first)) {
+			first = l.expires
+		}
+	}
+	return &LeaseLimit{Client: w.Client, Max: w.MaxLeases, RetryAfter: max(first.Sub(now), time.Second)}
+}
+
+// addLive puts a lease in the live table, counted for its client.
+func (s *Store) addLive(l *lease) {
+	s.leases[l.key] = l
+	s.byClient[l.client]++
 }
 
 // --- cooldowns -----------------------------------------------------------------------
@@ -140,6 +186,9 @@ func (s *Store) Lease(w Want) (*Lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
+	if err := s.clientLimit(w, now); err != nil {
+		return nil, err
+	}
 	v := s.viewFor(w.Selector)
 	pick := s.pickLocked(v, w, now, nil)
 	if pick == nil {
@@ -155,6 +204,9 @@ func (s *Store) Pick(w Want, skip func(proxyID string) bool) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
+	if err := s.clientLimit(w, now); err != nil {
+		return "", err
+	}
 	v := s.viewFor(w.Selector)
 	pick := s.pickLocked(v, w, now, skip)
 	if pick == nil {
@@ -179,6 +231,9 @@ func (s *Store) Grant(proxyID string, w Want) (*Lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
+	if err := s.clientLimit(w, now); err != nil {
+		return nil, err
+	}
 	e := s.proxies[proxyID]
 	if e == nil || !e.inTrees || !w.Selector.Matches(e.p.Attributes) || s.cooling(e, w.Target, now) {
 		return nil, ErrProxyUnavailable
@@ -197,13 +252,14 @@ func (s *Store) pickLocked(v *view, w Want, now time.Time, skip func(string) boo
 		return false
 	}
 	if w.Session != "" {
-		if it, ok := s.sessions.get(w.Session); ok && now.Sub(it.val.lastUsed) < s.cfg.SessionIdle {
+		key := sessionKey(w.Client, w.Session)
+		if it, ok := s.sessions.get(key); ok && now.Sub(it.val.lastUsed) < s.cfg.SessionIdle {
 			if e := s.proxies[it.val.proxyID]; e != nil && e.inTrees && w.Selector.Matches(e.p.Attributes) {
 				take(e)
 			}
 		}
 		if pick == nil {
-			pivot := &entry{ring: ringHash(w.Session)}
+			pivot := &entry{ring: ringHash(key)}
 			v.ring.AscendGreaterOrEqual(pivot, take)
 			if pick == nil {
 				v.ring.AscendLessThan(pivot, take)
@@ -218,14 +274,14 @@ func (s *Store) pickLocked(v *view, w Want, now time.Time, skip func(string) boo
 func (s *Store) grantLocked(pick *entry, w Want, now time.Time) *lease {
 	s.grants++
 	l := &lease{key: newLeaseKey(s.cfg.Replica), proxyID: pick.id, proxy: pick.p, target: w.Target, session: w.Session,
-		expires: now.Add(w.TTL), version: 1}
+		client: w.Client, expires: now.Add(w.TTL), version: 1}
 	s.changeLeases(pick, func() {
 		pick.held = append(pick.held, l)
 		pick.lastUsed = s.grants
 	})
-	s.leases[l.key] = l
+	s.addLive(l)
 	if w.Session != "" {
-		s.touchSession(w.Session, pick.id, now)
+		s.touchSession(sessionKey(w.Client, w.Session), pick.id, now)
 	}
 	return l
 }
@@ -288,6 +344,9 @@ func (s *Store) Release(id string) {
 // endLocked ends a live lease, keeping it for reports until keepUntil.
 func (s *Store) endLocked(l *lease, keepUntil time.Time) {
 	delete(s.leases, l.key)
+	if s.byClient[l.client]--; s.byClient[l.client] <= 0 {
+		delete(s.byClient, l.client)
+	}
 	if e, ok := s.proxies[l.proxyID]; ok {
 		if i := slices.Index(e.held, l); i >= 0 {
 			s.changeLeases(e, func() {
@@ -358,7 +417,7 @@ func (s *Store) Renew(id string, ttl time.Duration) (*Lease, error) {
 		l.proxy = e.p
 	}
 	if l.session != "" {
-		s.touchSession(l.session, l.proxyID, now)
+		s.touchSession(sessionKey(l.client, l.session), l.proxyID, now)
 	}
 	return l.export(), nil
 }

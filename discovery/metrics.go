@@ -25,12 +25,15 @@ type serverMetrics struct {
 	refreshErrors        *prometheus.CounterVec
 	replicationFailures  prometheus.Counter
 	forwarded            prometheus.Counter
+	clientRequests       *prometheus.CounterVec
+	throttled            *prometheus.CounterVec
+	clientsReloadErrors  prometheus.Counter
 	handler              http.Handler
 	// lastRefresh is the unix nanosecond time of the last successful refresh.
 	lastRefresh atomic.Int64
 }
 
-func newServerMetrics(reg prometheus.Registerer, store *Store) *serverMetrics {
+func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients) *serverMetrics {
 	m := &serverMetrics{
 		leaseRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_discovery_lease_requests_total",
@@ -79,6 +82,19 @@ func newServerMetrics(reg prometheus.Registerer, store *Store) *serverMetrics {
 			Name: "proxyfleet_discovery_forwarded_requests_total",
 			Help: "Renewals, releases and reports forwarded to the replica that owns the lease.",
 		}),
+		// The client label takes the configured names only (at most MaxClients).
+		clientRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_discovery_client_requests_total",
+			Help: "Authenticated API requests by client name and HTTP status code.",
+		}, []string{"client", "code"}),
+		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_discovery_client_throttled_total",
+			Help: "Requests refused with 429 by client and limit: requests (per second) or leases (held at once).",
+		}, []string{"client", "limit"}),
+		clientsReloadErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "proxyfleet_discovery_clients_reload_errors_total",
+			Help: "Reloads of the clients file that failed (the clients loaded before stay in force).",
+		}),
 	}
 	if reg == nil {
 		return m
@@ -89,6 +105,8 @@ func newServerMetrics(reg prometheus.Registerer, store *Store) *serverMetrics {
 	}
 	reg.MustRegister(m.leaseRequests, m.acquireSeconds, m.reports, m.reportsCoalesced, m.reportSignalFailures,
 		m.requests, m.requestSeconds, m.refreshSeconds, m.refreshErrors, m.replicationFailures, m.forwarded,
+		m.clientRequests, m.throttled, m.clientsReloadErrors, clientLeasesCollector{store: store, clients: clients,
+			desc: prometheus.NewDesc("proxyfleet_discovery_client_leases", "Live leases by client name.", []string{"client"}, nil)},
 		gauge("proxyfleet_discovery_leases_active", "Leases held right now (in a replica set, every replica counts all of them).", func(s Stats) int { return s.Leases }),
 		gauge("proxyfleet_discovery_cooldowns_active", "Per-target cooldowns known locally.", func(s Stats) int { return s.Cooldowns }),
 		gauge("proxyfleet_discovery_index_proxies", "Proxies in the index.", func(s Stats) int { return s.Proxies }),
@@ -111,6 +129,26 @@ func newServerMetrics(reg prometheus.Registerer, store *Store) *serverMetrics {
 		m.handler = promhttp.HandlerFor(g, promhttp.HandlerOpts{})
 	}
 	return m
+}
+
+// clientLeasesCollector exports Store.ClientLeases for the configured clients, zeros
+// included.
+type clientLeasesCollector struct {
+	store   *Store
+	clients *Clients
+	desc    *prometheus.Desc
+}
+
+func (c clientLeasesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c clientLeasesCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.clients == nil {
+		return
+	}
+	counts := c.store.ClientLeases()
+	for _, name := range c.clients.Names() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[name]), name)
+	}
 }
 
 // unresolvedCollector exports Store.CredentialsUnresolved: one series per reason, zeros

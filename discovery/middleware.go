@@ -1,12 +1,12 @@
 package discovery
 
 import (
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,11 +33,15 @@ func (s *Server) logRequests(c *gin.Context) {
 		route = "unmatched"
 	}
 	s.metrics.observeRequest(c.Request.Method, route, c.Writer.Status(), time.Since(start))
+	name := clientName(c)
+	if name != "" {
+		s.metrics.clientRequests.WithLabelValues(name, strconv.Itoa(c.Writer.Status())).Inc()
+	}
 	if probeRoute(route) {
 		return
 	}
 	s.log.Info("request", "method", c.Request.Method, "route", route, "status", c.Writer.Status(),
-		"duration", time.Since(start).Round(time.Microsecond).String(), "remote", c.ClientIP())
+		"duration", time.Since(start).Round(time.Microsecond).String(), "remote", c.ClientIP(), "client", name)
 }
 
 // probeRoute reports whether route is polled by probes or Prometheus every few seconds,
@@ -106,19 +110,56 @@ func (s *Server) limitBody(c *gin.Context) {
 	c.Next()
 }
 
+// clientKey is where authenticate leaves the request's *client in the gin context.
+const clientKey = "proxyfleet.client"
+
+// authenticate finds the client whose token the request bears, and holds it to its rate
+// limit. A request another replica forwarded was counted where it arrived.
 func (s *Server) authenticate(c *gin.Context) {
-	if s.cfg.Token == "" {
+	if s.clients == nil {
 		c.Next()
 		return
 	}
 	scheme, got, _ := strings.Cut(c.GetHeader("Authorization"), " ")
-	// The scheme name is case-insensitive (RFC 9110); the token is compared in constant time.
-	if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) != 1 {
+	// The scheme name is case-insensitive (RFC 9110).
+	var cl *client
+	if strings.EqualFold(scheme, "Bearer") {
+		cl = s.clients.lookup(got)
+	}
+	if cl == nil {
 		c.Header("WWW-Authenticate", `Bearer realm="proxyfleet"`)
 		s.fail(c, apiErr(codeUnauthorized, "a valid bearer token is required"))
 		return
 	}
+	c.Set(clientKey, cl)
+	if cl.limiter != nil && !s.fromPeer(c) {
+		now := time.Now()
+		r := cl.limiter.ReserveN(now, 1)
+		if d := r.DelayFrom(now); d > 0 || !r.OK() {
+			r.CancelAt(now)
+			s.metrics.throttled.WithLabelValues(cl.name, "requests").Inc()
+			e := apiErr(codeTooManyRequests, "client %q is over its limit of %g requests per second", cl.name, float64(cl.limiter.Limit()))
+			e.RetryAfterSeconds = int(max(1, (d+time.Second-1)/time.Second))
+			s.fail(c, e)
+			return
+		}
+	}
 	c.Next()
+}
+
+// clientOf is the client authenticate found (nil when authentication is off).
+func clientOf(c *gin.Context) *client {
+	cl, _ := c.Get(clientKey)
+	v, _ := cl.(*client)
+	return v
+}
+
+// clientName labels a request's client in logs and metrics.
+func clientName(c *gin.Context) string {
+	if cl := clientOf(c); cl != nil {
+		return cl.name
+	}
+	return ""
 }
 
 // decode reads a JSON body strictly: unknown fields, trailing data and wrong types are 400,

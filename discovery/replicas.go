@@ -73,6 +73,9 @@ const (
 	// forwardedHeader marks a crawler's request one replica forwarded to the lease's
 	// owner, which must answer it itself.
 	forwardedHeader = "Proxyfleet-Forwarded-By"
+	// peerTokenHeader proves a forwarded crawler's request comes from a replica (its
+	// Authorization is the crawler's): the request was rate limited where it arrived.
+	peerTokenHeader = "Proxyfleet-Peer-Token"
 )
 
 // replicas is this process's side of the replica set.
@@ -173,6 +176,7 @@ func (r *replicas) call(ctx context.Context, peer int, method, path string, body
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set(forwardedHeader, strconv.Itoa(r.cfg.Self))
+	req.Header.Set(peerTokenHeader, r.cfg.Tokens[0])
 	return r.hc.Do(req)
 }
 
@@ -345,6 +349,9 @@ type grantRequest struct {
 	Target     string   `json:"target,omitempty"`
 	Session    string   `json:"session,omitempty"`
 	TTLSeconds int      `json:"ttlSeconds"`
+	// Client and MaxLeases are the asking crawler's identity and its cap.
+	Client    string `json:"client,omitempty"`
+	MaxLeases int    `json:"maxLeases,omitempty"`
 }
 
 // relay answers the crawler with a peer's answer as it is.
@@ -409,7 +416,7 @@ func (s *Server) acquireReplicated(c *gin.Context, w Want, d time.Duration) (*Le
 			return l, false, err
 		}
 		body, _ := json.Marshal(grantRequest{ProxyID: id, Selector: w.Selector, Target: w.Target, Session: w.Session,
-			TTLSeconds: int(d / time.Second)})
+			TTLSeconds: int(d / time.Second), Client: w.Client, MaxLeases: w.MaxLeases})
 		resp, err := r.call(c.Request.Context(), owner, http.MethodPost, peerGrantPath, body, nil)
 		if err != nil {
 			r.markDown(owner, 2*time.Second)
@@ -547,15 +554,29 @@ func (s *Server) ownLease(c *gin.Context) bool {
 // authenticatePeer admits only other replicas.
 func (s *Server) authenticatePeer(c *gin.Context) {
 	scheme, got, _ := strings.Cut(c.GetHeader("Authorization"), " ")
-	if s.replicas != nil && strings.EqualFold(scheme, "Bearer") {
-		for _, t := range s.replicas.cfg.Tokens {
-			if subtle.ConstantTimeCompare([]byte(got), []byte(t)) == 1 {
-				c.Next()
-				return
-			}
-		}
+	if strings.EqualFold(scheme, "Bearer") && s.replicas.validToken(got) {
+		c.Next()
+		return
 	}
 	s.fail(c, apiErr(codeUnauthorized, "only discovery's replicas may call this route"))
+}
+
+// fromPeer reports whether another replica forwarded the request.
+func (s *Server) fromPeer(c *gin.Context) bool {
+	return s.replicas.validToken(c.GetHeader(peerTokenHeader))
+}
+
+// validToken reports whether t is a replicas' token, compared in constant time.
+func (r *replicas) validToken(t string) bool {
+	if r == nil || t == "" {
+		return false
+	}
+	for _, want := range r.cfg.Tokens {
+		if subtle.ConstantTimeCompare([]byte(t), []byte(want)) == 1 {
+			return true
+		}
+	}
+	return false
 }
 
 // peerApply takes lease changes from their owner.
@@ -599,7 +620,8 @@ func (s *Server) peerGrant(c *gin.Context) {
 		s.fail(c, apiErr(codeProxyUnavailable, "this replica does not own proxy %q: the replicas' --peers differ", req.ProxyID))
 		return
 	}
-	l, err := s.grantOwned(req.ProxyID, Want{Selector: req.Selector, Target: req.Target, Session: req.Session, TTL: d})
+	l, err := s.grantOwned(req.ProxyID, Want{Selector: req.Selector, Target: req.Target, Session: req.Session, TTL: d,
+		Client: req.Client, MaxLeases: req.MaxLeases})
 	if errors.Is(err, ErrProxyUnavailable) {
 		s.fail(c, apiErr(codeProxyUnavailable, "proxy %q cannot take the lease now", req.ProxyID))
 		return

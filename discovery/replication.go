@@ -21,6 +21,7 @@ type LeaseRecord struct {
 	Instance string    `json:"instance,omitempty"`
 	Target   string    `json:"target,omitempty"`
 	Session  string    `json:"session,omitempty"`
+	Client   string    `json:"client,omitempty"`
 	Expires  time.Time `json:"expires"`
 	Reports  int       `json:"reports,omitempty"`
 	// Ended is set once the lease was released or its proxy gone (Gone says why); it
@@ -32,7 +33,7 @@ type LeaseRecord struct {
 
 func (l *lease) record() LeaseRecord {
 	return LeaseRecord{ID: l.key.String(), Version: l.version, ProxyID: l.proxyID, IP: l.proxy.IP, Port: l.proxy.Port,
-		Instance: l.proxy.Instance, Target: l.target, Session: l.session, Expires: l.expires, Reports: l.reports,
+		Instance: l.proxy.Instance, Target: l.target, Session: l.session, Client: l.client, Expires: l.expires, Reports: l.reports,
 		Ended: !l.keepUntil.IsZero(), KeepUntil: l.keepUntil, Gone: l.gone}
 }
 
@@ -106,6 +107,9 @@ func (s *Store) Apply(recs []LeaseRecord) {
 			l = &lease{key: key}
 		}
 		l.proxyID, l.target, l.expires, l.reports, l.gone = r.ProxyID, r.Target, r.Expires, r.Reports, r.Gone
+		if !live {
+			l.client = r.Client // a live lease is counted under its client: it never changes
+		}
 		l.proxy = s.proxyAsRecorded(r)
 		switch {
 		case wantLive && !live:
@@ -113,12 +117,12 @@ func (s *Store) Apply(recs []LeaseRecord) {
 				s.ended.remove(endedItem)
 			}
 			l.keepUntil, l.session = time.Time{}, r.Session
-			s.leases[key] = l
+			s.addLive(l)
 			if e := s.proxies[l.proxyID]; e != nil {
 				s.changeLeases(e, func() { e.held = append(e.held, l) })
 			}
 			if l.session != "" {
-				s.touchSession(l.session, l.proxyID, now)
+				s.touchSession(sessionKey(l.client, l.session), l.proxyID, now)
 			}
 		case wantLive:
 			l.session = r.Session

@@ -13,8 +13,11 @@ import (
 
 // Config configures the API.
 type Config struct {
-	// Token is the bearer token crawlers present; empty turns authentication off (loudly).
-	Token string
+	// Token is the bearer token crawlers present, admitted as the client "default".
+	// Clients, when set, admits named clients instead (and Token is ignored). With
+	// neither, authentication is off (loudly).
+	Token   string
+	Clients *Clients
 	// DefaultTTL applies when a lease request has no ttlSeconds; MaxTTL is the most a
 	// lease or renewal may ask for (more is a 400, not a silent clamp).
 	DefaultTTL, MaxTTL time.Duration
@@ -72,6 +75,8 @@ type Server struct {
 	coalesce coalescer
 	// replicas is nil when discovery runs alone.
 	replicas *replicas
+	// clients is nil when authentication is off.
+	clients *Clients
 }
 
 // NewServer builds the API. reg may be nil (no metrics).
@@ -81,12 +86,16 @@ func NewServer(cfg Config, store *Store, signal Signaler, log *slog.Logger, reg 
 		log = slog.Default()
 	}
 	s := &Server{cfg: cfg, store: store, signal: signal, log: log, reports: make(chan pendingReport, 4096)}
-	s.metrics = newServerMetrics(reg, store)
+	s.clients = cfg.Clients
+	if s.clients == nil && cfg.Token != "" {
+		s.clients = SingleClient(cfg.Token)
+	}
+	s.metrics = newServerMetrics(reg, store, s.clients)
 	if cfg.Replicas.RestoreLimit <= 0 {
 		cfg.Replicas.RestoreLimit = cfg.MaxTTL
 	}
 	s.replicas = newReplicas(cfg.Replicas, store, log, s.metrics)
-	if cfg.Token == "" {
+	if s.clients == nil {
 		log.Warn("WARNING: discovery runs WITHOUT authentication: no bearer token is configured; anyone who can reach it can lease proxies")
 	}
 	return s

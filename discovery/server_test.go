@@ -843,9 +843,9 @@ func (quietTemporal) SignalWorkflow(context.Context, string, string, string, any
 // malformed one, answers a renewal of a lease whose proxy was replaced with 410
 // proxy_gone and its reason, and caps the cooldowns one lease may report with a 429.
 func TestSessionsAndGoneOverHTTP(t *testing.T) {
-	p := proxy("only", 1, true, nil)
-	p.MaxLeases = 5
-	h := newHarness(t, defaultConfig(), p, proxy("other", 1, true, nil))
+	p, o := proxy("only", 1, true, nil), proxy("other", 1, true, nil)
+	p.MaxLeases, o.MaxLeases = 5, 5
+	h := newHarness(t, defaultConfig(), p, o)
 
 	l := h.acquire(`{"session":"crawl-7:a_b.c~d"}`)
 	assert.Equal(t, "crawl-7:a_b.c~d", l.Session)
@@ -860,7 +860,7 @@ func TestSessionsAndGoneOverHTTP(t *testing.T) {
 
 	moved := p
 	if l.Proxy.Name != p.Name {
-		moved = proxy("other", 1, true, nil)
+		moved = o
 	}
 	moved.IP = "10.9.9.9"
 	h.store.Upsert(moved)

@@ -29,6 +29,10 @@ type ServiceConfig struct {
 	// request. Without one, no proxy that takes credentials is leased (cmd/discovery
 	// refuses to start without it).
 	Keyring *proxyauth.Keyring
+	// ClientsFile is the file API.Clients was loaded from, reloaded every ClientsReload
+	// (default 5s) while discovery runs; empty when there is none.
+	ClientsFile   string
+	ClientsReload time.Duration
 }
 
 // Temporal is the part of the Temporal client discovery uses: it lists workflows for the
@@ -49,6 +53,9 @@ type Service struct {
 	refresher *Refresher
 	sweep     time.Duration
 	log       *slog.Logger
+	// clientsFile and clientsReload configure the reload of the clients file.
+	clientsFile   string
+	clientsReload time.Duration
 }
 
 // MaxHeaderBytes bounds a request's headers: a bearer token and a traceparent need far less.
@@ -73,7 +80,11 @@ func NewService(cfg ServiceConfig, tc Temporal, log *slog.Logger, reg prometheus
 	if cfg.Keyring == nil {
 		log.Warn("discovery runs without a fleet key: proxies that take credentials are never leased")
 	}
-	return &Service{Store: store, server: srv, refresher: ref, sweep: cfg.SweepInterval, log: log}
+	if cfg.ClientsReload <= 0 {
+		cfg.ClientsReload = 5 * time.Second
+	}
+	return &Service{Store: store, server: srv, refresher: ref, sweep: cfg.SweepInterval, log: log,
+		clientsFile: cfg.ClientsFile, clientsReload: cfg.ClientsReload}
 }
 
 // Serve runs the refresher, the report loop and the sweeper, and serves the API on ln until
@@ -87,9 +98,15 @@ func NewService(cfg ServiceConfig, tc Temporal, log *slog.Logger, reg prometheus
 func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	loops := make(chan struct{}, 4)
+	loops := make(chan struct{}, 5)
 	go func() { _ = s.refresher.Run(ctx); loops <- struct{}{} }()
 	go func() { s.server.RunReplicas(ctx); loops <- struct{}{} }()
+	go func() {
+		if s.clientsFile != "" && s.server.clients != nil {
+			s.server.clients.Watch(ctx, s.clientsFile, s.clientsReload, s.log, s.server.metrics.clientsReloadErrors.Inc)
+		}
+		loops <- struct{}{}
+	}()
 	// The report loop outlives the API: requests still in flight at shutdown may queue
 	// reports, and it forwards everything queued before it returns.
 	reportsCtx, stopReports := context.WithCancel(context.WithoutCancel(ctx))
@@ -118,7 +135,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 		}
 	}
 	stopReports()
-	for range 4 {
+	for range 5 {
 		<-loops
 	}
 	return err

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -243,6 +244,8 @@ type Store struct {
 	grants uint64
 
 	leases map[leaseKey]*lease
+	// byClient counts the live leases by client name.
+	byClient map[string]int
 	// ended are released or expired leases, kept for reports, oldest first out.
 	ended *lru[leaseKey, *lease]
 	// cooldowns are local ones from reports; durable ones come in Proxy.Cooldowns.
@@ -278,6 +281,7 @@ func NewStoreWith(cfg StoreConfig) *Store {
 		byAttr:     map[string]map[string]map[*entry]struct{}{},
 		views:      map[string]*view{},
 		leases:     map[leaseKey]*lease{},
+		byClient:   map[string]int{},
 		ended:      newLRU[leaseKey, *lease](),
 		cooldowns:  newCooldowns(cfg.MaxCooldowns, cfg.MaxCooldownsPerProxy),
 		sessions:   newLRU[string, session](),
@@ -596,6 +600,14 @@ func (s *Store) evictView() {
 // Stats are gauges for metrics.
 type Stats struct {
 	Proxies, Healthy, Leases, Cooldowns, Views, Sessions, Ended int
+}
+
+// ClientLeases counts the live leases of each client (by name; "" is leases granted
+// without client names).
+func (s *Store) ClientLeases() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.byClient)
 }
 
 // Stats counts what the store holds.

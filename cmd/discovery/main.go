@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/internal/cmdline"
@@ -29,6 +30,9 @@ func main() {
 	flag.DurationVar(&cfg.FullResyncInterval, "full-resync-interval", discovery.DefaultFullResyncInterval, "how often the index re-reads every proxy")
 	cmdline.ListVar(&cfg.API.TrustedProxies, "trusted-proxies", cmdline.Env("DISCOVERY_TRUSTED_PROXIES", ""),
 		"comma-separated addresses or CIDRs of load balancers whose X-Forwarded-For names the client in logs (default: none) (env DISCOVERY_TRUSTED_PROXIES)")
+	flag.StringVar(&cfg.ClientsFile, "clients-file", cmdline.Env("DISCOVERY_CLIENTS_FILE", ""),
+		"file of named clients, each with its token (or its SHA-256) and optional limits; reloaded while discovery runs. Replaces DISCOVERY_TOKEN (env DISCOVERY_CLIENTS_FILE)")
+	flag.DurationVar(&cfg.ClientsReload, "clients-reload-interval", 5*time.Second, "how often the clients file is read again")
 	insecure := flag.Bool("insecure-no-auth", false,
 		"serve without authentication when DISCOVERY_TOKEN is empty; allowed only on a loopback --listen address (development)")
 	fleetKey := cmdline.FleetKeyVar()
@@ -40,8 +44,16 @@ func main() {
 	cmdline.Main("discovery", func(ctx context.Context, p *cmdline.Process) error {
 		// The token comes from the environment only, so it never shows in a process listing.
 		cfg.API.Token = os.Getenv("DISCOVERY_TOKEN")
-		if err := checkAuth(cfg.API.Token, *insecure, *listen); err != nil {
+		if err := checkAuth(cfg.API.Token, cfg.ClientsFile, *insecure, *listen); err != nil {
 			return err
+		}
+		if cfg.ClientsFile != "" {
+			clients, err := discovery.LoadClients(cfg.ClientsFile)
+			if err != nil {
+				return err
+			}
+			cfg.API.Clients = clients
+			p.Log.Info("clients loaded", "clients", clients.Names())
 		}
 		for _, p := range cfg.API.TrustedProxies {
 			if _, err := netip.ParsePrefix(p); err != nil {
@@ -93,14 +105,16 @@ func replicaNumber(s string) (int, error) {
 // checkAuth fails closed: an empty token (a Secret created empty, a variable not passed
 // through) must not quietly open the API, which hands out proxy credentials. Running
 // without one takes --insecure-no-auth, and only where no one else can connect.
-func checkAuth(token string, insecure bool, listen string) error {
+func checkAuth(token, clientsFile string, insecure bool, listen string) error {
 	switch {
-	case token != "" && insecure:
-		return errors.New("--insecure-no-auth is set but DISCOVERY_TOKEN is not empty: drop one of them")
-	case token != "":
+	case token != "" && clientsFile != "":
+		return errors.New("both DISCOVERY_TOKEN and --clients-file are set: put the token in the clients file (as a client of its own) and drop DISCOVERY_TOKEN")
+	case (token != "" || clientsFile != "") && insecure:
+		return errors.New("--insecure-no-auth is set but crawlers' credentials are configured (DISCOVERY_TOKEN or --clients-file): drop one of them")
+	case token != "" || clientsFile != "":
 		return nil
 	case !insecure:
-		return errors.New("DISCOVERY_TOKEN is empty: set it to the bearer token crawlers present, or pass --insecure-no-auth to serve without authentication on a loopback --listen address")
+		return errors.New("DISCOVERY_TOKEN is empty and there is no --clients-file: set one to the credentials crawlers present, or pass --insecure-no-auth to serve without authentication on a loopback --listen address")
 	}
 	host, _, err := net.SplitHostPort(listen)
 	if err != nil {
