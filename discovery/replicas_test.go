@@ -35,6 +35,8 @@ type replicaSet struct {
 	urls  []string
 	fleet []discovery.Proxy
 	nodes []*replicaNode
+	// configure, when set, changes each replica's Config before it starts.
+	configure func(*discovery.Config)
 }
 
 type replicaNode struct {
@@ -44,8 +46,11 @@ type replicaNode struct {
 	logs   *testenv.LogBuffer
 }
 
-func newReplicaSet(t testing.TB, n int, fleet []discovery.Proxy) *replicaSet {
+func newReplicaSet(t testing.TB, n int, fleet []discovery.Proxy, configure ...func(*discovery.Config)) *replicaSet {
 	rs := &replicaSet{t: t, fleet: fleet, nodes: make([]*replicaNode, n)}
+	if len(configure) > 0 {
+		rs.configure = configure[0]
+	}
 	for range n {
 		addr := testenv.FreeAddr(t)
 		rs.addrs = append(rs.addrs, addr)
@@ -82,6 +87,9 @@ func (rs *replicaSet) startWith(i int, loaded bool) {
 	cfg := defaultConfig()
 	cfg.Replicas = discovery.ReplicaConfig{Peers: slices.Clone(rs.urls), Self: i, Tokens: []string{peerToken},
 		Timeout: time.Second, RestoreLimit: time.Hour}
+	if rs.configure != nil {
+		rs.configure(&cfg)
+	}
 	logs := &testenv.LogBuffer{}
 	sig := &fakeSignaler{report: func(context.Context, string, string, contract.ReportSignal) error { return nil }}
 	srv := discovery.NewServer(cfg, store, sig, slog.New(slog.NewTextHandler(logs, nil)), nil)
@@ -388,4 +396,50 @@ func BenchmarkReplicatedAcquireRelease(b *testing.B) {
 			b.ReportMetric(float64(all[len(all)*99/100].Microseconds())/1000, "p99-acquire-ms")
 		})
 	}
+}
+
+// TestReplicasHoldClientLimits: a client's lease cap holds across the replicas (each
+// counts the client's leases in the whole table), and a request one replica forwards to
+// the lease's owner is counted against the client's rate where it arrived, not twice.
+func TestReplicasHoldClientLimits(t *testing.T) {
+	cfgs, err := discovery.ParseClients([]byte(fmt.Sprintf("clients:\n  - name: shop\n    token: %s\n    maxLeases: 3\n"+
+		"  - name: news\n    token: %s\n    requestsPerSecond: 0.001\n    burst: 1\n", shopToken, newsToken)))
+	require.NoError(t, err)
+	rs := newReplicaSet(t, 3, replicaFleet(9, 4), func(c *discovery.Config) {
+		c.Token, c.Clients = "", discovery.NewClients(cfgs)
+	})
+	ctx := context.Background()
+	shop := func(i int) *dclient.Client { return dclient.New(rs.urls[i], shopToken) }
+	for i := range 3 {
+		_, err := shop(i).Acquire(ctx, dclient.AcquireRequest{})
+		require.NoError(t, err)
+	}
+	for i := range 3 {
+		_, err := shop(i).Acquire(ctx, dclient.AcquireRequest{})
+		var e *dclient.Error
+		require.True(t, errors.As(err, &e), "%v", err)
+		assert.Equal(t, "lease_limit", e.Code, "through replica %d", i)
+		assert.Equal(t, http.StatusTooManyRequests, e.Status)
+	}
+
+	// Each replica has its own bucket for news, of one request.
+	news := func(i int) *dclient.Client { return dclient.New(rs.urls[i], newsToken) }
+	l, err := news(1).Acquire(ctx, dclient.AcquireRequest{})
+	require.NoError(t, err)
+	owner, _ := discovery.LeaseOwner(l.ID)
+	if owner != 1 {
+		_, err := news(owner).ListProxies(ctx, nil, nil)
+		require.NoError(t, err, "spends the owner's request")
+	}
+	via := 0
+	if owner != 1 {
+		via = 3 - 1 - owner
+	}
+	_, err = news(via).Renew(ctx, l.ID, time.Minute)
+	require.NoError(t, err, "a renewal through replica %d, forwarded to replica %d whose bucket is empty, is counted once", via, owner)
+	_, err = news(via).Renew(ctx, l.ID, time.Minute)
+	var e *dclient.Error
+	require.True(t, errors.As(err, &e), "%v", err)
+	assert.Equal(t, "too_many_requests", e.Code, "replica %d's own bucket is spent", via)
+	assert.Positive(t, e.RetryAfter())
 }
