@@ -270,6 +270,26 @@ func newRestoringSpecServer(t *testing.T) *specServer {
 	return &specServer{store: store, handler: srv.Handler()}
 }
 
+// newLimitedSpecServer serves specFleet to one named client, "spec", with the given limits.
+// A rate-limited client has spent its one request of the burst already.
+func newLimitedSpecServer(t *testing.T, c discovery.ClientConfig) *specServer {
+	t.Helper()
+	store := discovery.NewStore(30 * time.Minute)
+	store.ReplaceAll(specFleet())
+	c.Name, c.Token = "spec", specToken
+	srv := discovery.NewServer(discovery.Config{Clients: discovery.NewClients([]discovery.ClientConfig{c})}, store, specSignaler{},
+		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	s := &specServer{store: store, handler: srv.Handler()}
+	if c.RequestsPerSecond > 0 {
+		require.Equal(t, http.StatusOK, s.serve(http.MethodGet, "/v1/proxies", "", specToken).Code)
+	}
+	if c.MaxLeases > 0 {
+		_, err := store.Lease(discovery.Want{Client: "spec", MaxLeases: c.MaxLeases, TTL: time.Hour})
+		require.NoError(t, err)
+	}
+	return s
+}
+
 // lease grants a lease directly in the store and returns its ID.
 func (s *specServer) lease(t *testing.T, ttl time.Duration) string {
 	t.Helper()
@@ -336,8 +356,10 @@ type specCase struct {
 	body         string
 	noToken      bool
 	// loading sends the request before the index is loaded (newLoadingSpecServer),
-	// restoring to a replica taking its leases back (newRestoringSpecServer).
-	loading, restoring bool
+	// restoring to a replica taking its leases back (newRestoringSpecServer); throttled
+	// as a client over its rate, limited as one holding its one lease
+	// (newLimitedSpecServer).
+	loading, restoring, throttled, limited bool
 	wantStatus         int
 	wantCode           string
 	// bodyConforms, when set, is whether the request body fits the documented schema: a
@@ -399,6 +421,8 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "list bad healthy", op: "GET /v1/proxies", query: "healthy=maybe", wantStatus: 400, wantCode: "invalid"},
 		{name: "list without token", op: "GET /v1/proxies", noToken: true, wantStatus: 401, wantCode: "unauthorized"},
 		{name: "list loading", op: "GET /v1/proxies", loading: true, wantStatus: 503, wantCode: "index_loading"},
+		{name: "list throttled", op: "GET /v1/proxies", throttled: true, wantStatus: 429, wantCode: "too_many_requests",
+			wantHeaders: []string{"Retry-After"}},
 
 		{name: "acquire", op: "POST /v1/leases", body: `{"selector":{"region":"eu"},"ttlSeconds":60,"target":"shop.example"}`,
 			wantStatus: 201, bodyConforms: yes},
@@ -427,6 +451,16 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "acquire too large", op: "POST /v1/leases", body: huge, wantStatus: 413, wantCode: "too_large"},
 		{name: "acquire loading", op: "POST /v1/leases", body: `{"selector":{"region":"eu"}}`, loading: true,
 			wantStatus: 503, wantCode: "index_loading", bodyConforms: yes},
+		{name: "acquire throttled", op: "POST /v1/leases", throttled: true, wantStatus: 429, wantCode: "too_many_requests",
+			wantHeaders: []string{"Retry-After"}},
+		{name: "acquire over the client's leases", op: "POST /v1/leases", limited: true, wantStatus: 429, wantCode: "lease_limit",
+			wantHeaders: []string{"Retry-After"}},
+		{name: "renew throttled", op: "POST /v1/leases/{id}/renew", prepare: live, throttled: true, wantStatus: 429,
+			wantCode: "too_many_requests", wantHeaders: []string{"Retry-After"}},
+		{name: "release throttled", op: "DELETE /v1/leases/{id}", prepare: live, throttled: true, wantStatus: 429,
+			wantCode: "too_many_requests", wantHeaders: []string{"Retry-After"}},
+		{name: "report throttled", op: "POST /v1/leases/{id}/report", prepare: live, throttled: true, body: `{"result":"ok"}`,
+			wantStatus: 429, wantCode: "too_many_requests", wantHeaders: []string{"Retry-After"}},
 		{name: "acquire, owners restoring", op: "POST /v1/leases", body: `{"selector":{"region":"eu"}}`, restoring: true,
 			wantStatus: 503, wantCode: "replicas_unavailable", wantHeaders: []string{"Retry-After"}},
 		{name: "renew, owner restoring", op: "POST /v1/leases/{id}/renew", prepare: live, restoring: true,
@@ -489,6 +523,12 @@ func TestOpenAPIResponses(t *testing.T) {
 			}
 			if tc.restoring {
 				s = newRestoringSpecServer(t)
+			}
+			if tc.throttled {
+				s = newLimitedSpecServer(t, discovery.ClientConfig{RequestsPerSecond: 0.001, Burst: 1})
+			}
+			if tc.limited {
+				s = newLimitedSpecServer(t, discovery.ClientConfig{MaxLeases: 1})
 			}
 			var responses map[string]any
 			method, path := tc.method, tc.path

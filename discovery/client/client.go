@@ -63,6 +63,11 @@ const (
 	// that owns the lease or the proxy) is restarting or unreachable for a moment. Nothing
 	// is lost: retry the same call after Retry-After. See IsReplicasUnavailable.
 	CodeReplicasUnavailable = "replicas_unavailable"
+	// CodeTooManyRequests (429) means this client is over its requests per second, and
+	// CodeLeaseLimit (429) that it holds as many leases as it may (release one). Both
+	// come with a Retry-After. See IsThrottled.
+	CodeTooManyRequests = "too_many_requests"
+	CodeLeaseLimit      = "lease_limit"
 )
 
 // Client talks to one discovery server. It is safe for concurrent use.
@@ -267,6 +272,13 @@ func IsIndexLoading(err error) bool { return hasCode(err, CodeIndexLoading) }
 // is restarting or unreachable for a moment (503): the lease is not lost, retry the same
 // call after the Error's RetryAfter.
 func IsReplicasUnavailable(err error) bool { return hasCode(err, CodeReplicasUnavailable) }
+
+// IsThrottled reports whether err says this client is over one of its limits: its
+// requests per second or the leases it may hold (429). Wait the Error's RetryAfter, or
+// release a lease first.
+func IsThrottled(err error) bool {
+	return hasCode(err, CodeTooManyRequests) || hasCode(err, CodeLeaseLimit)
+}
 
 // IsUnauthorized reports whether the token was missing or wrong (401).
 func IsUnauthorized(err error) bool { return hasCode(err, CodeUnauthorized) }

@@ -726,3 +726,40 @@ func jsonFields(t reflect.Type) []string {
 	}
 	return out
 }
+
+// TestThrottled: a client over its lease cap or its requests per second gets an error
+// IsThrottled recognises, with the server's Retry-After; other errors are not throttling.
+func TestThrottled(t *testing.T) {
+	store := discovery.NewStore(30 * time.Minute)
+	store.ReplaceAll([]discovery.Proxy{proxy("eu-1", true, 4, nil)})
+	const leaser, caller = "leaser-token-0123456789", "caller-token-0123456789"
+	clients := discovery.NewClients([]discovery.ClientConfig{
+		{Name: "leaser", Token: leaser, MaxLeases: 1},
+		{Name: "caller", Token: caller, RequestsPerSecond: 0.001, Burst: 1},
+	})
+	srv := discovery.NewServer(discovery.Config{Clients: clients}, store, &fakeSignaler{report: (&signals{}).record},
+		slog.New(slog.DiscardHandler), nil)
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+
+	c := New(hs.URL, leaser, WithHTTPClient(hs.Client()))
+	_, err := c.Acquire(t.Context(), AcquireRequest{TTL: time.Minute})
+	require.NoError(t, err)
+	_, err = c.Acquire(t.Context(), AcquireRequest{})
+	require.True(t, IsThrottled(err), "%v", err)
+	e := apiError(t, err)
+	assert.Equal(t, CodeLeaseLimit, e.Code)
+	assert.Equal(t, time.Minute, e.RetryAfter(), "when its lease expires")
+
+	c = New(hs.URL, caller, WithHTTPClient(hs.Client()))
+	_, err = c.ListProxies(t.Context(), nil, nil)
+	require.NoError(t, err)
+	_, err = c.ListProxies(t.Context(), nil, nil)
+	require.True(t, IsThrottled(err), "%v", err)
+	e = apiError(t, err)
+	assert.Equal(t, CodeTooManyRequests, e.Code)
+	assert.Equal(t, http.StatusTooManyRequests, e.Status)
+	assert.Greater(t, e.RetryAfter(), 15*time.Minute, "1,000 s until the next request at 0.001/s")
+
+	assert.False(t, IsThrottled(&Error{Status: http.StatusTooManyRequests, Code: CodeReportLimit}), "a report limit is the lease's, not the client's")
+}
