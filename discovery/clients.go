@@ -128,7 +128,7 @@ type clientSet struct {
 type Clients struct {
 	set atomic.Pointer[clientSet]
 	// mu serialises reloads, which reuse the limiters of clients that stay, so that a
-	// reload does not hand every client a fresh burst.
+	// reload does not hand every client a fresh burst. last is the file as last applied.
 	mu   sync.Mutex
 	last []byte
 }
@@ -139,7 +139,9 @@ const DefaultClientName = "default"
 // NewClients admits cfgs (already checked by ParseClients).
 func NewClients(cfgs []ClientConfig) *Clients {
 	c := &Clients{}
-	c.replace(cfgs)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.replaceLocked(cfgs)
 	return c
 }
 
@@ -163,9 +165,8 @@ func LoadClients(path string) (*Clients, error) {
 	return c, nil
 }
 
-func (c *Clients) replace(cfgs []ClientConfig) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// replaceLocked installs cfgs; c.mu is held.
+func (c *Clients) replaceLocked(cfgs []ClientConfig) {
 	old := map[string]*client{}
 	if cur := c.set.Load(); cur != nil {
 		for _, cl := range cur.byHash {
@@ -213,19 +214,16 @@ func (c *Clients) Reload(path string) (changed bool, err error) {
 		return false, fmt.Errorf("clients file: %w", err)
 	}
 	c.mu.Lock()
-	same := bytes.Equal(data, c.last)
-	c.mu.Unlock()
-	if same {
+	defer c.mu.Unlock()
+	if bytes.Equal(data, c.last) {
 		return false, nil
 	}
 	cfgs, err := ParseClients(data)
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", path, err)
 	}
-	c.replace(cfgs)
-	c.mu.Lock()
+	c.replaceLocked(cfgs)
 	c.last = data
-	c.mu.Unlock()
 	return true, nil
 }
 
