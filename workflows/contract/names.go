@@ -98,9 +98,12 @@ var RunningProxiesQuery = fmt.Sprintf("WorkflowId STARTS_WITH %q AND ExecutionSt
 
 // ProxiesUpdatedSinceQuery selects ProxyWorkflows whose memo changed after since, and runs
 // that closed after since: discovery's incremental pass. A run terminated by hand (or by a
-// server limit) publishes nothing as it ends, so only its close time shows it is gone.
+// server limit) publishes nothing as it ends, so only its close time shows it is gone. The
+// close-time clause is for closed runs only: the dev server's visibility store gives a
+// running execution a close time in the far future, which "CloseTime > since" alone
+// matches, and the incremental pass then read the whole fleet every second.
 func ProxiesUpdatedSinceQuery(since time.Time) string {
 	t := since.UTC().Format(time.RFC3339Nano)
-	return fmt.Sprintf("WorkflowId STARTS_WITH %q AND (%s > %q OR CloseTime > %q)",
+	return fmt.Sprintf("WorkflowId STARTS_WITH %q AND (%s > %q OR (ExecutionStatus != 'Running' AND CloseTime > %q))",
 		ProxyWorkflowIDPrefix, SearchAttrUpdatedAt.GetName(), t, t)
 }

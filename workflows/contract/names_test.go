@@ -25,6 +25,6 @@ func TestProxyWorkflowIDRoundTrip(t *testing.T) {
 func TestQueries(t *testing.T) {
 	assert.Equal(t, `WorkflowId STARTS_WITH "proxy/" AND ExecutionStatus = 'Running'`, RunningProxiesQuery)
 	since := time.Date(2026, 11, 30, 12, 0, 0, 500, time.FixedZone("x", 3600))
-	assert.Equal(t, `WorkflowId STARTS_WITH "proxy/" AND (ProxyUpdatedAt > "2026-11-30T11:00:00.0000005Z" OR CloseTime > "2026-11-30T11:00:00.0000005Z")`,
+	assert.Equal(t, `WorkflowId STARTS_WITH "proxy/" AND (ProxyUpdatedAt > "2026-11-30T11:00:00.0000005Z" OR (ExecutionStatus != 'Running' AND CloseTime > "2026-11-30T11:00:00.0000005Z"))`,
 		ProxiesUpdatedSinceQuery(since))
 }

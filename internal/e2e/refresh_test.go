@@ -1,0 +1,97 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/client"
+	"go.temporal.io/sdk/worker"
+
+	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
+)
+
+// TestIncrementalReadsWhatChanged: on the real dev server, discovery's incremental pass
+// reads the workflows whose memo changed and no others. Its query once also matched every
+// running workflow (the visibility store gives them a close time in the future), so each
+// pass, every second, read the whole fleet: 27 times the work at 1,000 proxies, enough to
+// starve health verdicts of CPU.
+func TestIncrementalReadsWhatChanged(t *testing.T) {
+	const n, changed = 12, 3
+	env := testenv.Temporal(t)
+	ctx := context.Background()
+	queue := fmt.Sprintf("refresh-test-%d", time.Now().UnixNano())
+	w := worker.New(env.Client, queue, worker.Options{})
+	w.RegisterWorkflow(fakeProxyWorkflow)
+	require.NoError(t, w.Start())
+	t.Cleanup(w.Stop)
+	ns := fmt.Sprintf("incr-%d", time.Now().UnixNano()%100000)
+	ids := make([]string, n)
+	for i := range n {
+		name := fmt.Sprintf("p-%02d", i)
+		ids[i] = contract.ProxyWorkflowID(ns, name)
+		_, err := env.Client.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: ids[i], TaskQueue: queue}, fakeProxyWorkflow, ns, name)
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() {
+		for _, id := range ids {
+			_ = env.Client.TerminateWorkflow(ctx, id, "", "test done")
+		}
+	})
+
+	store := discovery.NewStore(time.Hour)
+	var mu sync.Mutex
+	most := 0 // the most workflows one incremental pass read, once counting starts
+	counting := false
+	r := &discovery.Refresher{Client: env.Client, Namespace: env.Namespace, Store: store, Overlap: 200 * time.Millisecond,
+		Observe: func(kind string, _ time.Duration, read int, _ error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if kind == "incremental" && counting {
+				most = max(most, read)
+			}
+		}}
+	latency := func(i int) int64 {
+		for _, p := range store.List(discovery.Selector{"region": "bench"}, nil) {
+			if p.Name == fmt.Sprintf("p-%02d", i) {
+				return p.LatencyMillis
+			}
+		}
+		return 0
+	}
+	require.Eventually(t, func() bool {
+		return r.Full(ctx) == nil && len(store.List(discovery.Selector{"region": "bench"}, nil)) >= n
+	}, time.Minute, 200*time.Millisecond, "the workflows never all became visible")
+
+	// The overlap window re-reads what changed shortly before the watermark. Let it pass,
+	// then move the watermark with one change the incremental pass must see.
+	time.Sleep(300 * time.Millisecond) // a window of time, not a synchronisation
+	require.NoError(t, env.Client.SignalWorkflow(ctx, ids[n-1], "", "touch", nil))
+	require.Eventually(t, func() bool { return r.Incremental(ctx) == nil && latency(n-1) == 11 }, 30*time.Second, 50*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+
+	mu.Lock()
+	counting = true
+	mu.Unlock()
+	for i := range changed {
+		require.NoError(t, env.Client.SignalWorkflow(ctx, ids[i], "", "touch", nil))
+	}
+	require.Eventually(t, func() bool {
+		require.NoError(t, r.Incremental(ctx))
+		for i := range changed {
+			if latency(i) != 11 {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 50*time.Millisecond, "the changes never showed")
+	mu.Lock()
+	defer mu.Unlock()
+	assert.LessOrEqual(t, most, changed+1, "an incremental pass read more than the changed workflows (and the last one seen), of %d running", n)
+}
