@@ -80,8 +80,12 @@ func TestNamedClients(t *testing.T) {
 	p.MaxLeases = 10
 	h := namedHarness(t, fmt.Sprintf("clients:\n  - name: shop\n    token: %s\n    maxLeases: 2\n"+
 		"  - name: news\n    tokenSHA256: %s\n    requestsPerSecond: 0.01\n    burst: 3\n", shopToken, sha(newsToken)), p)
-	shop := func(method, path, body string) *httptest.ResponseRecorder { return h.doAuth(method, path, body, "Bearer "+shopToken) }
-	news := func(method, path, body string) *httptest.ResponseRecorder { return h.doAuth(method, path, body, "Bearer "+newsToken) }
+	shop := func(method, path, body string) *httptest.ResponseRecorder {
+		return h.doAuth(method, path, body, "Bearer "+shopToken)
+	}
+	news := func(method, path, body string) *httptest.ResponseRecorder {
+		return h.doAuth(method, path, body, "Bearer "+newsToken)
+	}
 
 	requireError(t, h.doAuth(http.MethodGet, "/v1/proxies", "", "Bearer "+testToken), http.StatusUnauthorized, "unauthorized")
 

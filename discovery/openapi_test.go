@@ -360,8 +360,8 @@ type specCase struct {
 	// as a client over its rate, limited as one holding its one lease
 	// (newLimitedSpecServer).
 	loading, restoring, throttled, limited bool
-	wantStatus         int
-	wantCode           string
+	wantStatus                             int
+	wantCode                               string
 	// bodyConforms, when set, is whether the request body fits the documented schema: a
 	// request the server refuses for a reason the schema can express must not fit it.
 	bodyConforms *bool
