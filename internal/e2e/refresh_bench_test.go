@@ -50,16 +50,18 @@ func fakeProxyWorkflow(ctx workflow.Context, ns, name string) error {
 // of which 10 changed, beside a full list of all 1,000 in the same run.
 //
 //	go test ./internal/e2e -run '^$' -bench IndexRefresh -benchtime 1x
-func BenchmarkIndexRefresh(b *testing.B) {
-	const n, changed = 1000, 10
-	env := testenv.Temporal(b)
+// startFakeFleet runs n fakeProxyWorkflows (proxies p-0000, p-0001, …) in a namespace of
+// their own on a worker of their own, and terminates them when the test ends. It returns
+// their workflow IDs.
+func startFakeFleet(tb testing.TB, env *testenv.TemporalEnv, n int) []string {
+	tb.Helper()
 	ctx := context.Background()
-	queue := fmt.Sprintf("refresh-bench-%d", time.Now().UnixNano())
+	queue := fmt.Sprintf("fake-fleet-%d", time.Now().UnixNano())
 	w := worker.New(env.Client, queue, worker.Options{})
 	w.RegisterWorkflow(fakeProxyWorkflow)
-	require.NoError(b, w.Start())
-	defer w.Stop()
-	ns := fmt.Sprintf("refresh-%d", time.Now().UnixNano()%100000)
+	require.NoError(tb, w.Start())
+	tb.Cleanup(w.Stop)
+	ns := fmt.Sprintf("fake-%d", time.Now().UnixNano()%100000)
 	ids := make([]string, n)
 	var g errgroup.Group
 	g.SetLimit(32)
@@ -71,12 +73,20 @@ func BenchmarkIndexRefresh(b *testing.B) {
 			return err
 		})
 	}
-	require.NoError(b, g.Wait())
-	defer func() {
+	require.NoError(tb, g.Wait())
+	tb.Cleanup(func() {
 		for _, id := range ids {
-			_ = env.Client.TerminateWorkflow(ctx, id, "", "benchmark done")
+			_ = env.Client.TerminateWorkflow(ctx, id, "", "test done")
 		}
-	}()
+	})
+	return ids
+}
+
+func BenchmarkIndexRefresh(b *testing.B) {
+	const n, changed = 1000, 10
+	env := testenv.Temporal(b)
+	ctx := context.Background()
+	ids := startFakeFleet(b, env, n)
 
 	store := discovery.NewStore(time.Hour)
 	var reads = map[string]int{}

@@ -9,12 +9,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.temporal.io/sdk/client"
-	"go.temporal.io/sdk/worker"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
-	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // TestIncrementalReadsWhatChanged: on the real dev server, discovery's incremental pass
@@ -26,24 +23,7 @@ func TestIncrementalReadsWhatChanged(t *testing.T) {
 	const n, changed = 12, 3
 	env := testenv.Temporal(t)
 	ctx := context.Background()
-	queue := fmt.Sprintf("refresh-test-%d", time.Now().UnixNano())
-	w := worker.New(env.Client, queue, worker.Options{})
-	w.RegisterWorkflow(fakeProxyWorkflow)
-	require.NoError(t, w.Start())
-	t.Cleanup(w.Stop)
-	ns := fmt.Sprintf("incr-%d", time.Now().UnixNano()%100000)
-	ids := make([]string, n)
-	for i := range n {
-		name := fmt.Sprintf("p-%02d", i)
-		ids[i] = contract.ProxyWorkflowID(ns, name)
-		_, err := env.Client.ExecuteWorkflow(ctx, client.StartWorkflowOptions{ID: ids[i], TaskQueue: queue}, fakeProxyWorkflow, ns, name)
-		require.NoError(t, err)
-	}
-	t.Cleanup(func() {
-		for _, id := range ids {
-			_ = env.Client.TerminateWorkflow(ctx, id, "", "test done")
-		}
-	})
+	ids := startFakeFleet(t, env, n)
 
 	store := discovery.NewStore(time.Hour)
 	var mu sync.Mutex
@@ -59,7 +39,7 @@ func TestIncrementalReadsWhatChanged(t *testing.T) {
 		}}
 	latency := func(i int) int64 {
 		for _, p := range store.List(discovery.Selector{"region": "bench"}, nil) {
-			if p.Name == fmt.Sprintf("p-%02d", i) {
+			if p.Name == fmt.Sprintf("p-%04d", i) {
 				return p.LatencyMillis
 			}
 		}
