@@ -50,6 +50,7 @@ func fakeProxyWorkflow(ctx workflow.Context, ns, name string) error {
 // of which 10 changed, beside a full list of all 1,000 in the same run.
 //
 //	go test ./internal/e2e -run '^$' -bench IndexRefresh -benchtime 1x
+//
 // startFakeFleet runs n fakeProxyWorkflows (proxies p-0000, p-0001, …) in a namespace of
 // their own on a worker of their own, and terminates them when the test ends. It returns
 // their workflow IDs.
