@@ -46,11 +46,6 @@ func fakeProxyWorkflow(ctx workflow.Context, ns, name string) error {
 	}
 }
 
-// BenchmarkIndexRefresh measures one incremental refresh with 1,000 running proxy workflows
-// of which 10 changed, beside a full list of all 1,000 in the same run.
-//
-//	go test ./internal/e2e -run '^$' -bench IndexRefresh -benchtime 1x
-//
 // startFakeFleet runs n fakeProxyWorkflows (proxies p-0000, p-0001, …) in a namespace of
 // their own on a worker of their own, and terminates them when the test ends. It returns
 // their workflow IDs.
@@ -83,6 +78,10 @@ func startFakeFleet(tb testing.TB, env *testenv.TemporalEnv, n int) []string {
 	return ids
 }
 
+// BenchmarkIndexRefresh measures one incremental refresh with 1,000 running proxy workflows
+// of which 10 changed, beside a full list of all 1,000 in the same run.
+//
+//	go test ./internal/e2e -run '^$' -bench IndexRefresh -benchtime 1x
 func BenchmarkIndexRefresh(b *testing.B) {
 	const n, changed = 1000, 10
 	env := testenv.Temporal(b)
