@@ -229,15 +229,8 @@ func (c *Clients) Reload(path string) (changed bool, err error) {
 
 // Watch reloads the clients file every interval until ctx ends. A mounted Secret changes
 // by a swap of symlinks, which polling sees as surely as any notification would.
-func (c *Clients) Watch(ctx context.Context, path string, every time.Duration, log *slog.Logger, failed func()) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+func (c *Clients) Watch(ctx context.Context, path string, interval time.Duration, log *slog.Logger, failed func()) {
+	every(ctx, interval, func() {
 		changed, err := c.Reload(path)
 		switch {
 		case err != nil:
@@ -248,5 +241,5 @@ func (c *Clients) Watch(ctx context.Context, path string, every time.Duration, l
 		case changed:
 			log.Info("clients file reloaded", "clients", c.Names())
 		}
-	}
+	})
 }

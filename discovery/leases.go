@@ -478,15 +478,20 @@ func (s *Store) Report(id, target string, until time.Time) (*Lease, string, erro
 }
 
 // RunSweeper calls Sweep every interval until ctx ends.
-func (s *Store) RunSweeper(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
+func (s *Store) RunSweeper(ctx context.Context, interval time.Duration) {
+	every(ctx, interval, s.Sweep)
+}
+
+// every calls fn each interval until ctx ends (first after one interval).
+func every(ctx context.Context, interval time.Duration, fn func()) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.Sweep()
+			fn()
 		}
 	}
 }

@@ -102,9 +102,11 @@ func newReplicas(cfg ReplicaConfig, store *Store, log *slog.Logger, m *serverMet
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 2 * time.Second
 	}
+	peers := make([]string, len(cfg.Peers))
 	for i, p := range cfg.Peers {
-		cfg.Peers[i] = strings.TrimSuffix(p, "/")
+		peers[i] = strings.TrimSuffix(p, "/")
 	}
+	cfg.Peers = peers
 	// Every grant and renewal calls the peers, many at once under load: keep enough idle
 	// connections per peer that they are reused rather than reopened (the default keeps 2).
 	tr := http.DefaultTransport.(*http.Transport).Clone()
@@ -143,11 +145,11 @@ func (r *replicas) markDown(peer int, d time.Duration) {
 	r.downUntil[peer] = time.Now().Add(d)
 }
 
-// canGrant reports whether replica can grant leases now: this one once restored, a peer
-// unless it just failed.
+// canGrant reports whether replica can grant leases now: this one once ready (see
+// ready), a peer unless it just failed.
 func (r *replicas) canGrant(replica int) bool {
 	if replica == r.cfg.Self {
-		return r.restored.Load() && r.store.Loaded()
+		return r.ready() == nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -466,7 +468,7 @@ const maxPicks = 6
 // grantOwned grants a lease on a proxy this replica owns and copies it to a peer before
 // it is handed out: a lease no other replica knows of would be forgotten by a kill -9.
 func (s *Server) grantOwned(proxyID string, w Want) (*Lease, error) {
-	if err := s.ownerReady(); err != nil {
+	if err := s.replicas.ready(); err != nil {
 		return nil, err
 	}
 	l, err := s.store.Grant(proxyID, w)
@@ -480,14 +482,14 @@ func (s *Server) grantOwned(proxyID string, w Want) (*Lease, error) {
 	return l, nil
 }
 
-// ownerReady says whether this replica can act on the leases it owns: once it holds them
-// all again and its index is loaded. Before the index is, a renewal would find the
-// lease's proxy missing and end the lease as if the proxy had left the fleet.
-func (s *Server) ownerReady() error {
+// ready says whether this replica can act on the leases it owns: once it holds them all
+// again and its index is loaded. Before the index is, a renewal would find the lease's
+// proxy missing and end the lease as if the proxy had left the fleet.
+func (r *replicas) ready() error {
 	switch {
-	case !s.replicas.restored.Load():
+	case !r.restored.Load():
 		return unavailable("this replica is restoring its leases from the others")
-	case !s.store.Loaded():
+	case !r.store.Loaded():
 		return unavailable("this replica is still loading its proxy index from Temporal")
 	}
 	return nil
@@ -521,7 +523,7 @@ func (s *Server) ownLease(c *gin.Context) bool {
 		return true // not a lease ID of this set: answered as unknown
 	}
 	if owner == r.cfg.Self {
-		if err := s.ownerReady(); err != nil {
+		if err := s.replicas.ready(); err != nil {
 			s.fail(c, err)
 			return false
 		}
