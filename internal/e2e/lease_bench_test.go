@@ -262,6 +262,7 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 		// For each failure window: how long after the failure the last lease of that proxy
 		// was asked for. Beyond the detection time it is a late lease.
 		late := 0
+		var lateOnes []lateLease
 		var stops []time.Duration
 		mu.Lock()
 		last := map[string]map[int]time.Duration{}
@@ -273,6 +274,7 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 				after := l.got.Sub(w.from)
 				if after > detection {
 					late++
+					lateOnes = append(lateOnes, lateLease{proxy: l.proxy, window: w, got: l.got})
 				}
 				if last[l.proxy] == nil {
 					last[l.proxy] = map[int]time.Duration{}
@@ -301,6 +303,7 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 				}
 			}
 		}
+		explainLate(b, s, ns, lateOnes, unhealthySeen)
 		if os.Getenv("LEASE_DIAG") != "" {
 			leaseDiag(b, s, ns, flapping[:20], windows, unhealthySeen)
 		}
@@ -390,6 +393,47 @@ func flap(ctx context.Context, s *stack.Stack, names []string, instances map[str
 				}
 			}
 		}
+	}
+}
+
+// lateLease is a lease handed out after the detection time: kept to be explained.
+type lateLease struct {
+	proxy  string
+	window flapWindow
+	got    time.Time
+}
+
+// explainLate logs, for the first late lease of each proxy (at most 5 proxies), what its
+// workflow and discovery's index did around the failure, so a red run says which stage was
+// slow rather than only that one was.
+func explainLate(b *testing.B, s *stack.Stack, ns string, late []lateLease, seen map[string][]time.Time) {
+	ctx := context.Background()
+	done := map[string]bool{}
+	for _, l := range late {
+		if done[l.proxy] || len(done) == 5 {
+			continue
+		}
+		done[l.proxy] = true
+		var seenAt []string
+		for _, at := range seen[l.proxy] {
+			seenAt = append(seenAt, fmt.Sprintf("%+.2fs", at.Sub(l.window.from).Seconds()))
+		}
+		var evs []string
+		it := s.Temporal.Client.GetWorkflowHistory(ctx, contract.ProxyWorkflowID(ns, l.proxy), "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		for it.HasNext() {
+			e, err := it.Next()
+			if err != nil {
+				evs = append(evs, "history: "+err.Error())
+				break
+			}
+			at := e.GetEventTime().AsTime().Sub(l.window.from)
+			if at < -5*time.Second || e.GetEventTime().AsTime().After(l.got.Add(5*time.Second)) {
+				continue
+			}
+			evs = append(evs, fmt.Sprintf("%+.2fs %s", at.Seconds(), e.GetEventType()))
+		}
+		b.Logf("late lease on %s: failed %s (until %+.2fs), lease at %+.2fs; index unhealthy at %v; history: %v",
+			l.proxy, l.window.from.Format("15:04:05.000"), l.window.to.Sub(l.window.from).Seconds(), l.got.Sub(l.window.from).Seconds(), seenAt, evs)
 	}
 }
 
