@@ -122,13 +122,18 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 	}
 	lastCreds := time.Now()
 
-	// A proxy with no verdict is probed at once; one with a verdict (a restart) waits a
-	// random part of the interval, so a restarted worker does not probe its whole fleet in
-	// the same second.
-	wait := time.Duration(0)
-	if st.Health.Known || resumed {
-		wait = time.Duration(rand.Int64N(int64(interval)))
+	// An unhealthy proxy is checked at the provider before anything else: the verdict that
+	// turned it unhealthy was returned without waiting for the provider (a slow cloud API
+	// must not keep a dead proxy leasable), so the check it skipped happens here, and a
+	// killed, stopped or preempted instance is still replaced at once.
+	if prv != nil && !resumed && st.Health.Known && !st.Health.Healthy {
+		st.LastDrift = time.Now()
+		if lost, ok := a.drift(ctx, prv, providerID, st.Health); ok {
+			return lost, nil
+		}
 	}
+
+	wait := firstWait(st.Health, resumed, interval, time.Now())
 	for {
 		select {
 		case <-ctx.Done():
@@ -158,20 +163,42 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 		a.Metrics.probed(res)
 		now := time.Now()
 		reason, changed := th.record(&st, res, now)
-		// A proxy that just turned unhealthy is checked at the provider at once: a killed,
-		// stopped or preempted instance is then replaced now, not a drift interval later.
-		turnedBad := changed && reason == MonitorVerdict && !st.Health.Healthy
-		if prv != nil && (turnedBad || now.Sub(st.LastDrift) >= drift) {
+		// A change is returned before any provider call; the next Monitor of a proxy that
+		// turned unhealthy checks the provider first thing.
+		if changed {
+			return MonitorResult{Reason: reason, Health: st.Health}, nil
+		}
+		if prv != nil && now.Sub(st.LastDrift) >= drift {
 			st.LastDrift = now
 			if lost, ok := a.drift(ctx, prv, providerID, st.Health); ok {
 				return lost, nil
 			}
 		}
-		if changed {
-			return MonitorResult{Reason: reason, Health: st.Health}, nil
-		}
 		activity.RecordHeartbeat(ctx, st)
 	}
+}
+
+// firstWait is how long a Monitor waits before its first probe. A proxy with no verdict is
+// probed at once. Otherwise the probe cadence carries on from the last probe, so a Monitor
+// the workflow restarts after a verdict does not add a pause to the next failure's detection
+// time. A probe long overdue waits a random part of the interval when the Monitor resumed
+// on another worker, so a restarted worker does not probe its whole fleet in one second; a
+// workflow's own restart probes at once.
+func firstWait(last Health, resumed bool, interval time.Duration, now time.Time) time.Duration {
+	if !last.Known && !resumed {
+		return 0
+	}
+	if !last.CheckedAt.IsZero() {
+		// Clamped to one interval: the last probe may have run on a worker whose clock
+		// was ahead of this one's.
+		if wait := min(last.CheckedAt.Add(interval).Sub(now), interval); wait >= 0 {
+			return wait
+		}
+	}
+	if resumed || last.CheckedAt.IsZero() {
+		return time.Duration(rand.Int64N(int64(interval)))
+	}
+	return 0
 }
 
 // drift asks the provider about the instance and reports it lost (gone, or stopped for

@@ -102,3 +102,26 @@ func TestThresholdsRecordTheFailure(t *testing.T) {
 	assert.Equal(t, "proxy asks for authentication (407)", st.Health.LastFailure)
 	assert.Equal(t, now, st.Health.Since)
 }
+
+// TestFirstWaitKeepsTheCadence: a Monitor the workflow restarts after a verdict probes one
+// interval after the last probe, not a random pause later (which added up to an interval to
+// the next failure's detection); an overdue one probes at once, unless it resumed on another
+// worker, which spreads a whole fleet's probes over the interval.
+func TestFirstWaitKeepsTheCadence(t *testing.T) {
+	const interval = 2 * time.Second
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	checked := func(ago time.Duration) Health { return Health{Known: true, Healthy: true, CheckedAt: now.Add(-ago)} }
+
+	assert.Zero(t, firstWait(Health{}, false, interval, now), "no verdict yet: probe at once")
+	assert.Equal(t, 1500*time.Millisecond, firstWait(checked(500*time.Millisecond), false, interval, now))
+	assert.Equal(t, 1500*time.Millisecond, firstWait(checked(500*time.Millisecond), true, interval, now))
+	assert.Zero(t, firstWait(checked(time.Minute), false, interval, now), "overdue, restarted by the workflow")
+	assert.Equal(t, interval, firstWait(checked(-time.Hour), false, interval, now), "a clock ahead waits one interval at most")
+	spread := map[time.Duration]bool{}
+	for range 50 {
+		w := firstWait(checked(time.Minute), true, interval, now)
+		assert.True(t, w >= 0 && w < interval, "%s", w)
+		spread[w] = true
+	}
+	assert.Greater(t, len(spread), 1, "a resumed, overdue Monitor waits a random part of the interval")
+}

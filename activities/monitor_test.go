@@ -170,9 +170,11 @@ func TestMonitorReportsDrift(t *testing.T) {
 	assert.Equal(t, activities.MonitorStopped, res.Reason)
 }
 
-// TestMonitorChecksTheProviderWhenAProxyTurnsUnhealthy: a killed instance is reported lost
-// with the verdict itself, not a drift interval later, so the workflow replaces it at once.
-func TestMonitorChecksTheProviderWhenAProxyTurnsUnhealthy(t *testing.T) {
+// TestMonitorReportsUnhealthyBeforeAskingTheProvider: a proxy that turns unhealthy is
+// reported at once even while the provider's API hangs, because crawlers must stop getting
+// it now, not after a cloud call times out. The next Monitor asks the provider first thing,
+// so a killed instance is still replaced at once, not a drift interval later.
+func TestMonitorReportsUnhealthyBeforeAskingTheProvider(t *testing.T) {
 	m := newMonitorEnv(t)
 	inst, ii := m.instance(t, "px-mon-6")
 	in := m.input(inst, activities.Health{Known: true, Healthy: true})
@@ -180,9 +182,52 @@ func TestMonitorChecksTheProviderWhenAProxyTurnsUnhealthy(t *testing.T) {
 	in.DriftInterval = time.Hour
 	_, _, err := m.daemon.Kill("px-mon-6")
 	require.NoError(t, err)
-	res := m.run(t, in, nil)
+
+	hung := hangingGets{Provider: m.prov, calls: make(chan struct{}, 10)}
+	acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderLocal: hung}, Installation: "test",
+		Keyring: m.acts.Keyring, CallTimeout: time.Hour}
+	env := m.NewTestActivityEnvironment()
+	env.RegisterActivity(acts)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	env.SetWorkerOptions(worker.Options{BackgroundActivityContext: ctx})
+	done := make(chan activities.MonitorResult, 1)
+	go func() {
+		v, err := env.ExecuteActivity(acts.Monitor, in)
+		var res activities.MonitorResult
+		if err == nil {
+			err = v.Get(&res)
+		}
+		assert.NoError(t, err)
+		done <- res
+	}()
+	var res activities.MonitorResult
+	select {
+	case res = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the unhealthy verdict waited for the provider's hung API")
+	}
+	assert.Equal(t, activities.MonitorVerdict, res.Reason)
+	assert.False(t, res.Health.Healthy)
+	assert.Empty(t, hung.calls, "the provider was asked before the verdict was returned")
+
+	in.Last = res.Health
+	in.HealthCheck.FailureThreshold = 100 // probes cannot end it: only the provider check can
+	res = m.run(t, in, nil)
 	assert.Equal(t, activities.MonitorStopped, res.Reason)
 	assert.False(t, res.Health.Healthy, "the verdict travels with it")
+}
+
+// hangingGets is a provider whose Get never answers, as a cloud API that went silent.
+type hangingGets struct {
+	provider.Provider
+	calls chan struct{}
+}
+
+func (h hangingGets) Get(ctx context.Context, _ string) (provider.Instance, error) {
+	h.calls <- struct{}{}
+	<-ctx.Done()
+	return provider.Instance{}, ctx.Err()
 }
 
 // silentAPI is a provider's control API on loopback that accepts every request and never

@@ -27,7 +27,7 @@ func main() {
 	flag.StringVar(&cfg.Providers.GCP.DefaultProject, "gcp-project", cmdline.Env("GOOGLE_CLOUD_PROJECT", ""), "default GCP project for the gcp provider; credentials come from Application Default Credentials (env GOOGLE_CLOUD_PROJECT)")
 	flag.StringVar(&cfg.Providers.LocalDaemonURL, "local-daemon", cmdline.Env("LOCAL_DAEMON_URL", "http://127.0.0.1:8089"), "control API of localproxyd, for the local provider (env LOCAL_DAEMON_URL)")
 	httpAddr := flag.String("http-address", cmdline.Env("HTTP_ADDRESS", "127.0.0.1:9090"), "address of /metrics and /healthz (env HTTP_ADDRESS)")
-	flag.IntVar(&cfg.MaxConcurrentActivities, "max-concurrent-activities", 4000, "activity slots; each proxy's monitor holds one for its whole life")
+	flag.IntVar(&cfg.MaxConcurrentActivities, "max-concurrent-activities", worker.DefaultMaxConcurrentActivities, "activity slots; each proxy's monitor holds one for its whole life")
 	flag.DurationVar(&cfg.GC.Every, "gc-interval", workflows.DefaultGCInterval, "how often the proxy-gc schedule sweeps orphaned instances (0 leaves the schedule alone)")
 	flag.DurationVar(&cfg.GC.MinAge, "gc-min-age", workflows.DefaultGCMinAge, "instances younger than this are never swept (0: the default)")
 	flag.BoolVar(&cfg.GC.DryRun, "gc-dry-run", false, "report orphans without deleting them")

@@ -237,8 +237,8 @@ func (s *Stack) startManager(t testing.TB, resync time.Duration) {
 }
 
 // NewWorker builds a worker on queue with internal/worker, as cmd/worker does, with the
-// stack's local daemon and cluster as its providers, no metrics, the SDK's default activity
-// slots and no proxy-gc schedule.
+// stack's local daemon and cluster as its providers, no metrics, the worker's default
+// activity slots and no proxy-gc schedule.
 func (s *Stack) NewWorker(t testing.TB, queue string) *worker.Worker {
 	t.Helper()
 	w, err := worker.New(context.Background(), worker.Config{

@@ -5,6 +5,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -33,6 +34,12 @@ import (
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
+// DefaultMaxConcurrentActivities is a worker's activity slots unless told otherwise. Every
+// proxy's monitor holds a slot for its whole life, so the SDK's default (1,000) would leave
+// the 1,001st proxy unwatched; tests run with this default too, so their fleets see the
+// worker production runs.
+const DefaultMaxConcurrentActivities = 4000
+
 // Config is everything the worker is told, from flags or a test.
 type Config struct {
 	// TaskQueue defaults to contract.TaskQueue.
@@ -41,8 +48,8 @@ type Config struct {
 	Installation string
 	// Providers says which providers to enable; New fills in its Kube client and metrics.
 	Providers registry.Config
-	// MaxConcurrentActivities bounds activity slots (0: the SDK's default). Each proxy's
-	// monitor holds one for its whole life.
+	// MaxConcurrentActivities bounds activity slots (0: DefaultMaxConcurrentActivities).
+	// Each proxy's monitor holds one for its whole life.
 	MaxConcurrentActivities int
 	// GC configures the proxy-gc schedule.
 	GC GCConfig
@@ -101,7 +108,7 @@ func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Clie
 	acts := &activities.Activities{Providers: providers, Kube: kube, Installation: cfg.Installation,
 		Temporal: tc, Metrics: actMetrics, Log: log, Keyring: cfg.Keyring}
 	opts := workflows.WorkerOptions()
-	opts.MaxConcurrentActivityExecutionSize = cfg.MaxConcurrentActivities
+	opts.MaxConcurrentActivityExecutionSize = cmp.Or(cfg.MaxConcurrentActivities, DefaultMaxConcurrentActivities)
 	w := sdkworker.New(tc, cfg.TaskQueue, opts)
 	workflows.Register(w, acts)
 	return &Worker{cfg: cfg, temporal: tc, activities: acts, sdk: w, release: release}, nil
