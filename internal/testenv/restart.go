@@ -35,6 +35,8 @@ type devServer struct {
 	proc     *Process
 	hostPort string
 	dir      string // holds the database file
+	// metricsURL is the server's Prometheus endpoint.
+	metricsURL string
 }
 
 // FreePorts returns n distinct free ports on 127.0.0.1 for servers that must come back on
@@ -93,6 +95,7 @@ func newDevServer(bin, dir string, out io.Writer) (*devServer, error) {
 	return &devServer{
 		proc:     &Process{Name: "temporal dev server", Path: bin, Args: args, Out: out},
 		hostPort: fmt.Sprintf("127.0.0.1:%d", ports[0]), dir: dir,
+		metricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[2]),
 	}, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -44,6 +45,9 @@ type TemporalEnv struct {
 	Client client.Client
 	// Binary is the temporal CLI, for tests that drive it like an operator would.
 	Binary string
+	// MetricsURL is the server's Prometheus endpoint (…/metrics), where it counts the
+	// billable actions it served (see Actions).
+	MetricsURL string
 
 	dev *devServer // set with Options.TemporalRestartable
 }
@@ -187,8 +191,13 @@ func startTemporal(root string) (*testsuite.DevServer, *TemporalEnv, error) {
 	if os.Getenv("TESTENV_VERBOSE") != "" {
 		out = os.Stderr
 	}
+	ports, err := FreePorts(1)
+	if err != nil {
+		return nil, nil, err
+	}
 	const namespace = "default"
 	srv, err := testsuite.StartDevServer(ctx, testsuite.DevServerOptions{
+		ExtraArgs:    []string{"--metrics-port", strconv.Itoa(ports[0])},
 		ExistingPath: bin,
 		ClientOptions: &client.Options{
 			Namespace: namespace,
@@ -203,10 +212,11 @@ func startTemporal(root string) (*testsuite.DevServer, *TemporalEnv, error) {
 		return nil, nil, fmt.Errorf("start temporal dev server: %w", err)
 	}
 	return srv, &TemporalEnv{
-		HostPort:  srv.FrontendHostPort(),
-		Namespace: namespace,
-		Client:    srv.Client(),
-		Binary:    bin,
+		HostPort:   srv.FrontendHostPort(),
+		Namespace:  namespace,
+		Client:     srv.Client(),
+		Binary:     bin,
+		MetricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[0]),
 	}, nil
 }
 
@@ -237,7 +247,7 @@ func startRestartableTemporal(root string) (*TemporalEnv, error) {
 	if err != nil {
 		return nil, errors.Join(err, dev.proc.Stop(10*time.Second), os.RemoveAll(dir))
 	}
-	return &TemporalEnv{HostPort: dev.hostPort, Namespace: namespace, Client: c, Binary: bin, dev: dev}, nil
+	return &TemporalEnv{HostPort: dev.hostPort, Namespace: namespace, Client: c, Binary: bin, MetricsURL: dev.metricsURL, dev: dev}, nil
 }
 
 func startKube(root string) (*envtest.Environment, *KubeEnv, error) {

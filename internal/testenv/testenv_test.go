@@ -73,6 +73,13 @@ func TestTemporalSearchAttributes(t *testing.T) {
 
 	require.NoError(t, env.Client.SignalWorkflow(ctx, id, run.GetRunID(), "done", nil))
 	require.NoError(t, run.Get(ctx, nil))
+
+	// The server counted what it bills for: the upsert and the signal (benchmarks of the
+	// fleet's cost read these counters).
+	require.Eventually(t, func() bool {
+		a, err := env.Actions(ctx, env.Namespace)
+		return err == nil && a["command_UpsertWorkflowSearchAttributes"] >= 1 && a["grpc_SignalWorkflowExecution"] >= 1 && a["workflow_tasks_completed"] >= 2
+	}, 30*time.Second, 200*time.Millisecond, "the server's action counters never showed the upsert and the signal")
 }
 
 // TestKubeHasProxyCRD proves the harness installed the CRD and a client can use it.

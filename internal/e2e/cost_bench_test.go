@@ -1,0 +1,99 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/proxyfleet/proxyfleet/internal/stack"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows"
+)
+
+// hoursPerMonth is what "per month" means in the figures: 365 × 24 / 12.
+const hoursPerMonth = 730
+
+// BenchmarkIdleFleetCost measures what a healthy fleet at rest costs Temporal: the billable
+// actions the server itself counts (its `action` counter, by kind) per proxy per hour and
+// per month, the workflow tasks it ran, the history events written, and the dev server's
+// CPU, over a window in which nobody leases and nothing changes. The Proxies take the
+// default health check (10 s probes) and the workflows production's timings, so the figure
+// is what a user's idle fleet costs. IDLE_FLEET (1,000) and IDLE_WINDOW (5m) override.
+//
+//	go test ./internal/e2e -run '^$' -bench IdleFleetCost -benchtime 1x -timeout 60m
+func BenchmarkIdleFleetCost(b *testing.B) {
+	n := 1000
+	if v := os.Getenv("IDLE_FLEET"); v != "" {
+		var err error
+		n, err = strconv.Atoi(v)
+		require.NoError(b, err)
+	}
+	window := 5 * time.Minute
+	if v := os.Getenv("IDLE_WINDOW"); v != "" {
+		var err error
+		window, err = time.ParseDuration(v)
+		require.NoError(b, err)
+	}
+	// Production timings, except how often creation is polled (which only speeds the
+	// fleet to Ready; nothing polls at rest).
+	s := stack.Start(b, stack.Options{Tuning: workflows.Tuning{PollInterval: 100 * time.Millisecond}})
+	ctx := context.Background()
+	ns := s.Namespace(b)
+	names := applyFleet(b, s, ns, "idle", n, func(_ int, p *v1alpha1.Proxy) {
+		p.Spec.HealthCheck.Interval, p.Spec.HealthCheck.Timeout = "", "" // the defaults
+	})
+	start := time.Now()
+	waitAllReady(b, s, ns, n, 30*time.Minute)
+	b.Logf("%d Proxies Ready in %s", n, time.Since(start).Round(time.Second))
+	// Let the last verdicts, statuses and memos of the way to Ready land before measuring.
+	time.Sleep(time.Minute)
+
+	for b.Loop() {
+		a0, err := s.Temporal.Actions(ctx, s.Temporal.Namespace)
+		require.NoError(b, err)
+		ev0 := fleetHistory(b, s, ns, names)
+		cpu0, t0 := takeCPUSample(), time.Now()
+		time.Sleep(window) // the measurement window itself, not synchronisation
+		cpu1, elapsed := takeCPUSample(), time.Since(t0)
+		ev1 := fleetHistory(b, s, ns, names)
+		// The server flushes its counters every second: read them after one more flush.
+		time.Sleep(2 * time.Second)
+		a1, err := s.Temporal.Actions(ctx, s.Temporal.Namespace)
+		require.NoError(b, err)
+
+		perHour := func(delta float64) float64 { return delta / float64(n) / elapsed.Hours() }
+		var kinds []string
+		total := 0.0
+		for k := range a1 {
+			if d := a1[k] - a0[k]; d > 0 && k != "workflow_tasks_completed" {
+				kinds = append(kinds, k)
+				total += d
+			}
+		}
+		sort.Strings(kinds)
+		var parts []string
+		for _, k := range kinds {
+			parts = append(parts, fmt.Sprintf("%s %.2f", k, perHour(a1[k]-a0[k])))
+		}
+		heartbeats := a1["grpc_RecordActivityTaskHeartbeat"] - a0["grpc_RecordActivityTaskHeartbeat"]
+		tasks := a1["workflow_tasks_completed"] - a0["workflow_tasks_completed"]
+		cpu := cpu1.since(cpu0)
+		b.Logf("actions per proxy per hour over %s, %d proxies: %s; total %.2f (%.0f a month)",
+			elapsed.Round(time.Second), n, strings.Join(parts, ", "), perHour(total), perHour(total)*hoursPerMonth)
+		b.Logf("workflow tasks per proxy per hour %.2f; history events per proxy per hour %.2f; CPU (cores): %s",
+			perHour(tasks), perHour(float64(ev1-ev0)), cpu.cores(elapsed))
+		b.ReportMetric(perHour(total), "actions/proxy/hour")
+		b.ReportMetric(perHour(total)*hoursPerMonth, "actions/proxy/month")
+		b.ReportMetric(perHour(heartbeats), "heartbeats/proxy/hour")
+		b.ReportMetric(perHour(tasks), "workflow-tasks/proxy/hour")
+		b.ReportMetric(perHour(float64(ev1-ev0)), "history-events/proxy/hour")
+		b.ReportMetric(cpu["temporal"].Seconds()/elapsed.Seconds()*1000/float64(n), "temporal-cores/1000-proxies")
+	}
+}
