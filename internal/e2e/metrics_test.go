@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -46,6 +47,22 @@ func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
 	fams, err := parser.TextToMetricFamilies(resp.Body)
 	require.NoError(t, err)
 	return fams
+}
+
+// lint runs promtool's metrics linter over an endpoint's exposition and returns what it
+// found, one line per problem.
+func lint(t *testing.T, addr string) []string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	problems, err := promlint.New(resp.Body).Lint()
+	require.NoError(t, err)
+	var out []string
+	for _, p := range problems {
+		out = append(out, p.Metric+": "+p.Text)
+	}
+	return out
 }
 
 // value sums the series of a family whose labels include every pair in match.
@@ -142,6 +159,11 @@ func TestEachBinaryExportsItsMetrics(t *testing.T) {
 		return deleted >= 1 && runs >= 1
 	}, 30*time.Second, 200*time.Millisecond, "the sweep never showed in the worker's metrics")
 	operator, disc = scrape(t, opMetrics), scrape(t, discoveryAddr)
+	// Every endpoint passes the checks `promtool check metrics` makes (its linter): help
+	// text everywhere, counters named _total and nothing else so.
+	for _, addr := range []string{workerHTTP, opMetrics, discoveryAddr} {
+		assert.Empty(t, lint(t, addr), "%s/metrics", addr)
+	}
 
 	positive := func(fams map[string]*dto.MetricFamily, name string, match map[string]string) {
 		t.Helper()

@@ -65,14 +65,68 @@ func TemporalInterceptor() (interceptor.Interceptor, error) {
 }
 
 // TemporalMetrics returns a handler that exports the Temporal SDK's metrics (and metrics
-// workflows record through workflow.GetMetricsHandler) to reg, with Prometheus naming.
+// workflows record through workflow.GetMetricsHandler) to reg, with Prometheus naming:
+// counters are monotonic, so they are exported as counters with the `_total` suffix (the
+// handler's default, up-down counters, made every SDK counter a gauge, and
+// temporal_local_activity_total a gauge named like a counter), and each metric carries help
+// text, so the endpoint passes `promtool check metrics`.
 func TemporalMetrics(reg prometheus.Registerer) (client.MetricsHandler, error) {
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
 	if err != nil {
 		return nil, err
 	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
-	return temporalotel.NewMetricsHandler(temporalotel.MetricsHandlerOptions{Meter: mp.Meter("temporal-sdk")}), nil
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp), sdkmetric.WithView(describeTemporal))
+	return temporalotel.NewMetricsHandler(temporalotel.MetricsHandlerOptions{
+		Meter: mp.Meter("temporal-sdk"), UseMonotonicCounters: true,
+	}), nil
+}
+
+// describeTemporal gives the SDK's instruments, which carry no description, their help text.
+func describeTemporal(i sdkmetric.Instrument) (sdkmetric.Stream, bool) {
+	if i.Description != "" {
+		return sdkmetric.Stream{}, false
+	}
+	help, ok := temporalHelp[strings.TrimPrefix(i.Name, "temporal_")]
+	if !ok {
+		help = "Temporal Go SDK metric " + i.Name + " (see the SDK metrics reference)."
+	}
+	return sdkmetric.Stream{Name: i.Name, Description: help, Unit: i.Unit}, true
+}
+
+// temporalHelp describes the SDK metrics operators read most; the rest get a generic text.
+var temporalHelp = map[string]string{
+	"request":                                 "Requests this process made to the Temporal frontend.",
+	"request_failure":                         "Requests to the Temporal frontend that failed.",
+	"request_latency":                         "Latency of requests to the Temporal frontend.",
+	"long_request":                            "Long-poll requests to the Temporal frontend.",
+	"long_request_failure":                    "Long-poll requests to the Temporal frontend that failed.",
+	"long_request_latency":                    "Latency of long-poll requests to the Temporal frontend.",
+	"workflow_completed":                      "Workflow runs this worker completed.",
+	"workflow_failed":                         "Workflow runs this worker failed.",
+	"workflow_canceled":                       "Workflow runs this worker ended as canceled.",
+	"workflow_continue_as_new":                "Workflow runs this worker continued as new.",
+	"workflow_endtoend_latency":               "Time from a workflow run's start to its close.",
+	"workflow_task_schedule_to_start_latency": "Time a workflow task waited in its queue before this worker started it.",
+	"workflow_task_execution_latency":         "Time this worker spent executing a workflow task.",
+	"workflow_task_replay_latency":            "Time this worker spent replaying history for a workflow task.",
+	"workflow_task_execution_failed":          "Workflow tasks that failed on this worker (a non-determinism error among them).",
+	"workflow_task_queue_poll_succeed":        "Workflow task polls that returned a task.",
+	"workflow_task_queue_poll_empty":          "Workflow task polls that returned nothing.",
+	"activity_schedule_to_start_latency":      "Time an activity task waited in its queue before this worker started it.",
+	"activity_execution_latency":              "Time this worker spent executing an activity attempt.",
+	"activity_succeed_endtoend_latency":       "Time from an activity's scheduling to its success.",
+	"activity_execution_failed":               "Activity attempts that failed on this worker.",
+	"activity_poll_no_task":                   "Activity task polls that returned nothing.",
+	"local_activity_total":                    "Local activities this worker started.",
+	"local_activity_execution_failed":         "Local activity attempts that failed on this worker.",
+	"local_activity_execution_latency":        "Time this worker spent executing a local activity.",
+	"worker_task_slots_available":             "Free task slots on this worker, by worker type.",
+	"worker_task_slots_used":                  "Used task slots on this worker, by worker type.",
+	"sticky_cache_size":                       "Workflow executions held in this worker's sticky cache.",
+	"sticky_cache_hit":                        "Workflow tasks served from this worker's sticky cache.",
+	"sticky_cache_miss":                       "Workflow tasks that had to replay history: not in the sticky cache.",
+	"num_pollers":                             "Pollers this worker runs, by poller type.",
+	"corrupted_signals":                       "Signals this worker could not decode.",
 }
 
 // LogHandler adds traceID and spanID to every record logged with a context that carries a
