@@ -16,6 +16,7 @@ type Metrics struct {
 	gcDeleted     *prometheus.CounterVec
 	gcSpared      *prometheus.CounterVec
 	gcRuns        *prometheus.CounterVec
+	preemptions   *prometheus.CounterVec
 }
 
 // NewMetrics creates and registers the metrics on reg.
@@ -46,11 +47,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "proxyfleet_gc_runs_total",
 			Help: "Sweeps by outcome (swept, skipped).",
 		}, []string{"outcome"}),
+		preemptions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_preemptions_total",
+			Help: "Instances found preempted (taken back by the cloud, e.g. a GCP Spot VM), by provider; each is replaced at once.",
+		}, []string{"provider"}),
 	}
 	for _, k := range probe.Kinds {
 		m.probeFailures.WithLabelValues(string(k))
 	}
-	reg.MustRegister(m.probeSeconds, m.probeFailures, m.monitors, m.gcDeleted, m.gcSpared, m.gcRuns)
+	reg.MustRegister(m.probeSeconds, m.probeFailures, m.monitors, m.gcDeleted, m.gcSpared, m.gcRuns, m.preemptions)
 	return m
 }
 
@@ -72,4 +77,11 @@ func (m *Metrics) monitorStarted() func() {
 	}
 	m.monitors.Inc()
 	return m.monitors.Dec
+}
+
+func (m *Metrics) preempted(provider string) {
+	if m == nil {
+		return
+	}
+	m.preemptions.WithLabelValues(provider).Inc()
 }

@@ -128,7 +128,7 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 	// killed, stopped or preempted instance is still replaced at once.
 	if prv != nil && !resumed && st.Health.Known && !st.Health.Healthy {
 		st.LastDrift = time.Now()
-		if lost, ok := a.drift(ctx, prv, providerID, st.Health); ok {
+		if lost, ok := a.drift(ctx, prv, string(in.Instance.Provider), providerID, st.Health); ok {
 			return lost, nil
 		}
 	}
@@ -170,7 +170,7 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 		}
 		if prv != nil && now.Sub(st.LastDrift) >= drift {
 			st.LastDrift = now
-			if lost, ok := a.drift(ctx, prv, providerID, st.Health); ok {
+			if lost, ok := a.drift(ctx, prv, string(in.Instance.Provider), providerID, st.Health); ok {
 				return lost, nil
 			}
 		}
@@ -203,7 +203,7 @@ func firstWait(last Health, resumed bool, interval time.Duration, now time.Time)
 
 // drift asks the provider about the instance and reports it lost (gone, or stopped for
 // good) if so. A failed check is logged and tried again later: it proves nothing.
-func (a *Activities) drift(ctx context.Context, prv provider.Provider, providerID string, h Health) (MonitorResult, bool) {
+func (a *Activities) drift(ctx context.Context, prv provider.Provider, providerName, providerID string, h Health) (MonitorResult, bool) {
 	cctx, cancel := a.callContext(ctx)
 	defer cancel()
 	inst, err := prv.Get(cctx, providerID)
@@ -216,6 +216,9 @@ func (a *Activities) drift(ctx context.Context, prv provider.Provider, providerI
 		// Deleted behind the workflow's back and on its way out: as good as gone.
 		return MonitorResult{Reason: MonitorGone, Health: h}, true
 	case inst.State == provider.StateStopped:
+		if inst.Preempted {
+			a.Metrics.preempted(providerName)
+		}
 		return MonitorResult{Reason: MonitorStopped, Health: h, Instance: inst}, true
 	}
 	return MonitorResult{}, false

@@ -78,7 +78,7 @@ func (s *ProxyState) applySpec(sig SpecSignal) effect {
 	}
 	if s.UID != "" && sig.UID != s.UID {
 		s.retireAll()
-		*s = ProxyState{Retiring: s.Retiring, legacy: s.legacy, requireAuth: s.requireAuth}
+		*s = ProxyState{Retiring: s.Retiring, legacy: s.legacy, requireAuth: s.requireAuth, createFirst: s.createFirst}
 		e = effect{note: "spec for a different object UID; retiring the old object's instances", warn: true}
 	}
 	if sig.Generation < s.Generation || sig.Generation == s.Generation && sig.SecretVersion == s.SecretVersion {
@@ -478,6 +478,10 @@ func (s *ProxyState) hashed(h string) {
 
 // --- health --------------------------------------------------------------------------
 
+// LostPreempted is why an instance was lost when the cloud took it back (a GCP Spot VM):
+// the status's Healthy condition then has reason Preempted.
+const LostPreempted = "preempted"
+
 // monitorReturned records a change the monitor found: a verdict, a latency, or an instance
 // lost behind our back (which is retired and recreated, showing Unhealthy meanwhile).
 func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time) effect {
@@ -496,10 +500,14 @@ func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time
 		return effect{publish: true, note: "the credentials Secret changed; leases now hand out the new credentials"}
 	case activities.MonitorGone, activities.MonitorStopped:
 		if s.Instance != nil {
-			name := s.Instance.Name
+			name, why := s.Instance.Name, res.Reason
+			if res.Instance.Preempted {
+				why = LostPreempted
+			}
+			s.Instance.Lost = true
 			s.retire(name)
-			s.Health = activities.Health{Known: true, Healthy: false, Since: now, LastFailure: "instance " + res.Reason}
-			return effect{note: "instance lost; recreating: " + name + " (" + res.Reason + ")", warn: true}
+			s.Health = activities.Health{Known: true, Healthy: false, Since: now, LastFailure: "instance " + why}
+			return effect{note: "instance lost; recreating: " + name + " (" + why + ")", warn: true}
 		}
 	}
 	return effect{}

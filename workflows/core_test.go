@@ -509,6 +509,22 @@ func TestMonitorTransitions(t *testing.T) {
 			assert.Equal(t, stepDelete, plan(&s, t0))
 		})
 	}
+	t.Run("a lost instance is replaced before it is deleted (versionLostFirst)", func(t *testing.T) {
+		s := steadyState()
+		s.createFirst = true
+		s.monitorReturned(activities.MonitorResult{Reason: activities.MonitorStopped, Health: s.Health,
+			Instance: provider.Instance{State: provider.StateStopped, Preempted: true}}, t0)
+		require.Len(t, s.Retiring, 1)
+		assert.True(t, s.Retiring[0].Lost)
+		assert.Equal(t, "instance "+LostPreempted, s.Health.LastFailure)
+		assert.Equal(t, stepCreate, plan(&s, t0))
+		s.RetryAt = t0.Add(time.Minute) // a create that must wait leaves the delete to go first
+		assert.Equal(t, stepDelete, plan(&s, t0))
+		s.RetryAt = time.Time{}
+		s.Instance = s.allocate(t0)
+		s.Instance.Created = true
+		assert.Equal(t, stepDelete, plan(&s, t0), "created: the lost one is deleted while the new one boots")
+	})
 	t.Run("a failed monitor keeps the verdict and says why", func(t *testing.T) {
 		s := steadyState()
 		s.monitorFailed("bad interval")

@@ -57,13 +57,35 @@ func (s step) String() string { return stepNames[s] }
 // plan returns the next step for state s at time now.
 func plan(s *ProxyState, now time.Time) step {
 	// Deletes come first: an instance we no longer want costs money and may carry traffic
-	// the spec no longer allows.
+	// the spec no longer allows. Except after a loss: a lost instance carries nothing, and
+	// a Proxy without an instance serves nobody until the next one boots, so that one is
+	// created first (its deletion follows at once, while the new one boots).
+	if len(s.Retiring) > 0 && s.createFirst && s.Instance == nil && allLost(s.Retiring) {
+		if st := planLive(s, now); st == stepCreate || st == stepHash {
+			return st
+		}
+	}
 	if len(s.Retiring) > 0 {
 		if now.Before(s.DeleteRetryAt) {
 			return stepSteady
 		}
 		return stepDelete
 	}
+	return planLive(s, now)
+}
+
+// allLost reports whether every retiring instance was lost behind the workflow's back.
+func allLost(refs []InstanceRef) bool {
+	for _, r := range refs {
+		if !r.Lost {
+			return false
+		}
+	}
+	return true
+}
+
+// planLive is plan once nothing is left to delete: the live instances' next step.
+func planLive(s *ProxyState, now time.Time) step {
 	if s.Unlisted && s.UID != "" {
 		// Before creating anything, and before a deletion can finish: what earlier runs
 		// left must be known, or it would leak.
@@ -220,7 +242,11 @@ func status(s *ProxyState, workflowID string) v1alpha1.ProxyStatus {
 			if k := s.Health.FailureKind; k != "" {
 				msg = string(k) + ": " + msg
 			}
-			healthy = metav1Condition(v1alpha1.ConditionHealthy, "False", v1alpha1.ReasonProbeFailed, msg)
+			reason := v1alpha1.ReasonProbeFailed
+			if msg == "instance "+LostPreempted {
+				reason, msg = v1alpha1.ReasonPreempted, "the provider took the instance back (preempted); a new one is being created"
+			}
+			healthy = metav1Condition(v1alpha1.ConditionHealthy, "False", reason, msg)
 		}
 	}
 

@@ -33,7 +33,11 @@ const (
 	// had them, so it carries no fleet key) is replaced make-before-break by one that
 	// requires them.
 	versionCredentials workflow.Version = 2
-	versionLatest                       = versionCredentials
+	// versionLostFirst: an instance lost behind the workflow's back (gone, stopped,
+	// preempted) is replaced before what is left of it is deleted, so the Proxy is back as
+	// soon as a new instance can boot.
+	versionLostFirst workflow.Version = 3
+	versionLatest                     = versionLostFirst
 )
 
 // LatestVersion is the version new runs start with. `make record-histories` writes the
@@ -65,6 +69,7 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 	w.runStart = workflow.Now(ctx)
 	w.state.legacy = w.version < versionLongLived
 	w.state.requireAuth = w.version >= versionCredentials
+	w.state.createFirst = w.version >= versionLostFirst
 	if in.State == nil && w.version >= versionLongLived {
 		w.state.Unlisted = true
 	}

@@ -690,6 +690,42 @@ func TestLostInstanceIsRecreated(t *testing.T) {
 	assert.Contains(t, h.phases(), v1alpha1.PhaseUnhealthy, "a lost instance shows as Unhealthy while it is recreated")
 }
 
+// TestPreemptedInstanceIsReplacedFirst: the monitor finds the Spot VM preempted; the
+// workflow creates the next instance before it deletes the stopped one (make-before-break
+// is impossible: the old one serves nobody), and the status says preempted meanwhile.
+func TestPreemptedInstanceIsReplacedFirst(t *testing.T) {
+	first := true
+	h := newHarness(t, func(h *harness) {
+		acts := &activities.Activities{}
+		h.env.OnActivity(acts.Monitor, mock.Anything, mock.MatchedBy(func(in activities.MonitorInput) bool {
+			return in.Instance != nil && in.Instance.Name == InstanceName(h.uid, 1) && in.Last.Known
+		})).After(15 * time.Minute).Return(func(context.Context, activities.MonitorInput) (activities.MonitorResult, error) {
+			if first {
+				first = false
+				return activities.MonitorResult{Reason: activities.MonitorStopped, Health: activities.Health{Known: true, Healthy: true},
+					Instance: provider.Instance{Name: InstanceName(h.uid, 1), State: provider.StateStopped, Preempted: true}}, nil
+			}
+			return activities.MonitorResult{}, nil
+		})
+	})
+	h.specAt(0, 1, h.spec())
+	h.checkAt(40*time.Minute, func() {
+		assert.Equal(t, []string{InstanceName(h.uid, 2)}, h.prov.names())
+		assert.Equal(t, v1alpha1.PhaseReady, h.lastStatus().Phase)
+	})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
+	h.run(fastTuning())
+	h.requireCompleted()
+	assert.Equal(t, []string{"create " + InstanceName(h.uid, 1), "create " + InstanceName(h.uid, 2), "delete " + InstanceName(h.uid, 1),
+		"delete " + InstanceName(h.uid, 2)}, h.prov.ops, "the next instance is created before the preempted one is deleted")
+	st, ok := h.statusWhere(func(s v1alpha1.ProxyStatus) bool {
+		c := meta.FindStatusCondition(s.Conditions, v1alpha1.ConditionHealthy)
+		return c != nil && c.Reason == v1alpha1.ReasonPreempted
+	})
+	require.True(t, ok, "no status said the instance was preempted")
+	assert.Equal(t, v1alpha1.PhaseUnhealthy, st.Phase)
+}
+
 // memo is the last memo the workflow published.
 func (h *harness) memo() contract.ProxyMemo { return h.rec.lastMemo() }
 

@@ -125,6 +125,9 @@ type InstanceRef struct {
 	State   provider.State `json:"state,omitempty"`
 	IP      string         `json:"ip,omitempty"`
 	Port    int32          `json:"port,omitempty"`
+	// Lost is set when the instance was lost behind the workflow's back (gone, stopped or
+	// preempted): it serves nobody, so its replacement need not wait for its deletion.
+	Lost bool `json:"lost,omitempty"`
 	// Hash is the spec hash the instance was built from; a different desired hash means
 	// it must be replaced.
 	Hash string `json:"hash"`
@@ -222,6 +225,9 @@ type ProxyState struct {
 	// requireAuth is set (by the loop) on runs that replace instances without credentials
 	// (versionCredentials).
 	requireAuth bool
+	// createFirst is set (by the loop) on runs that replace a lost instance before deleting
+	// it (versionLostFirst).
+	createFirst bool
 }
 
 // lacksCredentials reports a Managed instance built before instances had credentials: it

@@ -101,6 +101,8 @@ type Instance struct {
 	CreatedAt time.Time `json:"createdAt"`
 	// Labels are the instance's ownership labels as the provider stores them.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Preempted is set on a Stopped instance that the cloud took back (a GCP Spot VM).
+	Preempted bool `json:"preempted,omitempty"`
 }
 
 // ProxyUID returns the owning Proxy's UID label, or "".

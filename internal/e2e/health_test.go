@@ -19,12 +19,15 @@ import (
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // TestKilledInstanceIsDetectedAndRecreated kills a running local proxy: the Proxy turns
 // Unhealthy within failureThreshold × interval plus a few seconds, the instance is created
 // again, and the Proxy returns to Ready. The drift check runs only every 10 minutes here:
-// the unhealthy verdict itself asks the provider, which reports the instance stopped.
+// the monitor that starts after the unhealthy verdict asks the provider first thing, which
+// reports the instance stopped, and the next instance is created before the dead one is
+// deleted. Its history joins the replay corpus (the lost-instance path).
 func TestKilledInstanceIsDetectedAndRecreated(t *testing.T) {
 	tuning := stack.FastTuning()
 	tuning.DriftInterval = 10 * time.Minute
@@ -55,6 +58,7 @@ func TestKilledInstanceIsDetectedAndRecreated(t *testing.T) {
 	require.NoError(t, err)
 	_, stillThere := s.Daemon.Get(first)
 	assert.False(t, stillThere, "the dead instance was deleted")
+	recordHistory(t, s, contract.ProxyWorkflowID(ns, "victim"), "lost-instance.json")
 }
 
 // TestExternalProxyFollowsItsEndpoint points an External Proxy at a forward proxy on

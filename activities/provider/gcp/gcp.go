@@ -510,7 +510,23 @@ func toInstance(inst *computepb.Instance, project, zone string) provider.Instanc
 	if out.State == provider.StateRunning {
 		out.IP = ip
 	}
+	out.Preempted = preempted(inst)
 	return out
+}
+
+// preempted reports whether a VM was taken back by Compute Engine: a Spot VM on its way to
+// or in TERMINATED. The provider never stops its instances (it deletes them, and a deleted
+// instance is retired before it stops), so a Spot VM stops only when preempted, or when a
+// person stops it by hand, which the workflow treats alike.
+func preempted(inst *computepb.Instance) bool {
+	if inst.GetScheduling().GetProvisioningModel() != computepb.Scheduling_SPOT.String() {
+		return false
+	}
+	switch inst.GetStatus() {
+	case computepb.Instance_STOPPING.String(), computepb.Instance_TERMINATED.String(), computepb.Instance_STOPPED.String():
+		return true
+	}
+	return false
 }
 
 // stateOf maps a VM status. RUNNING without its address (see address) cannot carry

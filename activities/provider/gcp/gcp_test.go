@@ -97,6 +97,51 @@ func TestCreateThenGetFollowsStatus(t *testing.T) {
 	assert.Equal(t, 1, srv.Requests(gcptest.MethodInsert))
 }
 
+// TestSpotVMsArePreemptible: spec.gcp.spot makes a Spot VM (stopped, not deleted, when GCE
+// takes it back), and a preempted one reads as Stopped and Preempted, so the workflow can
+// say so and replace it. A standard VM that stops is not called preempted.
+func TestSpotVMsArePreemptible(t *testing.T) {
+	p, srv := newTestProvider(t)
+	spot := minimalSpec()
+	spot.Spot = true
+	s := create(t, p, gcpRequest("px-spot", spot))
+	std := create(t, p, gcpRequest("px-std", minimalSpec()))
+
+	for _, inst := range srv.Instances() {
+		sc := inst.Resource.GetScheduling()
+		if inst.Name == "px-std" {
+			assert.Empty(t, sc.GetProvisioningModel(), "a standard VM asks for no Spot capacity")
+			continue
+		}
+		assert.Equal(t, "SPOT", sc.GetProvisioningModel())
+		assert.Equal(t, "STOP", sc.GetInstanceTerminationAction(), "stopped, so Get can still tell a preemption")
+		assert.Equal(t, "TERMINATE", sc.GetOnHostMaintenance())
+		assert.False(t, sc.GetAutomaticRestart())
+	}
+
+	for _, name := range []string{"px-spot", "px-std"} {
+		srv.SetStatus(name, "RUNNING")
+		srv.SetNatIP(name, "203.0.113.9")
+	}
+	got, err := p.Get(t.Context(), s.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, provider.StateRunning, got.State)
+	assert.False(t, got.Preempted)
+
+	srv.Preempt("px-spot")
+	got, err = p.Get(t.Context(), s.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, provider.StateStopped, got.State)
+	assert.True(t, got.Preempted)
+	assert.Empty(t, got.IP, "a preempted VM loses its ephemeral address")
+
+	srv.SetStatus("px-std", "TERMINATED")
+	got, err = p.Get(t.Context(), std.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, provider.StateStopped, got.State)
+	assert.False(t, got.Preempted, "only Spot VMs are preempted")
+}
+
 func TestGetMapsStatus(t *testing.T) {
 	tests := []struct {
 		status string

@@ -105,7 +105,24 @@ func buildInsert(req provider.CreateRequest, project string) (*computepb.InsertI
 			Value: proto.String(string(script)),
 		}}},
 	}
+	if g.Spot {
+		inst.Scheduling = spotScheduling()
+	}
 	return &computepb.InsertInstanceRequest{Project: project, Zone: g.Zone, InstanceResource: inst}, nil
+}
+
+// spotScheduling makes a Spot VM that Compute Engine stops, rather than deletes, when it
+// takes the capacity back: a stopped instance still answers Get, so the provider can tell
+// a preemption (see preempted) from an instance deleted behind the workflow's back. The
+// workflow deletes it as it creates the next one. Spot VMs cannot restart by themselves or
+// live-migrate.
+func spotScheduling() *computepb.Scheduling {
+	return &computepb.Scheduling{
+		ProvisioningModel:         proto.String(computepb.Scheduling_SPOT.String()),
+		InstanceTerminationAction: proto.String(computepb.Scheduling_STOP.String()),
+		OnHostMaintenance:         proto.String(computepb.Scheduling_TERMINATE.String()),
+		AutomaticRestart:          proto.Bool(false),
+	}
 }
 
 // externalIP reports whether the instance gets a public address: spec.gcp.externalIP,

@@ -316,6 +316,14 @@ type GCPSpec struct {
 	// +optional
 	Tags []NetworkTag `json:"tags,omitempty"`
 
+	// Spot runs the proxy on a Spot VM: far cheaper, and Compute Engine may stop it at any
+	// moment to take the capacity back. A proxy is stateless and replaceable, so that costs
+	// a new instance and a new IP: a preempted instance is replaced as soon as it is
+	// noticed (with no make-before-break, since the old one is already gone), and the
+	// Proxy's status and workflow say "preempted".
+	// +optional
+	Spot bool `json:"spot,omitempty"`
+
 	// Labels are added to the instance beside the ownership labels, which they cannot
 	// override.
 	// +kubebuilder:validation:MaxProperties=32
@@ -437,9 +445,11 @@ const (
 	ReasonQuotaAvailable   = "QuotaAvailable"
 	ReasonProbeSucceeded   = "ProbeSucceeded"
 	ReasonProbeFailed      = "ProbeFailed"
-	ReasonNotProbed        = "NotProbed"
-	ReasonReady            = "Ready"
-	ReasonNotReady         = "NotReady"
+	// ReasonPreempted: the cloud took the instance back (a Spot VM); it is being replaced.
+	ReasonPreempted = "Preempted"
+	ReasonNotProbed = "NotProbed"
+	ReasonReady     = "Ready"
+	ReasonNotReady  = "NotReady"
 )
 
 // ProxyStatus is written only by the Proxy's workflow, through an activity.

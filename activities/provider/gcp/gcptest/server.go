@@ -283,6 +283,25 @@ func (s *Server) SetStatus(name, status string) {
 	s.update(name, func(inst *computepb.Instance) { inst.Status = proto.String(status) })
 }
 
+// Preempt takes a Spot VM back as GCE does: it stops (TERMINATED, with the Spot VM's
+// STOP termination action) and loses its ephemeral external address. The test fails (and
+// nothing changes) if the instance is not a Spot VM: GCE preempts no other.
+func (s *Server) Preempt(name string) {
+	s.t.Helper()
+	s.update(name, func(inst *computepb.Instance) {
+		if inst.GetScheduling().GetProvisioningModel() != computepb.Scheduling_SPOT.String() {
+			s.t.Errorf("gcptest: %s is not a Spot VM; GCE would not preempt it", name)
+			return
+		}
+		inst.Status = proto.String(computepb.Instance_TERMINATED.String())
+		for _, nic := range inst.GetNetworkInterfaces() {
+			for _, ac := range nic.GetAccessConfigs() {
+				ac.NatIP = nil
+			}
+		}
+	})
+}
+
 // SetNatIP gives the instance's external access config an address, as GCE does once the
 // VM is placed.
 func (s *Server) SetNatIP(name, ip string) {
@@ -538,6 +557,13 @@ func (s *Server) insert(w http.ResponseWriter, r *http.Request, project, zone, r
 	if !instanceName.MatchString(inst.GetName()) {
 		writeError(w, http.StatusBadRequest, "invalid",
 			fmt.Sprintf("Invalid value for field 'resource.name': '%s'. Must be a match of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'", inst.GetName()))
+		return
+	}
+	if sc := inst.GetScheduling(); sc.GetProvisioningModel() == computepb.Scheduling_SPOT.String() &&
+		(sc.GetAutomaticRestart() || sc.GetOnHostMaintenance() == computepb.Scheduling_MIGRATE.String()) {
+		// As GCE: a Spot VM can neither restart by itself nor live-migrate.
+		writeError(w, http.StatusBadRequest, "invalid",
+			"Invalid value for field 'resource.scheduling': a SPOT instance requires automaticRestart false and onHostMaintenance TERMINATE")
 		return
 	}
 	k := key{project, zone, inst.GetName()}

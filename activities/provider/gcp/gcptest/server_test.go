@@ -465,3 +465,17 @@ func TestInstancesGetAnInternalAddress(t *testing.T) {
 	s.RemoveInstance("p", "z", "px-a")
 	assert.Empty(t, s.Instances())
 }
+
+// TestSpotSchedulingIsValidated: as GCE, a Spot VM that would restart by itself or
+// live-migrate is refused; a valid one is accepted.
+func TestSpotSchedulingIsValidated(t *testing.T) {
+	s := NewServer(t)
+	const path = "/compute/v1/projects/p/zones/europe-west1-b/instances"
+	resp, raw := do(t, s, http.MethodPost, path, `{"name":"px-a","scheduling":{"provisioningModel":"SPOT","automaticRestart":true}}`)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, string(raw))
+	resp, raw = do(t, s, http.MethodPost, path, `{"name":"px-b","scheduling":{"provisioningModel":"SPOT","onHostMaintenance":"MIGRATE","automaticRestart":false}}`)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, string(raw))
+	resp, raw = do(t, s, http.MethodPost, path, `{"name":"px-c","scheduling":{"provisioningModel":"SPOT","onHostMaintenance":"TERMINATE","automaticRestart":false,"instanceTerminationAction":"STOP"}}`)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, string(raw))
+	require.Len(t, s.Instances(), 1)
+}
