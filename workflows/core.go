@@ -504,7 +504,7 @@ func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time
 			if res.Instance.Preempted {
 				why = LostPreempted
 			}
-			s.Instance.Lost = true
+			s.Instance.Lost = why
 			s.retire(name)
 			s.Health = activities.Health{Known: true, Healthy: false, Since: now, LastFailure: "instance " + why}
 			return effect{note: "instance lost; recreating: " + name + " (" + why + ")", warn: true}

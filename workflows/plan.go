@@ -77,7 +77,7 @@ func plan(s *ProxyState, now time.Time) step {
 // allLost reports whether every retiring instance was lost behind the workflow's back.
 func allLost(refs []InstanceRef) bool {
 	for _, r := range refs {
-		if !r.Lost {
+		if r.Lost == "" {
 			return false
 		}
 	}

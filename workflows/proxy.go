@@ -381,7 +381,14 @@ func (w *proxyWorkflow) hash(ctx workflow.Context) error {
 
 func (w *proxyWorkflow) create(ctx workflow.Context, name string) error {
 	ref := w.state.find(name)
-	w.details(ctx, fmt.Sprintf("creating instance %s (%s)", name, ref.Provider))
+	text := fmt.Sprintf("creating instance %s (%s)", name, ref.Provider)
+	for _, r := range w.state.Retiring {
+		if r.Lost != "" {
+			// The Web UI says why a Proxy is being rebuilt: e.g. its Spot VM was preempted.
+			text += fmt.Sprintf("; %s was lost (%s)", r.Name, r.Lost)
+		}
+	}
+	w.details(ctx, text)
 	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
 		Summary:             fmt.Sprintf("create %s (%s)", name, ref.Provider),
 		StartToCloseTimeout: w.tuning.ActivityTimeout,

@@ -125,9 +125,10 @@ type InstanceRef struct {
 	State   provider.State `json:"state,omitempty"`
 	IP      string         `json:"ip,omitempty"`
 	Port    int32          `json:"port,omitempty"`
-	// Lost is set when the instance was lost behind the workflow's back (gone, stopped or
-	// preempted): it serves nobody, so its replacement need not wait for its deletion.
-	Lost bool `json:"lost,omitempty"`
+	// Lost says how the instance was lost behind the workflow's back (gone, stopped or
+	// preempted); such an instance serves nobody, so its replacement need not wait for
+	// its deletion.
+	Lost string `json:"lost,omitempty"`
 	// Hash is the spec hash the instance was built from; a different desired hash means
 	// it must be replaced.
 	Hash string `json:"hash"`
