@@ -51,8 +51,8 @@ func TestAnInstanceBeingDeletedIsGone(t *testing.T) {
 	require.NoError(t, v.Get(&wait))
 	assert.True(t, wait.Gone)
 
-	// The monitor checks the provider as soon as probes fail (nothing listens at the
-	// target), and reports the instance gone.
+	// Probes fail (nothing listens at the target): the monitor reports the verdict, and the
+	// one that starts next checks the provider first thing and reports the instance gone.
 	mon := activities.MonitorInput{
 		Target: testenv.FreeAddr(t), Instance: &in, DriftInterval: time.Hour,
 		HealthCheck: v1alpha1.HealthCheck{URL: "http://127.0.0.1:1/", Interval: "1s", Timeout: "200ms", SuccessThreshold: 1, FailureThreshold: 1},
@@ -61,6 +61,12 @@ func TestAnInstanceBeingDeletedIsGone(t *testing.T) {
 	v, err = env.ExecuteActivity(acts.Monitor, mon)
 	require.NoError(t, err)
 	var res activities.MonitorResult
+	require.NoError(t, v.Get(&res))
+	require.Equal(t, activities.MonitorVerdict, res.Reason)
+	require.False(t, res.Health.Healthy)
+	mon.Last = res.Health
+	v, err = env.ExecuteActivity(acts.Monitor, mon)
+	require.NoError(t, err)
 	require.NoError(t, v.Get(&res))
 	assert.Equal(t, activities.MonitorGone, res.Reason)
 }
