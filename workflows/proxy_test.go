@@ -658,35 +658,46 @@ func TestUnhealthyWithoutGraceIsNotReplaced(t *testing.T) {
 	assert.Equal(t, []string{"create " + InstanceName(h.uid, 1), "delete " + InstanceName(h.uid, 1)}, h.prov.ops)
 }
 
-// TestLostInstanceIsRecreated: the monitor reports the instance gone; the workflow deletes
-// what is left of it and creates a new one, showing Unhealthy meanwhile.
-func TestLostInstanceIsRecreated(t *testing.T) {
+// firstInstanceLost makes the first instance's steady monitor report lost (once), after a
+// while.
+func firstInstanceLost(lost activities.MonitorResult) func(*harness) {
 	first := true
-	h := newHarness(t, func(h *harness) {
+	return func(h *harness) {
 		acts := &activities.Activities{}
-		// The first instance's steady monitor reports it gone after a while.
 		h.env.OnActivity(acts.Monitor, mock.Anything, mock.MatchedBy(func(in activities.MonitorInput) bool {
 			return in.Instance != nil && in.Instance.Name == InstanceName(h.uid, 1) && in.Last.Known
 		})).After(15 * time.Minute).Return(func(context.Context, activities.MonitorInput) (activities.MonitorResult, error) {
 			if first {
 				first = false
-				return activities.MonitorResult{Reason: activities.MonitorGone, Health: activities.Health{Known: true, Healthy: true}}, nil
+				return lost, nil
 			}
 			return activities.MonitorResult{}, nil
 		})
+	}
+}
+
+// runRecreated runs a harness whose first instance gets lost: by 40 minutes the second
+// instance serves, alone; the Proxy is then deleted.
+func (h *harness) runRecreated() {
+	h.checkAt(40*time.Minute, func() {
+		assert.Equal(h.t, []string{InstanceName(h.uid, 2)}, h.prov.names())
+		assert.Equal(h.t, v1alpha1.PhaseReady, h.lastStatus().Phase)
 	})
+	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
+	h.run(fastTuning())
+	h.requireCompleted()
+}
+
+// TestLostInstanceIsRecreated: the monitor reports the instance gone; the workflow deletes
+// what is left of it and creates a new one, showing Unhealthy meanwhile.
+func TestLostInstanceIsRecreated(t *testing.T) {
+	h := newHarness(t, firstInstanceLost(activities.MonitorResult{Reason: activities.MonitorGone, Health: activities.Health{Known: true, Healthy: true}}))
 	h.specAt(0, 1, h.spec())
 	h.checkAt(10*time.Minute, func() {
 		// The VM vanished behind our back.
 		require.NoError(t, h.prov.Delete(context.Background(), "fake/"+InstanceName(h.uid, 1)))
 	})
-	h.checkAt(40*time.Minute, func() {
-		assert.Equal(t, []string{InstanceName(h.uid, 2)}, h.prov.names())
-		assert.Equal(t, v1alpha1.PhaseReady, h.lastStatus().Phase)
-	})
-	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
-	h.run(fastTuning())
-	h.requireCompleted()
+	h.runRecreated()
 	assert.Contains(t, h.phases(), v1alpha1.PhaseUnhealthy, "a lost instance shows as Unhealthy while it is recreated")
 }
 
@@ -694,28 +705,10 @@ func TestLostInstanceIsRecreated(t *testing.T) {
 // workflow creates the next instance before it deletes the stopped one (make-before-break
 // is impossible: the old one serves nobody), and the status says preempted meanwhile.
 func TestPreemptedInstanceIsReplacedFirst(t *testing.T) {
-	first := true
-	h := newHarness(t, func(h *harness) {
-		acts := &activities.Activities{}
-		h.env.OnActivity(acts.Monitor, mock.Anything, mock.MatchedBy(func(in activities.MonitorInput) bool {
-			return in.Instance != nil && in.Instance.Name == InstanceName(h.uid, 1) && in.Last.Known
-		})).After(15 * time.Minute).Return(func(context.Context, activities.MonitorInput) (activities.MonitorResult, error) {
-			if first {
-				first = false
-				return activities.MonitorResult{Reason: activities.MonitorStopped, Health: activities.Health{Known: true, Healthy: true},
-					Instance: provider.Instance{Name: InstanceName(h.uid, 1), State: provider.StateStopped, Preempted: true}}, nil
-			}
-			return activities.MonitorResult{}, nil
-		})
-	})
+	h := newHarness(t, firstInstanceLost(activities.MonitorResult{Reason: activities.MonitorStopped, Health: activities.Health{Known: true, Healthy: true},
+		Instance: provider.Instance{State: provider.StateStopped, Preempted: true}}))
 	h.specAt(0, 1, h.spec())
-	h.checkAt(40*time.Minute, func() {
-		assert.Equal(t, []string{InstanceName(h.uid, 2)}, h.prov.names())
-		assert.Equal(t, v1alpha1.PhaseReady, h.lastStatus().Phase)
-	})
-	h.signalAt(time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
-	h.run(fastTuning())
-	h.requireCompleted()
+	h.runRecreated()
 	assert.Equal(t, []string{"create " + InstanceName(h.uid, 1), "create " + InstanceName(h.uid, 2), "delete " + InstanceName(h.uid, 1),
 		"delete " + InstanceName(h.uid, 2)}, h.prov.ops, "the next instance is created before the preempted one is deleted")
 	st, ok := h.statusWhere(func(s v1alpha1.ProxyStatus) bool {

@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -29,18 +27,7 @@ const hoursPerMonth = 730
 //
 //	go test ./internal/e2e -run '^$' -bench IdleFleetCost -benchtime 1x -timeout 60m
 func BenchmarkIdleFleetCost(b *testing.B) {
-	n := 1000
-	if v := os.Getenv("IDLE_FLEET"); v != "" {
-		var err error
-		n, err = strconv.Atoi(v)
-		require.NoError(b, err)
-	}
-	window := 5 * time.Minute
-	if v := os.Getenv("IDLE_WINDOW"); v != "" {
-		var err error
-		window, err = time.ParseDuration(v)
-		require.NoError(b, err)
-	}
+	n, window := envInt(b, "IDLE_FLEET", 1000), envDuration(b, "IDLE_WINDOW", 5*time.Minute)
 	// Production timings, except how often creation is polled (which only speeds the
 	// fleet to Ready; nothing polls at rest).
 	s := stack.Start(b, stack.Options{Tuning: workflows.Tuning{PollInterval: 100 * time.Millisecond}})

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"os"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -38,12 +36,7 @@ func idleWorkflow(ctx workflow.Context) error {
 //
 //	FLEET_N=1000 go test ./internal/e2e -run '^$' -bench ProvisionFleet -benchtime 1x -timeout 60m
 func BenchmarkProvisionFleet(b *testing.B) {
-	n := 1000
-	if v := os.Getenv("FLEET_N"); v != "" {
-		var err error
-		n, err = strconv.Atoi(v)
-		require.NoError(b, err)
-	}
+	n := envInt(b, "FLEET_N", 1000)
 	s := stack.Start(b, stack.Options{})
 	ctx := context.Background()
 

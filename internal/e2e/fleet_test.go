@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -90,4 +92,28 @@ func fleetHistory(b *testing.B, s *stack.Stack, ns string, names []string) int64
 		total += historyLength(b, s.Temporal.Client, contract.ProxyWorkflowID(ns, name))
 	}
 	return total
+}
+
+// envInt is the benchmark setting in the environment variable name, or def when unset.
+func envInt(tb testing.TB, name string, def int) int {
+	tb.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	require.NoError(tb, err, name)
+	return n
+}
+
+// envDuration is the benchmark duration in the environment variable name, or def when unset.
+func envDuration(tb testing.TB, name string, def time.Duration) time.Duration {
+	tb.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	require.NoError(tb, err, name)
+	return d
 }

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"sort"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -128,17 +127,7 @@ func crawl(url, token string, selectors []map[string]string, n int, d time.Durat
 //
 //	go test ./internal/e2e -run '^$' -bench LeasesUnderFlap -benchtime 1x -timeout 60m
 func BenchmarkLeasesUnderFlap(b *testing.B) {
-	n, seconds := 1000, 60
-	if v := os.Getenv("LEASE_FLEET"); v != "" {
-		var err error
-		n, err = strconv.Atoi(v)
-		require.NoError(b, err)
-	}
-	if v := os.Getenv("LEASE_SECONDS"); v != "" {
-		var err error
-		seconds, err = strconv.Atoi(v)
-		require.NoError(b, err)
-	}
+	n, seconds := envInt(b, "LEASE_FLEET", 1000), envInt(b, "LEASE_SECONDS", 60)
 	const (
 		crawlers  = 64
 		interval  = 2 * time.Second

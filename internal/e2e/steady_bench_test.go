@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -52,12 +51,7 @@ func historyLength(b *testing.B, c client.Client, id string) int64 {
 //	STEADY_WINDOW=3m go test ./internal/e2e -run '^$' -bench SteadyStateHistory -benchtime 1x -timeout 30m
 func BenchmarkSteadyStateHistory(b *testing.B) {
 	const n, naiveN = 50, 5
-	window := 2 * time.Minute
-	if v := os.Getenv("STEADY_WINDOW"); v != "" {
-		d, err := time.ParseDuration(v)
-		require.NoError(b, err)
-		window = d
-	}
+	window := envDuration(b, "STEADY_WINDOW", 2*time.Minute)
 	s := stack.Start(b, stack.Options{})
 	ctx := context.Background()
 	for b.Loop() {
