@@ -82,8 +82,26 @@ type monitorProgress struct {
 
 // Monitor probes the proxy every interval (with jitter) and checks the provider every drift
 // interval. It returns only when something is worth writing down, so a stable proxy adds
-// nothing to workflow history. It heartbeats after every probe.
+// nothing to workflow history. It heartbeats after every probe (the SDK sends at most one
+// heartbeat per 0.8 × the heartbeat timeout), and a Monitor resumed on another worker
+// carries on from the counters of the last one.
 func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResult, error) {
+	st := monitorProgress{Health: in.Last, LastReport: time.Now()}
+	resumed := false
+	if activity.HasHeartbeatDetails(ctx) {
+		var prev monitorProgress
+		if err := activity.GetHeartbeatDetails(ctx, &prev); err == nil {
+			st, resumed = prev, true
+		}
+	}
+	return a.watch(ctx, in, &st, resumed, func(st monitorProgress) { activity.RecordHeartbeat(ctx, st) })
+}
+
+// watch is one proxy's watch: it probes and checks the provider until something is worth
+// writing down, and returns it. st holds the counters, so a caller that watches on after a
+// change (rather than starting a new Monitor) keeps them; resumed says they came from
+// another process. beat, if set, is told them after every probe.
+func (a *Activities) watch(ctx context.Context, in MonitorInput, st *monitorProgress, resumed bool, beat func(monitorProgress)) (MonitorResult, error) {
 	interval, err := in.HealthCheck.EffectiveInterval()
 	if err != nil {
 		return MonitorResult{}, classify("monitor", err)
@@ -93,14 +111,6 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 		return MonitorResult{}, classify("monitor", err)
 	}
 	defer a.Metrics.monitorStarted()()
-	st := monitorProgress{Health: in.Last, LastReport: time.Now()}
-	resumed := false
-	if activity.HasHeartbeatDetails(ctx) {
-		var prev monitorProgress
-		if err := activity.GetHeartbeatDetails(ctx, &prev); err == nil {
-			st, resumed = prev, true
-		}
-	}
 	success, failure := in.HealthCheck.EffectiveThresholds()
 	th := thresholds{success: success, failure: failure, latency: orDefault(in.LatencyEvery, 10*time.Minute)}
 	var prv provider.Provider
@@ -162,7 +172,7 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 		}
 		a.Metrics.probed(res)
 		now := time.Now()
-		reason, changed := th.record(&st, res, now)
+		reason, changed := th.record(st, res, now)
 		// A change is returned before any provider call; the next Monitor of a proxy that
 		// turned unhealthy checks the provider first thing.
 		if changed {
@@ -174,7 +184,9 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 				return lost, nil
 			}
 		}
-		activity.RecordHeartbeat(ctx, st)
+		if beat != nil {
+			beat(*st)
+		}
 	}
 }
 
