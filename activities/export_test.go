@@ -1,0 +1,20 @@
+package activities
+
+import "context"
+
+// Members exposes a shard's member runner to the package's external tests.
+type Members struct{ ms *members }
+
+// NewMembers runs watches with a, reporting through signal under the signal name.
+func NewMembers(a *Activities, signal WorkflowSignaller, name string) Members {
+	ms := newMembers(a, signal, name)
+	ms.retry = 10e6 // 10ms: tests do not wait out the production backoff
+	return Members{ms}
+}
+
+func (m Members) Sync(ctx context.Context, id string, memo *MonitorMemo, resumed bool) {
+	m.ms.sync(ctx, id, memo, resumed)
+}
+func (m Members) IDs() []string        { return m.ms.ids() }
+func (m Members) Ended(id string) bool { return m.ms.ended(id) }
+func (m Members) StopAll()             { m.ms.stopAll() }

@@ -1,0 +1,154 @@
+package activities_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.temporal.io/api/serviceerror"
+
+	"github.com/proxyfleet/proxyfleet/activities"
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+)
+
+// fakeWorkflows stands in for the proxies' workflows a shard signals: it records each
+// report; a workflow in gone answers NotFound, and the next failNext signals fail as a
+// Temporal outage would.
+type fakeWorkflows struct {
+	mu       sync.Mutex
+	reports  map[string][]activities.MonitorReport
+	attempts map[string]int
+	gone     map[string]bool
+	failNext int
+}
+
+func newFakeWorkflows() *fakeWorkflows {
+	return &fakeWorkflows{reports: map[string][]activities.MonitorReport{}, attempts: map[string]int{}, gone: map[string]bool{}}
+}
+
+func (f *fakeWorkflows) SignalWorkflow(_ context.Context, id, _, name string, arg any) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.attempts[id]++
+	switch {
+	case name != "monitor":
+		return serviceerror.NewInvalidArgument("unknown signal " + name)
+	case f.gone[id]:
+		return serviceerror.NewNotFound("workflow not found")
+	case f.failNext > 0:
+		f.failNext--
+		return serviceerror.NewUnavailable("frontend unavailable")
+	}
+	f.reports[id] = append(f.reports[id], arg.(activities.MonitorReport))
+	return nil
+}
+
+// waitReports waits until id has n reports and returns them.
+func (f *fakeWorkflows) waitReports(t *testing.T, id string, n int) []activities.MonitorReport {
+	t.Helper()
+	var got []activities.MonitorReport
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		got = append([]activities.MonitorReport(nil), f.reports[id]...)
+		return len(got) >= n
+	}, 30*time.Second, 20*time.Millisecond, "%s: %d reports, want %d", id, len(got), n)
+	return got
+}
+
+// TestShardMembersReportEachChange: a shard's watch of one proxy signals its workflow at
+// each change and watches on (no new activity, no heartbeat); a report that fails is sent
+// again, not lost; a new epoch replaces the watch, whose reports then carry it; and a memo
+// withdrawn stops it.
+func TestShardMembersReportEachChange(t *testing.T) {
+	m := newMonitorEnv(t)
+	inst, ii := m.instance(t, "px-shard-1")
+	in := m.input(inst, activities.Health{Known: true, Healthy: true})
+	in.Instance = &ii
+	fw := newFakeWorkflows()
+	ms := activities.NewMembers(m.acts, fw, "monitor")
+	defer ms.StopAll()
+	ctx := t.Context()
+
+	ms.Sync(ctx, "wf-1", &activities.MonitorMemo{Epoch: "e1", Input: in}, false)
+	fw.mu.Lock()
+	fw.failNext = 2
+	fw.mu.Unlock()
+	_, _, err := m.daemon.SetFault("px-shard-1", local.FaultAuth)
+	require.NoError(t, err)
+	got := fw.waitReports(t, "wf-1", 1)
+	assert.Equal(t, "e1", got[0].Epoch)
+	assert.Equal(t, activities.MonitorVerdict, got[0].Result.Reason)
+	assert.False(t, got[0].Result.Health.Healthy)
+
+	_, _, err = m.daemon.SetFault("px-shard-1", local.FaultNone)
+	require.NoError(t, err)
+	got = fw.waitReports(t, "wf-1", 2)
+	assert.True(t, got[1].Result.Health.Healthy, "the watch carried on after the first change")
+
+	ms.Sync(ctx, "wf-1", &activities.MonitorMemo{Epoch: "e1", Input: in}, false) // the same epoch: no restart
+	in.Last = got[1].Result.Health
+	ms.Sync(ctx, "wf-1", &activities.MonitorMemo{Epoch: "e2", Input: in}, false)
+	_, _, err = m.daemon.SetFault("px-shard-1", local.FaultAuth)
+	require.NoError(t, err)
+	got = fw.waitReports(t, "wf-1", 3)
+	assert.Equal(t, "e2", got[2].Epoch)
+	assert.False(t, got[2].Result.Health.Healthy)
+
+	ms.Sync(ctx, "wf-1", nil, false)
+	assert.Empty(t, ms.IDs())
+}
+
+// TestShardMembersReportALostInstance: a killed instance is reported unhealthy, then (the
+// watch asks the provider first thing after that verdict) stopped, and the watch ends: the
+// workflow will publish a new epoch for the next instance.
+func TestShardMembersReportALostInstance(t *testing.T) {
+	m := newMonitorEnv(t)
+	inst, ii := m.instance(t, "px-shard-2")
+	in := m.input(inst, activities.Health{Known: true, Healthy: true})
+	in.Instance = &ii
+	fw := newFakeWorkflows()
+	ms := activities.NewMembers(m.acts, fw, "monitor")
+	defer ms.StopAll()
+
+	ms.Sync(t.Context(), "wf-2", &activities.MonitorMemo{Epoch: "e1", Input: in}, false)
+	_, _, err := m.daemon.Kill("px-shard-2")
+	require.NoError(t, err)
+	got := fw.waitReports(t, "wf-2", 2)
+	assert.Equal(t, activities.MonitorVerdict, got[0].Result.Reason)
+	assert.Equal(t, activities.MonitorStopped, got[1].Result.Reason)
+}
+
+// TestShardMembersStopForAGoneWorkflow: a workflow that no longer exists ends the watch of
+// its proxy after one attempt, instead of a report retried forever.
+func TestShardMembersStopForAGoneWorkflow(t *testing.T) {
+	m := newMonitorEnv(t)
+	inst, _ := m.instance(t, "px-shard-3")
+	fw := newFakeWorkflows()
+	fw.gone["wf-3"] = true
+	ms := activities.NewMembers(m.acts, fw, "monitor")
+	defer ms.StopAll()
+
+	// No verdict yet: the first one (healthy) comes after two probes and finds nobody.
+	ms.Sync(t.Context(), "wf-3", &activities.MonitorMemo{Epoch: "e1", Input: m.input(inst, activities.Health{})}, false)
+	require.Eventually(t, func() bool { return ms.Ended("wf-3") }, 30*time.Second, 20*time.Millisecond,
+		"the watch of a gone workflow went on")
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	assert.Equal(t, 1, fw.attempts["wf-3"], "a gone workflow is not asked again")
+}
+
+func TestShardOfSpreadsAndAgrees(t *testing.T) {
+	counts := make([]int, 4)
+	for i := range 4000 {
+		counts[activities.ShardOf("proxy/ns/p-"+string(rune('a'+i%26))+time.Duration(i).String(), 4)]++
+	}
+	for k, c := range counts {
+		assert.InDelta(t, 1000, c, 150, "shard %d of 4 watches %d of 4,000", k, c)
+	}
+	assert.Equal(t, activities.ShardOf("proxy/ns/p", 4), activities.ShardOf("proxy/ns/p", 4))
+	assert.Zero(t, activities.ShardOf("proxy/ns/p", 1))
+}
