@@ -42,8 +42,10 @@ type Activities struct {
 	Kube client.Client
 	// Installation is this deployment's id; every instance is labelled with it.
 	Installation string
-	// Temporal lists running workflows for the orphan sweeper.
+	// Temporal lists running workflows for the orphan sweeper and monitor shards.
 	Temporal WorkflowLister
+	// Signaller is how monitor shards report to the proxies' workflows.
+	Signaller WorkflowSignaller
 	// Metrics may be nil (tests).
 	Metrics *Metrics
 	// Prober sends probes through proxies; nil uses probe.Probe with default settings.

@@ -3,11 +3,19 @@ package activities
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"sync"
 	"time"
 
+	"go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/serviceerror"
+	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/activity"
+	"go.temporal.io/sdk/converter"
+	"go.temporal.io/sdk/temporal"
+
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // A monitor shard watches many proxies in one long activity, so that a healthy fleet costs
@@ -214,5 +222,173 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 		return false
 	case <-t.C:
 		return true
+	}
+}
+
+// ShardInput configures one monitor shard.
+type ShardInput struct {
+	// Index of Count: the shard watches the workflows ShardOf gives Index.
+	Index int `json:"index"`
+	Count int `json:"count"`
+	// Refresh is how often the shard reads what changed in its membership (default 1s),
+	// Full how often it reads all of it (default 5m), Overlap how far back each read
+	// reaches, for visibility's lag (default 5s).
+	Refresh time.Duration `json:"refresh,omitempty"`
+	Full    time.Duration `json:"full,omitempty"`
+	Overlap time.Duration `json:"overlap,omitempty"`
+}
+
+// MonitorShard watches every proxy whose workflow the shard owns, until it is cancelled or
+// its worker dies (Temporal then starts it on another worker after the heartbeat timeout).
+// It learns its members from visibility, as discovery does: the running ProxyWorkflows
+// with a MonitorMemo, all of them at start and every Full, what changed every Refresh. It
+// heartbeats once a Refresh with no details; that heartbeat, throttled by the SDK to one
+// per 0.8 × the heartbeat timeout, is the whole cost of a healthy fleet.
+func (a *Activities) MonitorShard(ctx context.Context, in ShardInput) error {
+	if in.Count < 1 || in.Index < 0 || in.Index >= in.Count {
+		return temporal.NewNonRetryableApplicationError(fmt.Sprintf("monitor shard %d of %d does not exist", in.Index, in.Count), ErrTypePermanent, nil)
+	}
+	if a.Temporal == nil || a.Signaller == nil {
+		return temporal.NewNonRetryableApplicationError("this worker has no Temporal client for monitor shards", ErrTypePermanent, nil)
+	}
+	refresh, full, overlap := orDefault(in.Refresh, time.Second), orDefault(in.Full, 5*time.Minute), orDefault(in.Overlap, 5*time.Second)
+	ms := newMembers(a, a.Signaller, contract.SignalMonitor)
+	defer ms.stopAll()
+	sh := &shardView{a: a, in: in, ms: ms}
+	// A shard that took over from another worker, or starts a fleet whose probes are all
+	// overdue, spreads its first probes over each proxy's interval.
+	spread := true
+	var lastFull time.Time
+	tick := time.NewTicker(refresh)
+	defer tick.Stop()
+	for {
+		var err error
+		if time.Since(lastFull) >= full {
+			start := time.Now()
+			if err = sh.full(ctx, spread); err == nil {
+				lastFull, spread = start, false
+			}
+		} else {
+			err = sh.changed(ctx, overlap)
+		}
+		if err != nil && ctx.Err() == nil {
+			a.log().WarnContext(ctx, "reading the monitor shard's members failed; watching those known", "shard", in.Index, "error", err)
+		}
+		activity.RecordHeartbeat(ctx)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// shardView is a shard's reading of its membership.
+type shardView struct {
+	a         *Activities
+	in        ShardInput
+	ms        *members
+	watermark time.Time
+}
+
+// full reads every running ProxyWorkflow and makes the watches follow: started, restarted
+// for a new epoch, stopped for a workflow gone or no longer watched by shards.
+func (sh *shardView) full(ctx context.Context, spread bool) error {
+	want := map[string]*MonitorMemo{}
+	high := sh.watermark
+	err := sh.list(ctx, contract.RunningProxiesQuery, func(id string, running bool, memo *MonitorMemo, changed time.Time) {
+		if changed.After(high) {
+			high = changed
+		}
+		if running && memo != nil && ShardOf(id, sh.in.Count) == sh.in.Index {
+			want[id] = memo
+		}
+	})
+	if err != nil {
+		return err
+	}
+	for _, id := range sh.ms.ids() {
+		if want[id] == nil {
+			sh.ms.sync(ctx, id, nil, false)
+		}
+	}
+	for id, memo := range want {
+		sh.ms.sync(ctx, id, memo, spread)
+	}
+	sh.watermark = high
+	return nil
+}
+
+// changed reads the ProxyWorkflows whose memo changed (or that closed) since the last read.
+// One workflow ID can have a closed run and a running one (continue-as-new, a Proxy made
+// again): the running run wins; a run that continued as new is left to its successor.
+func (sh *shardView) changed(ctx context.Context, overlap time.Duration) error {
+	type seen struct {
+		memo    *MonitorMemo
+		running bool
+	}
+	byID := map[string]seen{}
+	high := sh.watermark
+	err := sh.list(ctx, contract.ProxiesUpdatedSinceQuery(sh.watermark.Add(-overlap)), func(id string, running bool, memo *MonitorMemo, changed time.Time) {
+		if changed.After(high) {
+			high = changed
+		}
+		if ShardOf(id, sh.in.Count) != sh.in.Index {
+			return
+		}
+		if prev, ok := byID[id]; !ok || running || !prev.running {
+			byID[id] = seen{memo, running}
+		}
+	})
+	if err != nil {
+		return err
+	}
+	for id, s := range byID {
+		if s.running {
+			sh.ms.sync(ctx, id, s.memo, false)
+		} else {
+			sh.ms.sync(ctx, id, nil, false)
+		}
+	}
+	sh.watermark = high
+	return nil
+}
+
+// list calls fn for each workflow query selects: its ID, whether it runs, its MonitorMemo
+// (nil without one), and when it last changed (its memo's update time, or its close time if
+// later). A run that continued as new is skipped: its successor carries its watch.
+func (sh *shardView) list(ctx context.Context, query string, fn func(id string, running bool, memo *MonitorMemo, changed time.Time)) error {
+	dc := converter.GetDefaultDataConverter()
+	var token []byte
+	for {
+		resp, err := sh.a.Temporal.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{
+			PageSize: 1000, NextPageToken: token, Query: query,
+		})
+		if err != nil {
+			return fmt.Errorf("list workflows: %w", err)
+		}
+		for _, ex := range resp.GetExecutions() {
+			if ex.GetStatus() == enums.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
+				continue
+			}
+			var changed time.Time
+			if f := ex.GetSearchAttributes().GetIndexedFields()[contract.SearchAttrUpdatedAt.GetName()]; f != nil {
+				_ = dc.FromPayload(f, &changed)
+			}
+			if c := ex.GetCloseTime(); c != nil && c.AsTime().After(changed) {
+				changed = c.AsTime()
+			}
+			var memo *MonitorMemo
+			if p := ex.GetMemo().GetFields()[MonitorMemoKey]; p != nil {
+				var m MonitorMemo
+				if err := dc.FromPayload(p, &m); err == nil && m.Epoch != "" {
+					memo = &m
+				}
+			}
+			fn(ex.GetExecution().GetWorkflowId(), ex.GetStatus() == enums.WORKFLOW_EXECUTION_STATUS_RUNNING, memo, changed)
+		}
+		if token = resp.GetNextPageToken(); len(token) == 0 {
+			return nil
+		}
 	}
 }

@@ -6,9 +6,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	commonpb "go.temporal.io/api/common/v1"
+	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/serviceerror"
+	workflowpb "go.temporal.io/api/workflow/v1"
+	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/converter"
+	"go.temporal.io/sdk/testsuite"
+	"go.temporal.io/sdk/worker"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
@@ -151,4 +161,112 @@ func TestShardOfSpreadsAndAgrees(t *testing.T) {
 	}
 	assert.Equal(t, activities.ShardOf("proxy/ns/p", 4), activities.ShardOf("proxy/ns/p", 4))
 	assert.Zero(t, activities.ShardOf("proxy/ns/p", 1))
+}
+
+// fakeVisibility answers every list with the workflows it holds, as visibility would list
+// them (memo, status); a full pass and a pass of changes see the same, which the shard
+// must take alike.
+type fakeVisibility struct {
+	mu  sync.Mutex
+	wfs map[string]*workflowpb.WorkflowExecutionInfo
+}
+
+func (f *fakeVisibility) set(t *testing.T, id string, running bool, memo *activities.MonitorMemo) {
+	t.Helper()
+	info := &workflowpb.WorkflowExecutionInfo{Execution: &commonpb.WorkflowExecution{WorkflowId: id, RunId: "run"},
+		Status: enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING, Memo: &commonpb.Memo{Fields: map[string]*commonpb.Payload{}}}
+	if !running {
+		info.Status = enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED
+		info.CloseTime = timestamppb.Now()
+	}
+	if memo != nil {
+		p, err := converter.GetDefaultDataConverter().ToPayload(memo)
+		require.NoError(t, err)
+		info.Memo.Fields[activities.MonitorMemoKey] = p
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.wfs[id] = info
+}
+
+func (f *fakeVisibility) ListWorkflow(context.Context, *workflowservice.ListWorkflowExecutionsRequest) (*workflowservice.ListWorkflowExecutionsResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	resp := &workflowservice.ListWorkflowExecutionsResponse{}
+	for _, info := range f.wfs {
+		resp.Executions = append(resp.Executions, proto.CloneOf(info))
+	}
+	return resp, nil
+}
+
+// TestMonitorShardFollowsVisibility: a shard watches the running workflows that publish a
+// MonitorMemo, and only those, reports their changes, and stops watching a workflow that
+// closed; cancelled, it stops every watch.
+func TestMonitorShardFollowsVisibility(t *testing.T) {
+	m := newMonitorEnv(t)
+	instA, iiA := m.instance(t, "px-vis-a")
+	instB, _ := m.instance(t, "px-vis-b")
+	inA := m.input(instA, activities.Health{Known: true, Healthy: true})
+	inA.Instance = &iiA
+	vis := &fakeVisibility{wfs: map[string]*workflowpb.WorkflowExecutionInfo{}}
+	vis.set(t, "proxy/ns/a", true, &activities.MonitorMemo{Epoch: "e1", Input: inA})
+	vis.set(t, "proxy/ns/b", true, nil) // an older run: it watches its proxy itself
+	fw := newFakeWorkflows()
+	reg := prometheus.NewRegistry()
+	acts := &activities.Activities{Providers: m.acts.Providers, Installation: "test", Keyring: m.acts.Keyring,
+		Temporal: vis, Signaller: fw, Metrics: activities.NewMetrics(reg)}
+	watching := func() float64 {
+		fams, err := reg.Gather()
+		require.NoError(t, err)
+		for _, f := range fams {
+			if f.GetName() == "proxyfleet_monitors_running" {
+				return f.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		return -1
+	}
+
+	var s testsuite.WorkflowTestSuite
+	env := s.NewTestActivityEnvironment()
+	env.RegisterActivity(acts)
+	ctx, cancel := context.WithCancel(context.Background())
+	env.SetWorkerOptions(worker.Options{BackgroundActivityContext: ctx})
+	done := make(chan error, 1)
+	go func() {
+		_, err := env.ExecuteActivity(acts.MonitorShard, activities.ShardInput{Index: 0, Count: 1, Refresh: 50 * time.Millisecond})
+		done <- err
+	}()
+
+	require.Eventually(t, func() bool { return watching() == 1 }, 10*time.Second, 20*time.Millisecond, "the shard never watched exactly the one proxy with a memo")
+	for _, name := range []string{instA.Name, instB.Name} {
+		_, _, err := m.daemon.SetFault(name, local.FaultAuth)
+		require.NoError(t, err)
+	}
+	got := fw.waitReports(t, "proxy/ns/a", 1)
+	assert.False(t, got[0].Result.Health.Healthy)
+	assert.Equal(t, "e1", got[0].Epoch)
+
+	vis.set(t, "proxy/ns/a", false, nil)
+	require.Eventually(t, func() bool { return watching() == 0 }, 10*time.Second, 20*time.Millisecond, "the closed workflow's proxy is still watched")
+	fw.mu.Lock()
+	assert.Zero(t, fw.attempts["proxy/ns/b"], "a workflow without a memo was reported to")
+	fw.mu.Unlock()
+
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the shard did not stop when cancelled")
+	}
+}
+
+// TestMonitorShardRefusesABadShard: a shard outside its count is a permanent error.
+func TestMonitorShardRefusesABadShard(t *testing.T) {
+	acts := &activities.Activities{Temporal: &fakeVisibility{}, Signaller: newFakeWorkflows()}
+	var s testsuite.WorkflowTestSuite
+	env := s.NewTestActivityEnvironment()
+	env.RegisterActivity(acts)
+	_, err := env.ExecuteActivity(acts.MonitorShard, activities.ShardInput{Index: 4, Count: 4})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "shard 4 of 4")
 }

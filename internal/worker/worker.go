@@ -106,7 +106,7 @@ func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Clie
 		return nil, err
 	}
 	acts := &activities.Activities{Providers: providers, Kube: kube, Installation: cfg.Installation,
-		Temporal: tc, Metrics: actMetrics, Log: log, Keyring: cfg.Keyring}
+		Temporal: tc, Signaller: tc, Metrics: actMetrics, Log: log, Keyring: cfg.Keyring}
 	opts := workflows.WorkerOptions()
 	opts.MaxConcurrentActivityExecutionSize = cmp.Or(cfg.MaxConcurrentActivities, DefaultMaxConcurrentActivities)
 	w := sdkworker.New(tc, cfg.TaskQueue, opts)

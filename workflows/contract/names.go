@@ -23,6 +23,8 @@ const (
 	SignalDelete  = "delete"
 	SignalReplace = "replace"
 	SignalReport  = "report"
+	// SignalMonitor carries a monitor shard's report (activities.MonitorReport).
+	SignalMonitor = "monitor"
 	QueryState    = "state"
 )
 
