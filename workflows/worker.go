@@ -15,6 +15,7 @@ import (
 func Register(w worker.Registry, acts *activities.Activities) {
 	w.RegisterWorkflowWithOptions(ProxyWorkflow, workflow.RegisterOptions{Name: contract.ProxyWorkflowType})
 	w.RegisterWorkflowWithOptions(GCWorkflow, workflow.RegisterOptions{Name: contract.GCWorkflowType})
+	w.RegisterWorkflowWithOptions(MonitorShardWorkflow, workflow.RegisterOptions{Name: contract.MonitorShardWorkflowType})
 	w.RegisterActivity(acts)
 }
 

@@ -15,6 +15,8 @@ const TaskQueue = "proxies"
 const (
 	ProxyWorkflowType = "ProxyWorkflow"
 	GCWorkflowType    = "GCWorkflow"
+	// MonitorShardWorkflowType runs one monitor shard (see MonitorShardWorkflowID).
+	MonitorShardWorkflowType = "MonitorShardWorkflow"
 )
 
 // Signal and query names of ProxyWorkflow.
@@ -108,4 +110,10 @@ func ProxiesUpdatedSinceQuery(since time.Time) string {
 	t := since.UTC().Format(time.RFC3339Nano)
 	return fmt.Sprintf("WorkflowId STARTS_WITH %q AND (%s > %q OR (ExecutionStatus != 'Running' AND CloseTime > %q))",
 		ProxyWorkflowIDPrefix, SearchAttrUpdatedAt.GetName(), t, t)
+}
+
+// MonitorShardWorkflowID is the ID of monitor shard index of count. The count is part of
+// it, so shards of another count are told apart (and retired) when the count changes.
+func MonitorShardWorkflowID(index, count int) string {
+	return fmt.Sprintf("proxyfleet-monitor-shard-%d-of-%d", index, count)
 }
