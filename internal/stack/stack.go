@@ -238,17 +238,21 @@ func (s *Stack) startManager(t testing.TB, resync time.Duration) {
 
 // NewWorker builds a worker on queue with internal/worker, as cmd/worker does, with the
 // stack's local daemon and cluster as its providers, no metrics, the worker's default
-// activity slots and no proxy-gc schedule.
-func (s *Stack) NewWorker(t testing.TB, queue string) *worker.Worker {
+// activity slots and no proxy-gc schedule; shape may change the config.
+func (s *Stack) NewWorker(t testing.TB, queue string, shape ...func(*worker.Config)) *worker.Worker {
 	t.Helper()
-	w, err := worker.New(context.Background(), worker.Config{
+	cfg := worker.Config{
 		TaskQueue: queue, Installation: s.Installation, Keyring: s.Keyring,
 		Providers: registry.Config{
 			Enabled:         []v1alpha1.Provider{v1alpha1.ProviderLocal, v1alpha1.ProviderKubernetes},
 			LocalDaemonURL:  s.DaemonURL,
 			KubernetesAllow: s.allow,
 		},
-	}, s.Temporal.Client, s.Kube.Client, s.logger(), nil)
+	}
+	for _, f := range shape {
+		f(&cfg)
+	}
+	w, err := worker.New(context.Background(), cfg, s.Temporal.Client, s.Kube.Client, s.logger(), nil)
 	require.NoError(t, err)
 	return w
 }

@@ -7,6 +7,7 @@ package worker
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -18,6 +19,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/serviceerror"
+	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 	sdkworker "go.temporal.io/sdk/worker"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -53,6 +57,10 @@ type Config struct {
 	MaxConcurrentActivities int
 	// GC configures the proxy-gc schedule.
 	GC GCConfig
+	// MonitorShards is how many monitor shards (MonitorShardWorkflow) the worker keeps
+	// running; 0 starts none and retires none. Every worker of a task queue must be given
+	// the same count: a worker that starts retires the shards of any other count.
+	MonitorShards int
 	// Keyring is the fleet key shared with discovery: Managed instances' credentials are
 	// derived from it, External ones sealed with it.
 	Keyring *proxyauth.Keyring
@@ -114,10 +122,16 @@ func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Clie
 	return &Worker{cfg: cfg, temporal: tc, activities: acts, sdk: w, release: release}, nil
 }
 
-// Start starts polling, then creates or updates the proxy-gc schedule when GC.Every is set.
+// Start starts polling, makes sure the monitor shards run (when MonitorShards is set), then
+// creates or updates the proxy-gc schedule (when GC.Every is set).
 func (w *Worker) Start(ctx context.Context) error {
 	if err := w.sdk.Start(); err != nil {
 		return err
+	}
+	if w.cfg.MonitorShards > 0 {
+		if err := w.ensureShards(ctx); err != nil {
+			return fmt.Errorf("start the monitor shards: %w", err)
+		}
 	}
 	if w.cfg.GC.Every <= 0 {
 		return nil
@@ -129,6 +143,50 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("create or update the %s schedule: %w", contract.GCScheduleID, err)
 	}
 	return nil
+}
+
+// ensureShards starts each monitor shard of the configured count that is not running (an
+// existing one is left as it is: starting it again costs nothing and changes nothing), then
+// terminates the shards of any other count, which would watch the same proxies twice.
+func (w *Worker) ensureShards(ctx context.Context) error {
+	n := w.cfg.MonitorShards
+	want := map[string]bool{}
+	for k := range n {
+		id := contract.MonitorShardWorkflowID(k, n)
+		want[id] = true
+		_, err := w.temporal.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
+			ID: id, TaskQueue: w.cfg.TaskQueue,
+			WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING,
+			StaticSummary:            fmt.Sprintf("monitor shard %d of %d", k, n),
+		}, contract.MonitorShardWorkflowType, activities.ShardInput{Index: k, Count: n})
+		if err != nil {
+			return fmt.Errorf("%s: %w", id, err)
+		}
+	}
+	var token []byte
+	for {
+		resp, err := w.temporal.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{
+			Query:         fmt.Sprintf("WorkflowType = %q AND ExecutionStatus = 'Running'", contract.MonitorShardWorkflowType),
+			NextPageToken: token,
+		})
+		if err != nil {
+			return fmt.Errorf("list monitor shards: %w", err)
+		}
+		for _, ex := range resp.GetExecutions() {
+			id := ex.GetExecution().GetWorkflowId()
+			if want[id] {
+				continue
+			}
+			err := w.temporal.TerminateWorkflow(ctx, id, "", fmt.Sprintf("monitor shards are now %d", n))
+			var notFound *serviceerror.NotFound
+			if err != nil && !errors.As(err, &notFound) {
+				return fmt.Errorf("retire %s: %w", id, err)
+			}
+		}
+		if token = resp.GetNextPageToken(); len(token) == 0 {
+			return nil
+		}
+	}
 }
 
 // Stop stops polling, waits for running activities to return, and releases the providers.

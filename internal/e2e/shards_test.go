@@ -1,0 +1,78 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	enumspb "go.temporal.io/api/enums/v1"
+
+	"github.com/proxyfleet/proxyfleet/internal/stack"
+	"github.com/proxyfleet/proxyfleet/internal/worker"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
+)
+
+// TestWorkerKeepsItsMonitorShards: a worker starts every monitor shard of its count, each
+// running its MonitorShard activity; a second worker with the same count starts nothing
+// new, and one with another count retires the old shards and starts its own.
+func TestWorkerKeepsItsMonitorShards(t *testing.T) {
+	s := stack.Start(t, stack.Options{NoWorker: true, NoController: true})
+	ctx := context.Background()
+	queue := s.TaskQueue + "-shards"
+	t.Cleanup(func() {
+		for n := 2; n <= 3; n++ {
+			for k := range n {
+				_ = s.Temporal.Client.TerminateWorkflow(context.Background(), contract.MonitorShardWorkflowID(k, n), "", "test done")
+			}
+		}
+	})
+	start := func(n int) {
+		w := s.NewWorker(t, queue, func(c *worker.Config) { c.MonitorShards = n })
+		t.Cleanup(w.Stop)
+		require.NoError(t, w.Start(ctx))
+	}
+	// running reports whether the shard's workflow runs with its activity started.
+	running := func(id string) string {
+		d, err := s.Temporal.Client.DescribeWorkflowExecution(ctx, id, "")
+		if err != nil {
+			return err.Error()
+		}
+		if st := d.GetWorkflowExecutionInfo().GetStatus(); st != enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING {
+			return st.String()
+		}
+		for _, pa := range d.GetPendingActivities() {
+			if pa.GetActivityType().GetName() == "MonitorShard" && pa.GetState() == enumspb.PENDING_ACTIVITY_STATE_STARTED {
+				return ""
+			}
+		}
+		return "no MonitorShard activity started"
+	}
+	waitAll := func(n int) map[string]string {
+		runs := map[string]string{}
+		for k := range n {
+			id := contract.MonitorShardWorkflowID(k, n)
+			require.Eventually(t, func() bool { return running(id) == "" }, time.Minute, 100*time.Millisecond, "%s: %s", id, running(id))
+			d, err := s.Temporal.Client.DescribeWorkflowExecution(ctx, id, "")
+			require.NoError(t, err)
+			runs[id] = d.GetWorkflowExecutionInfo().GetExecution().GetRunId()
+		}
+		return runs
+	}
+
+	start(2)
+	first := waitAll(2)
+	start(2) // another worker of the same count: the same runs go on
+	require.Equal(t, first, waitAll(2))
+
+	start(3)
+	waitAll(3)
+	for k := range 2 {
+		id := contract.MonitorShardWorkflowID(k, 2)
+		d, err := s.Temporal.Client.DescribeWorkflowExecution(ctx, id, "")
+		require.NoError(t, err)
+		require.Equal(t, enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED, d.GetWorkflowExecutionInfo().GetStatus(),
+			fmt.Sprintf("%s was not retired when the count became 3", id))
+	}
+}
