@@ -35,10 +35,11 @@ func TestWorkerKeepsItsMonitorShards(t *testing.T) {
 	}
 	// running reports whether the shard's workflow runs with its activity started.
 	running := func(id string) string {
-		d, err := s.Temporal.Client.DescribeWorkflowExecution(ctx, id, "")
+		desc, err := s.Temporal.Client.DescribeWorkflow(ctx, id, "")
 		if err != nil {
 			return err.Error()
 		}
+		d := desc.RawResponse
 		if st := d.GetWorkflowExecutionInfo().GetStatus(); st != enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING {
 			return st.String()
 		}
@@ -54,9 +55,9 @@ func TestWorkerKeepsItsMonitorShards(t *testing.T) {
 		for k := range n {
 			id := contract.MonitorShardWorkflowID(k, n)
 			require.Eventually(t, func() bool { return running(id) == "" }, time.Minute, 100*time.Millisecond, "%s: %s", id, running(id))
-			d, err := s.Temporal.Client.DescribeWorkflowExecution(ctx, id, "")
+			desc, err := s.Temporal.Client.DescribeWorkflow(ctx, id, "")
 			require.NoError(t, err)
-			runs[id] = d.GetWorkflowExecutionInfo().GetExecution().GetRunId()
+			runs[id] = desc.RawResponse.GetWorkflowExecutionInfo().GetExecution().GetRunId()
 		}
 		return runs
 	}
@@ -70,9 +71,9 @@ func TestWorkerKeepsItsMonitorShards(t *testing.T) {
 	waitAll(3)
 	for k := range 2 {
 		id := contract.MonitorShardWorkflowID(k, 2)
-		d, err := s.Temporal.Client.DescribeWorkflowExecution(ctx, id, "")
+		desc, err := s.Temporal.Client.DescribeWorkflow(ctx, id, "")
 		require.NoError(t, err)
-		require.Equal(t, enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED, d.GetWorkflowExecutionInfo().GetStatus(),
+		require.Equal(t, enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED, desc.RawResponse.GetWorkflowExecutionInfo().GetStatus(),
 			fmt.Sprintf("%s was not retired when the count became 3", id))
 	}
 }
