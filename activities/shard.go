@@ -254,7 +254,7 @@ func (a *Activities) MonitorShard(ctx context.Context, in ShardInput) error {
 	refresh, full, overlap := orDefault(in.Refresh, time.Second), orDefault(in.Full, 5*time.Minute), orDefault(in.Overlap, 5*time.Second)
 	ms := newMembers(a, a.Signaller, contract.SignalMonitor)
 	defer ms.stopAll()
-	sh := &shardView{a: a, in: in, ms: ms}
+	sh := &shardView{a: a, in: in, ms: ms, queue: activity.GetInfo(ctx).TaskQueue}
 	// A shard that took over from another worker, or starts a fleet whose probes are all
 	// overdue, spreads its first probes over each proxy's interval.
 	spread := true
@@ -288,6 +288,7 @@ type shardView struct {
 	a         *Activities
 	in        ShardInput
 	ms        *members
+	queue     string // the shard watches the proxies whose workflows run on its own queue
 	watermark time.Time
 }
 
@@ -362,7 +363,7 @@ func (sh *shardView) list(ctx context.Context, query string, fn func(id string, 
 	var token []byte
 	for {
 		resp, err := sh.a.Temporal.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{
-			PageSize: 1000, NextPageToken: token, Query: query,
+			PageSize: 1000, NextPageToken: token, Query: contract.OnTaskQueue(query, sh.queue),
 		})
 		if err != nil {
 			return fmt.Errorf("list workflows: %w", err)

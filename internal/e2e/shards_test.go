@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	enumspb "go.temporal.io/api/enums/v1"
+	"go.temporal.io/api/workflowservice/v1"
 
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/internal/worker"
@@ -16,23 +17,32 @@ import (
 
 // TestWorkerKeepsItsMonitorShards: a worker starts every monitor shard of its count, each
 // running its MonitorShard activity; a second worker with the same count starts nothing
-// new, and one with another count retires the old shards and starts its own.
+// new, and one with another count retires the old shards and starts its own, leaving the
+// shards of another task queue alone.
 func TestWorkerKeepsItsMonitorShards(t *testing.T) {
 	s := stack.Start(t, stack.Options{NoWorker: true, NoController: true})
 	ctx := context.Background()
-	queue := s.TaskQueue + "-shards"
+	queue, other := s.TaskQueue+"-shards", s.TaskQueue+"-other"
 	t.Cleanup(func() {
-		for n := 2; n <= 3; n++ {
-			for k := range n {
-				_ = s.Temporal.Client.TerminateWorkflow(context.Background(), contract.MonitorShardWorkflowID(k, n), "", "test done")
+		for _, q := range []string{queue, other} {
+			for n := 2; n <= 3; n++ {
+				for k := range n {
+					_ = s.Temporal.Client.TerminateWorkflow(context.Background(), contract.MonitorShardWorkflowID(q, k, n), "", "test done")
+				}
 			}
 		}
 	})
-	start := func(n int) {
+	// The queries a shard reads its members with are valid where it runs.
+	for _, q := range []string{contract.RunningProxiesQuery, contract.ProxiesUpdatedSinceQuery(time.Now())} {
+		_, err := s.Temporal.Client.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{Query: contract.OnTaskQueue(q, queue)})
+		require.NoError(t, err, q)
+	}
+	startOn := func(queue string, n int) {
 		w := s.NewWorker(t, queue, func(c *worker.Config) { c.MonitorShards = n })
 		t.Cleanup(w.Stop)
 		require.NoError(t, w.Start(ctx))
 	}
+	start := func(n int) { startOn(queue, n) }
 	// running reports whether the shard's workflow runs with its activity started.
 	running := func(id string) string {
 		desc, err := s.Temporal.Client.DescribeWorkflow(ctx, id, "")
@@ -50,10 +60,10 @@ func TestWorkerKeepsItsMonitorShards(t *testing.T) {
 		}
 		return "no MonitorShard activity started"
 	}
-	waitAll := func(n int) map[string]string {
+	waitAllOn := func(queue string, n int) map[string]string {
 		runs := map[string]string{}
 		for k := range n {
-			id := contract.MonitorShardWorkflowID(k, n)
+			id := contract.MonitorShardWorkflowID(queue, k, n)
 			require.Eventually(t, func() bool { return running(id) == "" }, time.Minute, 100*time.Millisecond, "%s: %s", id, running(id))
 			desc, err := s.Temporal.Client.DescribeWorkflow(ctx, id, "")
 			require.NoError(t, err)
@@ -61,16 +71,20 @@ func TestWorkerKeepsItsMonitorShards(t *testing.T) {
 		}
 		return runs
 	}
+	waitAll := func(n int) map[string]string { return waitAllOn(queue, n) }
 
 	start(2)
 	first := waitAll(2)
 	start(2) // another worker of the same count: the same runs go on
 	require.Equal(t, first, waitAll(2))
 
+	startOn(other, 2)
+	others := waitAllOn(other, 2)
 	start(3)
 	waitAll(3)
+	require.Equal(t, others, waitAllOn(other, 2), "another queue's shards were retired")
 	for k := range 2 {
-		id := contract.MonitorShardWorkflowID(k, 2)
+		id := contract.MonitorShardWorkflowID(queue, k, 2)
 		desc, err := s.Temporal.Client.DescribeWorkflow(ctx, id, "")
 		require.NoError(t, err)
 		require.Equal(t, enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED, desc.RawResponse.GetWorkflowExecutionInfo().GetStatus(),

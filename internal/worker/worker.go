@@ -147,12 +147,13 @@ func (w *Worker) Start(ctx context.Context) error {
 
 // ensureShards starts each monitor shard of the configured count that is not running (an
 // existing one is left as it is: starting it again costs nothing and changes nothing), then
-// terminates the shards of any other count, which would watch the same proxies twice.
+// terminates the shards of any other count on its task queue, which would watch the same
+// proxies twice.
 func (w *Worker) ensureShards(ctx context.Context) error {
 	n := w.cfg.MonitorShards
 	want := map[string]bool{}
 	for k := range n {
-		id := contract.MonitorShardWorkflowID(k, n)
+		id := contract.MonitorShardWorkflowID(w.cfg.TaskQueue, k, n)
 		want[id] = true
 		_, err := w.temporal.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
 			ID: id, TaskQueue: w.cfg.TaskQueue,
@@ -166,7 +167,8 @@ func (w *Worker) ensureShards(ctx context.Context) error {
 	var token []byte
 	for {
 		resp, err := w.temporal.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{
-			Query:         fmt.Sprintf("WorkflowType = %q AND ExecutionStatus = 'Running'", contract.MonitorShardWorkflowType),
+			Query: contract.OnTaskQueue(fmt.Sprintf("WorkflowType = %q AND ExecutionStatus = 'Running'", contract.MonitorShardWorkflowType),
+				w.cfg.TaskQueue),
 			NextPageToken: token,
 		})
 		if err != nil {

@@ -112,8 +112,15 @@ func ProxiesUpdatedSinceQuery(since time.Time) string {
 		ProxyWorkflowIDPrefix, SearchAttrUpdatedAt.GetName(), t, t)
 }
 
-// MonitorShardWorkflowID is the ID of monitor shard index of count. The count is part of
-// it, so shards of another count are told apart (and retired) when the count changes.
-func MonitorShardWorkflowID(index, count int) string {
-	return fmt.Sprintf("proxyfleet-monitor-shard-%d-of-%d", index, count)
+// MonitorShardWorkflowID is the ID of monitor shard index of count for the workers of
+// taskQueue. The queue is part of it because shards watch the proxies of their queue only
+// (installations may share a namespace); the count, so that shards of another count are
+// told apart, and retired, when the count changes.
+func MonitorShardWorkflowID(taskQueue string, index, count int) string {
+	return fmt.Sprintf("proxyfleet-monitor-shard/%s/%d-of-%d", taskQueue, index, count)
+}
+
+// OnTaskQueue narrows a visibility query to the workflows of one task queue.
+func OnTaskQueue(query, taskQueue string) string {
+	return fmt.Sprintf("(%s) AND TaskQueue = %q", query, taskQueue)
 }
