@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows"
@@ -34,6 +36,7 @@ func BenchmarkIdleFleetCost(b *testing.B) {
 	ctx := context.Background()
 	ns := s.Namespace(b)
 	names := applyFleet(b, s, ns, "idle", n, func(_ int, p *v1alpha1.Proxy) {
+		tagged(p, ns)
 		p.Spec.HealthCheck.Interval, p.Spec.HealthCheck.Timeout = "", "" // the defaults
 	})
 	start := time.Now()
@@ -82,5 +85,43 @@ func BenchmarkIdleFleetCost(b *testing.B) {
 		b.ReportMetric(perHour(tasks), "workflow-tasks/proxy/hour")
 		b.ReportMetric(perHour(float64(ev1-ev0)), "history-events/proxy/hour")
 		b.ReportMetric(cpu["temporal"].Seconds()/elapsed.Seconds()*1000/float64(n), "temporal-cores/1000-proxies")
+
+		// What discovery needs for this fleet: a full read of the index, a pass of changes
+		// (none here), and the index's memory per proxy.
+		full, incr, perProxy := measureIndex(b, s, ns, n)
+		b.Logf("discovery over %d proxies: full refresh %s, incremental (nothing changed) %s, index %.0f bytes/proxy",
+			n, full.Round(time.Millisecond), incr.Round(time.Millisecond), perProxy)
+		b.ReportMetric(float64(full.Milliseconds()), "discovery-full-ms")
+		b.ReportMetric(float64(incr.Microseconds())/1000, "discovery-incremental-ms")
+		b.ReportMetric(perProxy, "discovery-index-bytes/proxy")
 	}
+}
+
+// measureIndex builds a discovery index of the stack's fleet and reports the fastest of
+// three full refreshes, the fastest of three incremental ones, and the heap the index
+// holds per proxy (after GC, against the heap before it was built).
+func measureIndex(b *testing.B, s *stack.Stack, ns string, n int) (full, incr time.Duration, bytesPerProxy float64) {
+	b.Helper()
+	ctx := context.Background()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	store := discovery.NewStore(time.Hour)
+	r := &discovery.Refresher{Client: s.Temporal.Client, Namespace: s.Temporal.Namespace, Store: store, Keyring: s.Keyring}
+	full, incr = time.Hour, time.Hour
+	for range 3 {
+		t0 := time.Now()
+		require.NoError(b, r.Full(ctx))
+		full = min(full, time.Since(t0))
+	}
+	require.Len(b, store.List(discovery.Selector{"run": ns}, nil), n, "the index misses proxies")
+	for range 3 {
+		t0 := time.Now()
+		require.NoError(b, r.Incremental(ctx))
+		incr = min(incr, time.Since(t0))
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(store)
+	return full, incr, float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(n)
 }
