@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,8 +59,38 @@ func waitAllReady(tb testing.TB, s *stack.Stack, ns string, n int, within time.D
 			}
 		}
 		// The watch ended (timeout or a compaction): list again, unless time is up.
-		require.NoError(tb, ctx.Err(), "only %d of %d Proxies Ready within %s", len(ready), n, within)
+		if ctx.Err() != nil {
+			tb.Fatalf("only %d of %d Proxies Ready within %s; not Ready: %s", len(ready), n, within, notReady(s, ns, ready))
+		}
 	}
+}
+
+// notReady describes up to 5 of the namespace's Proxies missing from ready: their phase
+// and conditions, so a fleet that never settles says why.
+func notReady(s *stack.Stack, ns string, ready map[string]*v1alpha1.Proxy) string {
+	var list v1alpha1.ProxyList
+	if err := s.Kube.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		return err.Error()
+	}
+	var out []string
+	for i := range list.Items {
+		p := &list.Items[i]
+		if ready[p.Name] != nil || len(out) == 5 {
+			continue
+		}
+		desc := fmt.Sprintf("%s phase %s", p.Name, p.Status.Phase)
+		for _, c := range p.Status.Conditions {
+			good := metav1.ConditionTrue
+			if c.Type == v1alpha1.ConditionQuotaExceeded {
+				good = metav1.ConditionFalse
+			}
+			if c.Status != good {
+				desc += fmt.Sprintf(" %s=%s (%s: %s)", c.Type, c.Status, c.Reason, c.Message)
+			}
+		}
+		out = append(out, desc)
+	}
+	return strings.Join(out, "; ")
 }
 
 // applyFleet creates n local Proxies named prefix-0000, prefix-0001…, 16 at a time, as a
