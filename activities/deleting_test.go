@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/testsuite"
@@ -69,4 +70,66 @@ func TestAnInstanceBeingDeletedIsGone(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, v.Get(&res))
 	assert.Equal(t, activities.MonitorGone, res.Reason)
+}
+
+// TestMonitorReportsAPreemption: a Spot VM that GCE took back (the fake's Preempt) is
+// reported stopped and preempted by the monitor that starts after the unhealthy verdict,
+// and the worker counts it in proxyfleet_preemptions_total{provider="gcp"}.
+func TestMonitorReportsAPreemption(t *testing.T) {
+	const project = "test-project"
+	srv := gcptest.NewServer(t)
+	g, err := gcp.New(t.Context(), gcp.Config{DefaultProject: project, ClientOptions: srv.ClientOptions()})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = g.Close() })
+	reg := prometheus.NewRegistry()
+	acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderGCP: g}, Installation: "test", Keyring: testKeys(t),
+		Metrics: activities.NewMetrics(reg)}
+	var s testsuite.WorkflowTestSuite
+	env := s.NewTestActivityEnvironment()
+	env.RegisterActivity(acts)
+
+	spec := v1alpha1.ProxySpec{Provider: v1alpha1.ProviderGCP, GCP: &v1alpha1.GCPSpec{
+		Zone: "europe-west1-b", MachineType: "e2-micro", Image: "projects/debian-cloud/global/images/family/debian-12",
+		AllowedSourceRanges: []v1alpha1.CIDR{"203.0.113.0/24"}, Spot: true,
+	}}
+	in := activities.InstanceInput{Provider: v1alpha1.ProviderGCP, Name: "px-spot-1", ProxyUID: "uid-spot", Namespace: "ns",
+		Spec: spec, PollInterval: 10 * time.Millisecond, MaxWait: time.Hour}
+	v, err := env.ExecuteActivity(acts.CreateInstance, in)
+	require.NoError(t, err)
+	var created activities.CreateResult
+	require.NoError(t, v.Get(&created))
+	in.ProviderID = created.Instance.ProviderID
+	srv.Preempt("px-spot-1")
+
+	mon := activities.MonitorInput{
+		Target: testenv.FreeAddr(t), Instance: &in, DriftInterval: time.Hour,
+		HealthCheck: v1alpha1.HealthCheck{URL: "http://127.0.0.1:1/", Interval: "1s", Timeout: "200ms", SuccessThreshold: 1, FailureThreshold: 1},
+		Last:        activities.Health{Known: true, Healthy: false},
+	}
+	v, err = env.ExecuteActivity(acts.Monitor, mon)
+	require.NoError(t, err)
+	var res activities.MonitorResult
+	require.NoError(t, v.Get(&res))
+	assert.Equal(t, activities.MonitorStopped, res.Reason)
+	assert.True(t, res.Instance.Preempted)
+	assert.Equal(t, 1.0, metricValue(t, reg, "proxyfleet_preemptions_total"))
+}
+
+// metricValue sums the series of the metric family called name that reg holds (counters
+// and gauges), or -1 without such a family.
+func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		total := 0.0
+		for _, m := range f.GetMetric() {
+			total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+		return total
+	}
+	return -1
 }

@@ -1,6 +1,9 @@
 package activities
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Members exposes a shard's member runner to the package's external tests.
 type Members struct{ ms *members }
@@ -8,7 +11,7 @@ type Members struct{ ms *members }
 // NewMembers runs watches with a, reporting through signal under the signal name.
 func NewMembers(a *Activities, signal WorkflowSignaller, name string) Members {
 	ms := newMembers(a, signal, name)
-	ms.retry = 10e6 // 10ms: tests do not wait out the production backoff
+	ms.retry = 10 * time.Millisecond // tests do not wait out the production backoff
 	return Members{ms}
 }
 

@@ -215,16 +215,7 @@ func TestMonitorShardFollowsVisibility(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	acts := &activities.Activities{Providers: m.acts.Providers, Installation: "test", Keyring: m.acts.Keyring,
 		Temporal: vis, Signaller: fw, Metrics: activities.NewMetrics(reg)}
-	watching := func() float64 {
-		fams, err := reg.Gather()
-		require.NoError(t, err)
-		for _, f := range fams {
-			if f.GetName() == "proxyfleet_monitors_running" {
-				return f.GetMetric()[0].GetGauge().GetValue()
-			}
-		}
-		return -1
-	}
+	watching := func() float64 { return metricValue(t, reg, "proxyfleet_monitors_running") }
 
 	var s testsuite.WorkflowTestSuite
 	env := s.NewTestActivityEnvironment()
