@@ -1,6 +1,9 @@
 package workflows
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -37,7 +40,11 @@ const (
 	// preempted) is replaced before what is left of it is deleted, so the Proxy is back as
 	// soon as a new instance can boot.
 	versionLostFirst workflow.Version = 3
-	versionLatest                     = versionLostFirst
+	// versionShardMonitor: the proxy is watched by a monitor shard, not by an activity of
+	// its own. The run publishes what to watch in its memo (activities.MonitorMemo) and
+	// takes the shard's reports as signals, so a healthy proxy costs no heartbeats.
+	versionShardMonitor workflow.Version = 4
+	versionLatest                        = versionShardMonitor
 )
 
 // LatestVersion is the version new runs start with. `make record-histories` writes the
@@ -57,6 +64,7 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 		delCh:  workflow.GetSignalChannel(ctx, contract.SignalDelete),
 		replCh: workflow.GetSignalChannel(ctx, contract.SignalReplace),
 		repCh:  workflow.GetSignalChannel(ctx, contract.SignalReport),
+		monCh:  workflow.GetSignalChannel(ctx, contract.SignalMonitor),
 		now:    func() time.Time { return workflow.Now(ctx) },
 		state:  in.State,
 		wfID:   workflow.GetInfo(ctx).WorkflowExecution.ID,
@@ -87,6 +95,9 @@ type proxyWorkflow struct {
 	wfID   string
 
 	specCh, delCh, replCh, repCh workflow.ReceiveChannel
+	// monCh carries a monitor shard's reports (MonitorReport), read only while steady:
+	// verdicts are applied where the old Monitor activity's results were.
+	monCh workflow.ReceiveChannel
 	now                          func() time.Time
 	// version is the version this run started with; runStart is when; signals counts the
 	// signals it received. Together they decide when the run has done enough.
@@ -111,6 +122,10 @@ type proxyWorkflow struct {
 	memo      *contract.ProxyMemo
 	saPhase   v1alpha1.Phase
 	saHealthy *bool
+	// watchEpoch is the epoch of the MonitorMemo last published ("" for none); watchSet
+	// says one was published by this run. A shard's report for another epoch is stale.
+	watchEpoch string
+	watchSet   bool
 }
 
 func (w *proxyWorkflow) run(ctx workflow.Context) error {
@@ -543,7 +558,8 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 	mctx, cancelMonitor := workflow.WithCancel(ctx)
 	defer cancelMonitor()
 	var monitor workflow.Future
-	if in, ok := w.monitorInput(); ok {
+	sharded := w.version >= versionShardMonitor
+	if in, ok := w.monitorInput(); ok && !sharded {
 		mctx = workflow.WithActivityOptions(mctx, workflow.ActivityOptions{
 			Summary:             "watch " + in.Target,
 			StartToCloseTimeout: 365 * 24 * time.Hour,
@@ -563,10 +579,14 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 
 	for {
 		var monitorDone, timerDone, republishDue bool
+		var report *activities.MonitorReport
 		sel := workflow.NewSelector(ctx)
 		w.addSignals(sel)
 		if monitor != nil {
 			sel.AddFuture(monitor, func(workflow.Future) { monitorDone = true })
+		}
+		if sharded {
+			sel.AddReceive(w.monCh, func(c workflow.ReceiveChannel, _ bool) { report = w.receiveReport(c) })
 		}
 		if timer != nil {
 			sel.AddFuture(timer, func(workflow.Future) { timerDone = true })
@@ -583,7 +603,7 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 				return err
 			}
 			republish = w.republishTimer(tctx)
-		case w.memoDirty && !monitorDone && !timerDone:
+		case w.memoDirty && !monitorDone && !timerDone && report == nil:
 			// A report: publish the cooldowns and keep watching.
 			if err := w.publishState(ctx); err != nil {
 				return err
@@ -601,6 +621,9 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 			}
 			w.apply(s.monitorReturned(res, workflow.Now(ctx)))
 			return nil
+		case report != nil:
+			w.apply(s.monitorReturned(report.Result, workflow.Now(ctx)))
+			return nil
 		}
 		if w.version >= versionLongLived {
 			if over, _ := w.overBudget(ctx); over {
@@ -608,6 +631,44 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 			}
 		}
 	}
+}
+
+// receiveReport takes one shard report off c: it returns it if it is about what the run
+// watches now, or nil if it is stale (about an instance since replaced, a health check
+// since changed), which is dropped.
+func (w *proxyWorkflow) receiveReport(c workflow.ReceiveChannel) *activities.MonitorReport {
+	var r activities.MonitorReport
+	c.ReceiveAsync(&r)
+	w.signals++
+	w.cost += costSignal
+	if !w.watchSet || r.Epoch != w.watchEpoch || r.Epoch == "" {
+		w.log.Info("dropped a stale monitor report", "uid", w.state.UID, "epoch", r.Epoch, "reason", r.Result.Reason)
+		return nil
+	}
+	return &r
+}
+
+// watch is what a monitor shard is to watch for this proxy now, or nil for nothing.
+func (w *proxyWorkflow) watch() *activities.MonitorMemo {
+	in, ok := w.monitorInput()
+	if !ok {
+		return nil
+	}
+	return &activities.MonitorMemo{Epoch: watchEpoch(in), Input: in}
+}
+
+// watchEpoch names a watch by everything in it but the last verdict (which the shard
+// carries on by itself): the same watch published again, by this run or the next, is the
+// same epoch, and the shard keeps watching without a pause.
+func watchEpoch(in activities.MonitorInput) string {
+	in.Last = activities.Health{}
+	b, err := json.Marshal(in)
+	if err != nil {
+		// Plain data always encodes; if it did not, every report would look stale.
+		panic(err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
 }
 
 func (w *proxyWorkflow) monitorInput() (activities.MonitorInput, bool) {
@@ -721,7 +782,17 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 	}
 	healthy := st.Phase == v1alpha1.PhaseReady
 	memo := w.memoOf(st)
-	unchanged := w.memo != nil && equalData(*w.memo, memo) && !w.memoDirty
+	fields := map[string]any{contract.MemoKey: memo}
+	var watch *activities.MonitorMemo
+	if w.version >= versionShardMonitor {
+		// A nil value removes the field: nothing to watch.
+		if watch = w.watch(); watch != nil {
+			fields[activities.MonitorMemoKey] = watch
+		} else {
+			fields[activities.MonitorMemoKey] = nil
+		}
+	}
+	unchanged := w.memo != nil && equalData(*w.memo, memo) && !w.memoDirty && w.sameWatch(watch)
 	if unchanged && w.saPhase == st.Phase && w.saHealthy != nil && *w.saHealthy == healthy {
 		return nil
 	}
@@ -735,11 +806,32 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := workflow.UpsertMemo(ctx, map[string]any{contract.MemoKey: memo}); err != nil {
+	// The update time is what monitor shards and discovery read changes by, so the memo is
+	// never written without it.
+	if err := workflow.UpsertMemo(ctx, fields); err != nil {
 		return err
 	}
 	w.memo, w.saPhase, w.saHealthy, w.memoDirty = &memo, st.Phase, &healthy, false
+	if w.version >= versionShardMonitor {
+		w.watchSet, w.watchEpoch = true, ""
+		if watch != nil {
+			w.watchEpoch = watch.Epoch
+		}
+	}
 	return nil
+}
+
+// sameWatch reports whether watch is what this run last published (always true for a run
+// of a version that is not watched by shards).
+func (w *proxyWorkflow) sameWatch(watch *activities.MonitorMemo) bool {
+	if w.version < versionShardMonitor {
+		return true
+	}
+	epoch := ""
+	if watch != nil {
+		epoch = watch.Epoch
+	}
+	return w.watchSet && epoch == w.watchEpoch
 }
 
 func (w *proxyWorkflow) providerName() string {
@@ -925,6 +1017,14 @@ func (w *proxyWorkflow) overBudget(ctx workflow.Context) (bool, string) {
 
 func (w *proxyWorkflow) continueAsNew(ctx workflow.Context, why string) error {
 	w.drainSignals()
+	if w.version >= versionShardMonitor {
+		// A signal left unread would be lost with this run: a verdict is carried over.
+		for w.monCh.Len() > 0 {
+			if r := w.receiveReport(w.monCh); r != nil {
+				w.apply(w.state.monitorReturned(r.Result, workflow.Now(ctx)))
+			}
+		}
+	}
 	next := w.in
 	next.State = w.state
 	info := workflow.GetInfo(ctx)

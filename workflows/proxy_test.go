@@ -183,6 +183,8 @@ type harness struct {
 	// block until cancelled, as a stable proxy's monitor does).
 	healthy      bool
 	monitorCalls int
+	// shard stands in for the monitor shard that watches the proxy (version 4 on).
+	shard shardSim
 	// checks counts scheduled checks; ran counts those that ran (a check that never runs
 	// would let a test pass without asserting anything).
 	checks, ran int
@@ -246,7 +248,73 @@ func newHarness(t *testing.T, first ...func(*harness)) *harness {
 	})
 	h.env.OnActivity(acts.Monitor, mock.Anything, mock.MatchedBy(func(in activities.MonitorInput) bool { return !needsVerdict(in) })).
 		After(1000*time.Hour).Return(activities.MonitorResult{}, nil)
+	// The shard's member behaves as the mocked Monitor does: news at once, else nothing.
+	h.shard.models = append(h.shard.models, func(in activities.MonitorInput) (activities.MonitorResult, time.Duration, bool) {
+		if !needsVerdict(in) {
+			return activities.MonitorResult{}, 0, false
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		h.monitorCalls++
+		health := activities.Health{Known: true, Healthy: h.healthy, LatencyMillis: 12}
+		if !h.healthy {
+			health.LastFailure = "connect: refused"
+		}
+		return activities.MonitorResult{Reason: activities.MonitorVerdict, Health: health}, 0, true
+	})
+	h.rec.onWatch = h.watchChanged
 	return h
+}
+
+// shardSim is the monitor shard of the test environment. It follows the MonitorMemo the
+// run publishes as a shard's member does: a new epoch starts a new watch, the same epoch
+// keeps the running one, none stops it. What the watch finds, and when, comes from models
+// (the first that has something to say wins); each report is signalled to the workflow,
+// and the watch goes on from the verdict it reported, until the instance is lost.
+type shardSim struct {
+	models []func(in activities.MonitorInput) (activities.MonitorResult, time.Duration, bool)
+	// gen numbers the watches; a pending report of an earlier one is dropped, as a
+	// cancelled member's would be.
+	gen   int
+	epoch string
+	// reports counts what was signalled.
+	reports int
+}
+
+func (h *harness) watchChanged(m *activities.MonitorMemo) {
+	sh := &h.shard
+	if m != nil && sh.epoch == m.Epoch {
+		return
+	}
+	sh.gen++
+	sh.epoch = ""
+	if m == nil {
+		return
+	}
+	sh.epoch = m.Epoch
+	h.nextReport(sh.gen, m.Epoch, m.Input)
+}
+
+func (h *harness) nextReport(gen int, epoch string, in activities.MonitorInput) {
+	for _, model := range h.shard.models {
+		res, after, ok := model(in)
+		if !ok {
+			continue
+		}
+		h.env.RegisterDelayedCallback(func() {
+			if h.shard.gen != gen || h.env.IsWorkflowCompleted() {
+				return
+			}
+			h.shard.reports++
+			h.env.SignalWorkflow(contract.SignalMonitor, activities.MonitorReport{Epoch: epoch, Result: res})
+			if res.Reason == activities.MonitorGone || res.Reason == activities.MonitorStopped {
+				return
+			}
+			in.Last = res.Health
+			h.nextReport(gen, epoch, in)
+		}, after)
+		return
+	}
 }
 
 func (h *harness) spec(mut ...func(*v1alpha1.ProxySpec)) v1alpha1.ProxySpec {
@@ -663,6 +731,13 @@ func TestUnhealthyWithoutGraceIsNotReplaced(t *testing.T) {
 func firstInstanceLost(lost activities.MonitorResult) func(*harness) {
 	first := true
 	return func(h *harness) {
+		h.shard.models = append(h.shard.models, func(in activities.MonitorInput) (activities.MonitorResult, time.Duration, bool) {
+			if in.Instance == nil || in.Instance.Name != InstanceName(h.uid, 1) || !in.Last.Known || !first {
+				return activities.MonitorResult{}, 0, false
+			}
+			first = false
+			return lost, 15 * time.Minute, true
+		})
 		acts := &activities.Activities{}
 		h.env.OnActivity(acts.Monitor, mock.Anything, mock.MatchedBy(func(in activities.MonitorInput) bool {
 			return in.Instance != nil && in.Instance.Name == InstanceName(h.uid, 1) && in.Last.Known

@@ -17,6 +17,7 @@ import (
 	"go.temporal.io/sdk/workflow"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -32,6 +33,8 @@ type recorder struct {
 	runCounts
 	// memo is the last memo the run published.
 	memo contract.ProxyMemo
+	// onWatch, if set, is told each MonitorMemo the run publishes (nil: it removed it).
+	onWatch func(*activities.MonitorMemo)
 }
 
 // runCounts is what one run did.
@@ -159,6 +162,10 @@ func (o *recorderOutbound) UpsertMemo(ctx workflow.Context, memo map[string]any)
 		o.r.mu.Lock()
 		o.r.memo = m
 		o.r.mu.Unlock()
+	}
+	if v, ok := memo[activities.MonitorMemoKey]; ok && o.r.onWatch != nil {
+		watch, _ := v.(*activities.MonitorMemo)
+		o.r.onWatch(watch)
 	}
 	return o.Next.UpsertMemo(ctx, memo)
 }

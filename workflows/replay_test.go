@@ -85,7 +85,8 @@ func TestCorpusCoversEveryPath(t *testing.T) {
 	}
 	for _, want := range []string{
 		"workflow " + contract.ProxyWorkflowType, "workflow " + contract.GCWorkflowType,
-		"activity FindInstances", "activity CreateInstance", "activity WaitRunning", "activity Monitor", "activity DeleteInstance",
+		"activity FindInstances", "activity CreateInstance", "activity WaitRunning", "activity DeleteInstance",
+		"workflow " + contract.MonitorShardWorkflowType, "activity MonitorShard", "signal " + contract.SignalMonitor,
 		"activity ListLiveUIDs", "activity ListInstances", "activity DeleteOrphan",
 		"local activity PublishStatus", "local activity ReleaseFinalizer", "local activity HashCloudInit",
 		"timer " + wakeMaxAge, "timer " + wakeUnhealthy, "timer " + wakeRetry, "timer " + wakeRunAge,

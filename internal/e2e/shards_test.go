@@ -90,4 +90,5 @@ func TestWorkerKeepsItsMonitorShards(t *testing.T) {
 		require.Equal(t, enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED, desc.RawResponse.GetWorkflowExecutionInfo().GetStatus(),
 			fmt.Sprintf("%s was not retired when the count became 3", id))
 	}
+	recordHistory(t, s, contract.MonitorShardWorkflowID(queue, 0, 2), "monitor-shard.json")
 }

@@ -38,11 +38,18 @@ import (
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
-// DefaultMaxConcurrentActivities is a worker's activity slots unless told otherwise. Every
-// proxy's monitor holds a slot for its whole life, so the SDK's default (1,000) would leave
-// the 1,001st proxy unwatched; tests run with this default too, so their fleets see the
-// worker production runs.
+// DefaultMaxConcurrentActivities is a worker's activity slots unless told otherwise. A
+// proxy whose workflow still runs a Monitor activity of its own (version 3 and older, until
+// the run continues as new) holds a slot for its whole life, so the SDK's default (1,000)
+// could leave the 1,001st such proxy unwatched during an upgrade; tests run with this
+// default too, so their fleets see the worker production runs.
 const DefaultMaxConcurrentActivities = 4000
+
+// DefaultMonitorShards is how many monitor shards watch a task queue's proxies unless told
+// otherwise. Each costs one heartbeat every 32 s whatever it watches, and a shard's members
+// run on whichever worker holds it: 4 spreads the probing of a fleet over up to 4 workers
+// for ~330,000 actions a month in all.
+const DefaultMonitorShards = 4
 
 // Config is everything the worker is told, from flags or a test.
 type Config struct {
@@ -58,8 +65,9 @@ type Config struct {
 	// GC configures the proxy-gc schedule.
 	GC GCConfig
 	// MonitorShards is how many monitor shards (MonitorShardWorkflow) the worker keeps
-	// running; 0 starts none and retires none. Every worker of a task queue must be given
-	// the same count: a worker that starts retires the shards of any other count.
+	// running (0: DefaultMonitorShards). They watch every proxy of the task queue. Every
+	// worker of a task queue must be given the same count: a worker that starts retires
+	// the shards of any other count.
 	MonitorShards int
 	// Keyring is the fleet key shared with discovery: Managed instances' credentials are
 	// derived from it, External ones sealed with it.
@@ -100,6 +108,10 @@ func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Clie
 	if cfg.TaskQueue == "" {
 		cfg.TaskQueue = contract.TaskQueue
 	}
+	if cfg.MonitorShards < 0 {
+		return nil, fmt.Errorf("monitor shards must be at least 1, not %d", cfg.MonitorShards)
+	}
+	cfg.MonitorShards = cmp.Or(cfg.MonitorShards, DefaultMonitorShards)
 	pcfg := cfg.Providers
 	pcfg.Kube = kube
 	var actMetrics *activities.Metrics
@@ -122,16 +134,14 @@ func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Clie
 	return &Worker{cfg: cfg, temporal: tc, activities: acts, sdk: w, release: release}, nil
 }
 
-// Start starts polling, makes sure the monitor shards run (when MonitorShards is set), then
+// Start starts polling, makes sure the monitor shards run, then
 // creates or updates the proxy-gc schedule (when GC.Every is set).
 func (w *Worker) Start(ctx context.Context) error {
 	if err := w.sdk.Start(); err != nil {
 		return err
 	}
-	if w.cfg.MonitorShards > 0 {
-		if err := w.ensureShards(ctx); err != nil {
-			return fmt.Errorf("start the monitor shards: %w", err)
-		}
+	if err := w.ensureShards(ctx); err != nil {
+		return fmt.Errorf("start the monitor shards: %w", err)
 	}
 	if w.cfg.GC.Every <= 0 {
 		return nil
