@@ -277,12 +277,22 @@ type shardSim struct {
 	// cancelled member's would be.
 	gen   int
 	epoch string
-	// reports counts what was signalled.
-	reports int
+	// reports counts what was signalled; published is every watch the run published, in
+	// order (nil: it removed its watch).
+	reports   int
+	published []*activities.MonitorMemo
+}
+
+// lastWatch is the watch the run published last.
+func (h *harness) lastWatch() *activities.MonitorMemo {
+	h.t.Helper()
+	require.NotEmpty(h.t, h.shard.published, "no watch was published")
+	return h.shard.published[len(h.shard.published)-1]
 }
 
 func (h *harness) watchChanged(m *activities.MonitorMemo) {
 	sh := &h.shard
+	sh.published = append(sh.published, m)
 	if m != nil && sh.epoch == m.Epoch {
 		return
 	}
@@ -676,6 +686,9 @@ func TestContinueAsNewKeepsState(t *testing.T) {
 	next.Tuning.HistoryLimit = 0
 	h2.env.ExecuteWorkflow(ProxyWorkflow, next)
 	h2.requireCompleted()
+	require.NotNil(t, h2.shard.published[0])
+	assert.Equal(t, h.lastWatch().Epoch, h2.shard.published[0].Epoch, "the next run publishes the same watch, so its shard watches on")
+	assert.Zero(t, h2.shard.reports, "the verdict carried over needs no new one")
 	assert.Equal(t, 1, strings.Count(strings.Join(h.prov.ops, ","), "create "), "no second create after continue-as-new: %v", h.prov.ops)
 	assert.Empty(t, h.prov.names())
 }

@@ -192,6 +192,7 @@ func TestRecorderBoundsRealHistories(t *testing.T) {
 			require.NoError(t, err)
 			r.RegisterWorkflowWithOptions(ProxyWorkflow, workflow.RegisterOptions{Name: contract.ProxyWorkflowType})
 			r.RegisterWorkflowWithOptions(GCWorkflow, workflow.RegisterOptions{Name: contract.GCWorkflowType})
+			r.RegisterWorkflowWithOptions(MonitorShardWorkflow, workflow.RegisterOptions{Name: contract.MonitorShardWorkflowType})
 			require.NoError(t, r.ReplayWorkflowHistory(nil, hist))
 
 			c := rec.take()

@@ -1,0 +1,88 @@
+package workflows
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/proxyfleet/proxyfleet/activities"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
+)
+
+// TestWatchFollowsTheInstance: the run publishes what its monitor shard is to watch: the
+// running instance, with the last verdict, under a new epoch for each instance; a report
+// about an instance since replaced is dropped; a deleted Proxy removes its watch.
+func TestWatchFollowsTheInstance(t *testing.T) {
+	h := newHarness(t)
+	h.specAt(0, 1, h.spec())
+	var first *activities.MonitorMemo
+	h.checkAt(30*time.Minute, func() {
+		first = h.lastWatch()
+		require.NotNil(t, first)
+		require.NotNil(t, first.Input.Instance)
+		assert.Equal(t, InstanceName(h.uid, 1), first.Input.Instance.Name)
+		assert.True(t, first.Input.Last.Known && first.Input.Last.Healthy, "the watch carries the last verdict")
+		assert.Equal(t, v1alpha1.PhaseReady, h.lastStatus().Phase)
+	})
+	h.signalAt(time.Hour, contract.SignalReplace, contract.ReplaceSignal{Reason: "test"})
+	h.checkAt(2*time.Hour, func() {
+		w := h.lastWatch()
+		require.NotNil(t, w)
+		assert.Equal(t, InstanceName(h.uid, 2), w.Input.Instance.Name)
+		assert.NotEqual(t, first.Epoch, w.Epoch, "a new instance is a new watch")
+		// A shard that had not yet seen the new epoch reports the old instance unhealthy.
+		h.env.SignalWorkflow(contract.SignalMonitor, activities.MonitorReport{Epoch: first.Epoch, Result: activities.MonitorResult{
+			Reason: activities.MonitorVerdict, Health: activities.Health{Known: true, LastFailure: "connect: refused"}}})
+	})
+	h.checkAt(3*time.Hour, func() {
+		assert.Equal(t, v1alpha1.PhaseReady, h.lastStatus().Phase, "a stale report changes nothing")
+		assert.Equal(t, []string{InstanceName(h.uid, 2)}, h.prov.names())
+	})
+	h.signalAt(4*time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
+	h.run(fastTuning())
+	h.requireCompleted()
+	assert.Nil(t, h.lastWatch(), "a deleted Proxy is watched no more")
+	// The first instance's first verdict; the second starts from the verdict of its
+	// verification, and nothing is reported while stable.
+	assert.Equal(t, 1, h.shard.reports)
+}
+
+// TestStableProxyCostsNothingWhileWatched: a healthy proxy left alone for a month records
+// nothing after its first verdict: no signal, activity, timer or memo write in its run, so
+// its history does not grow at rest.
+func TestStableProxyCostsNothingWhileWatched(t *testing.T) {
+	h := newHarness(t)
+	h.specAt(0, 1, h.spec())
+	tuning := fastTuning()
+	tuning.MaxRunAge = 40 * 24 * time.Hour
+	var atRest runCounts
+	h.checkAt(time.Hour, func() { atRest = h.rec.take() })
+	h.checkAt(31*24*time.Hour, func() {
+		assert.Equal(t, runCounts{}, h.rec.take(), "a month at rest recorded something")
+	})
+	h.signalAt(32*24*time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
+	h.run(tuning)
+	h.requireCompleted()
+	assert.Equal(t, 1, h.shard.reports)
+	assert.Equal(t, 2, atRest.signals, "the spec and the first verdict")
+}
+
+// TestWatchEpoch: the epoch names everything the shard watches but the last verdict.
+func TestWatchEpoch(t *testing.T) {
+	in := activities.MonitorInput{Target: "127.0.0.1:3128", HealthCheck: v1alpha1.HealthCheck{URL: "http://127.0.0.1:1/", Interval: "10s"}}
+	later := in
+	later.Last = activities.Health{Known: true, Healthy: true, CheckedAt: time.Unix(1e9, 0)}
+	assert.Equal(t, watchEpoch(in), watchEpoch(later), "a new verdict is the same watch")
+	moved := in
+	moved.Target = "127.0.0.1:3129"
+	assert.NotEqual(t, watchEpoch(in), watchEpoch(moved))
+	checked := in
+	checked.HealthCheck.Interval = "5s"
+	assert.NotEqual(t, watchEpoch(in), watchEpoch(checked))
+	sealed := in
+	sealed.Auth = &activities.ProbeAuth{Sealed: "v1.abc"}
+	assert.NotEqual(t, watchEpoch(in), watchEpoch(sealed), "rotated credentials restart the watch with them")
+}
