@@ -33,7 +33,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"kind"}),
 		monitors: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "proxyfleet_monitors_running",
-			Help: "Monitor activities running on this worker (one per watched proxy).",
+			Help: "Proxies this worker is watching: the members of the monitor shards it holds, and Monitor activities of older workflows.",
 		}),
 		gcDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gc_deleted_total",

@@ -174,10 +174,7 @@ func (sys *system) startProcesses(t *testing.T) {
 func (sys *system) startControlPlane(t *testing.T) {
 	s := sys.s
 	kubeconfig := "KUBECONFIG=" + s.Kube.Kubeconfig(t)
-	sys.worker = newProcess(t, "worker", []string{kubeconfig, sys.fleetKeyEnv()}, append(sys.temporalArgs(),
-		"--task-queue", s.TaskQueue, "--installation", s.Installation,
-		"--providers", "local", "--local-daemon", s.DaemonURL,
-		"--http-address", "127.0.0.1:0", "--gc-interval", "0")...)
+	sys.worker = sys.newWorker(t, "worker")
 	ft := stack.FastTuning()
 	sys.operator = newProcess(t, "operator", []string{kubeconfig}, append(sys.temporalArgs(),
 		"--task-queue", s.TaskQueue, "--installation", s.Installation,
@@ -190,6 +187,17 @@ func (sys *system) startControlPlane(t *testing.T) {
 		"--resync-interval", "1s")...)
 	sys.worker.start(t)
 	sys.operator.start(t)
+}
+
+// newWorker is a worker process of the stack's task queue, not yet started.
+func (sys *system) newWorker(t *testing.T, name string) *process {
+	s := sys.s
+	p := newProcess(t, "worker", []string{"KUBECONFIG=" + s.Kube.Kubeconfig(t), sys.fleetKeyEnv()}, append(sys.temporalArgs(),
+		"--task-queue", s.TaskQueue, "--installation", s.Installation,
+		"--providers", "local", "--local-daemon", s.DaemonURL,
+		"--http-address", "127.0.0.1:0", "--gc-interval", "0")...)
+	p.Name = name
+	return p
 }
 
 func (sys *system) temporalArgs() []string {

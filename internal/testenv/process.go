@@ -66,6 +66,16 @@ func (p *Process) Start() error {
 	return nil
 }
 
+// Pid is the current run's process ID (0 when nothing was started).
+func (p *Process) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Exited is closed when the current run ends; nil when nothing was started.
 func (p *Process) Exited() <-chan struct{} {
 	p.mu.Lock()
