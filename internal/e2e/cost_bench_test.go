@@ -25,7 +25,9 @@ const hoursPerMonth = 730
 // per month, the workflow tasks it ran, the history events written, and the dev server's
 // CPU, over a window in which nobody leases and nothing changes. The Proxies take the
 // default health check (10 s probes) and the workflows production's timings, so the figure
-// is what a user's idle fleet costs. IDLE_FLEET (1,000) and IDLE_WINDOW (5m) override.
+// is what a user's idle fleet costs. Its baseline, in the same run, is the system with no
+// Proxy at all (worker, monitor shards, discovery's absence) over IDLE_BASELINE (1m): what
+// the fleet adds is the difference. IDLE_FLEET (1,000) and IDLE_WINDOW (5m) override.
 //
 //	go test ./internal/e2e -run '^$' -bench IdleFleetCost -benchtime 1x -timeout 60m
 func BenchmarkIdleFleetCost(b *testing.B) {
@@ -35,6 +37,29 @@ func BenchmarkIdleFleetCost(b *testing.B) {
 	s := stack.Start(b, stack.Options{Tuning: workflows.Tuning{PollInterval: 100 * time.Millisecond}})
 	ctx := context.Background()
 	ns := s.Namespace(b)
+
+	// The baseline: the same system with nothing to watch.
+	baseWindow := envDuration(b, "IDLE_BASELINE", time.Minute)
+	e0, err := s.Temporal.Actions(ctx, s.Temporal.Namespace)
+	require.NoError(b, err)
+	ecpu0, et0 := takeCPUSample(), time.Now()
+	time.Sleep(baseWindow) // the measurement window itself, not synchronisation
+	ecpu1, eElapsed := takeCPUSample(), time.Since(et0)
+	time.Sleep(2 * time.Second) // one more flush of the server's counters
+	e1, err := s.Temporal.Actions(ctx, s.Temporal.Namespace)
+	require.NoError(b, err)
+	emptyCores := ecpu1.since(ecpu0)["temporal"].Seconds() / eElapsed.Seconds()
+	emptyActions := 0.0
+	for k := range e1 {
+		if k != "workflow_tasks_completed" {
+			emptyActions += e1[k] - e0[k]
+		}
+	}
+	b.Logf("baseline, no Proxy, over %s: %.0f actions per hour in all (the monitor shards' heartbeats), dev server %.3f cores",
+		eElapsed.Round(time.Second), emptyActions/eElapsed.Hours(), emptyCores)
+	b.ReportMetric(emptyActions/eElapsed.Hours(), "empty-actions/hour")
+	b.ReportMetric(emptyCores, "empty-temporal-cores")
+
 	names := applyFleet(b, s, ns, "idle", n, func(_ int, p *v1alpha1.Proxy) {
 		tagged(p, ns)
 		p.Spec.HealthCheck.Interval, p.Spec.HealthCheck.Timeout = "", "" // the defaults
@@ -84,7 +109,9 @@ func BenchmarkIdleFleetCost(b *testing.B) {
 		b.ReportMetric(perHour(heartbeats), "heartbeats/proxy/hour")
 		b.ReportMetric(perHour(tasks), "workflow-tasks/proxy/hour")
 		b.ReportMetric(perHour(float64(ev1-ev0)), "history-events/proxy/hour")
-		b.ReportMetric(cpu["temporal"].Seconds()/elapsed.Seconds()*1000/float64(n), "temporal-cores/1000-proxies")
+		cores := cpu["temporal"].Seconds() / elapsed.Seconds()
+		b.ReportMetric(cores*1000/float64(n), "temporal-cores/1000-proxies")
+		b.ReportMetric(max(cores-emptyCores, 0)*1000/float64(n), "temporal-cores-over-baseline/1000-proxies")
 
 		// What discovery needs for this fleet: a full read of the index, a pass of changes
 		// (none here), and the index's memory per proxy.
