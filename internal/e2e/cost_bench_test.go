@@ -13,8 +13,10 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
+	"github.com/proxyfleet/proxyfleet/internal/worker"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // hoursPerMonth is what "per month" means in the figures: 365 × 24 / 12.
@@ -34,9 +36,19 @@ func BenchmarkIdleFleetCost(b *testing.B) {
 	n, window := envInt(b, "IDLE_FLEET", 1000), envDuration(b, "IDLE_WINDOW", 5*time.Minute)
 	// Production timings, except how often creation is polled (which only speeds the
 	// fleet to Ready; nothing polls at rest).
-	s := stack.Start(b, stack.Options{Tuning: workflows.Tuning{PollInterval: 100 * time.Millisecond}})
+	s := stack.Start(b, stack.Options{Tuning: workflows.Tuning{PollInterval: 100 * time.Millisecond}, NoWorker: true})
 	ctx := context.Background()
 	ns := s.Namespace(b)
+	// The stack's worker, except that it leaves its shards alone once started (the last
+	// window stops them) and reads membership every IDLE_SHARD_REFRESH if set.
+	w := s.NewWorker(b, s.TaskQueue, func(c *worker.Config) {
+		c.ShardCheckEvery = 24 * time.Hour
+		c.MonitorRefresh = envDuration(b, "IDLE_SHARD_REFRESH", 0)
+	})
+	b.Cleanup(w.Stop)
+	require.NoError(b, w.Start(ctx))
+	// Let the shards start and send their first heartbeats before the baseline.
+	time.Sleep(workflows.ShardHeartbeatTimeout)
 
 	// The baseline: the same system with nothing to watch.
 	baseWindow := envDuration(b, "IDLE_BASELINE", time.Minute)
@@ -121,6 +133,20 @@ func BenchmarkIdleFleetCost(b *testing.B) {
 		b.ReportMetric(float64(full.Milliseconds()), "discovery-full-ms")
 		b.ReportMetric(float64(incr.Microseconds())/1000, "discovery-incremental-ms")
 		b.ReportMetric(perProxy, "discovery-index-bytes/proxy")
+
+		// Which part of the server's CPU the shards cause: the same fleet, unwatched, over
+		// the baseline's window (the shards are stopped; nothing else changes).
+		for k := range worker.DefaultMonitorShards {
+			require.NoError(b, s.Temporal.Client.TerminateWorkflow(ctx, contract.MonitorShardWorkflowID(s.TaskQueue, k, worker.DefaultMonitorShards), "", "benchmark: the fleet without its shards"))
+		}
+		time.Sleep(5 * time.Second) // let the shards' last calls drain before sampling
+		ucpu0, ut0 := takeCPUSample(), time.Now()
+		time.Sleep(baseWindow) // the measurement window itself, not synchronisation
+		ucpu1, uElapsed := takeCPUSample(), time.Since(ut0)
+		unwatched := ucpu1.since(ucpu0)["temporal"].Seconds() / uElapsed.Seconds()
+		b.Logf("the same fleet with its shards stopped, over %s: dev server %.3f cores; the shards' share %.3f cores",
+			uElapsed.Round(time.Second), unwatched, cores-unwatched)
+		b.ReportMetric(max(cores-unwatched, 0)*1000/float64(n), "temporal-cores-of-shards/1000-proxies")
 	}
 }
 

@@ -92,3 +92,35 @@ func TestWorkerKeepsItsMonitorShards(t *testing.T) {
 	}
 	recordHistory(t, s, contract.MonitorShardWorkflowID(queue, 0, 2), "monitor-shard.json")
 }
+
+// TestWorkerRestartsATerminatedShard: a monitor shard terminated by hand is started again
+// by the worker's periodic check, so its proxies are not left unwatched until a restart.
+func TestWorkerRestartsATerminatedShard(t *testing.T) {
+	s := stack.Start(t, stack.Options{NoWorker: true, NoController: true})
+	ctx := context.Background()
+	queue := s.TaskQueue + "-restart"
+	w := s.NewWorker(t, queue, func(c *worker.Config) { c.MonitorShards, c.ShardCheckEvery = 2, 200*time.Millisecond })
+	t.Cleanup(func() {
+		w.Stop()
+		for k := range 2 {
+			_ = s.Temporal.Client.TerminateWorkflow(context.Background(), contract.MonitorShardWorkflowID(queue, k, 2), "", "test done")
+		}
+	})
+	require.NoError(t, w.Start(ctx))
+	id := contract.MonitorShardWorkflowID(queue, 1, 2)
+	run := func() (string, enumspb.WorkflowExecutionStatus) {
+		desc, err := s.Temporal.Client.DescribeWorkflow(ctx, id, "")
+		if err != nil {
+			return "", enumspb.WORKFLOW_EXECUTION_STATUS_UNSPECIFIED
+		}
+		info := desc.RawResponse.GetWorkflowExecutionInfo()
+		return info.GetExecution().GetRunId(), info.GetStatus()
+	}
+	first, status := run()
+	require.Equal(t, enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING, status)
+	require.NoError(t, s.Temporal.Client.TerminateWorkflow(ctx, id, first, "an operator's mistake"))
+	require.Eventually(t, func() bool {
+		r, st := run()
+		return r != first && st == enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING
+	}, 30*time.Second, 100*time.Millisecond, "the terminated shard was not started again")
+}

@@ -69,6 +69,13 @@ type Config struct {
 	// worker of a task queue must be given the same count: a worker that starts retires
 	// the shards of any other count.
 	MonitorShards int
+	// ShardCheckEvery is how often the worker checks that every monitor shard of its count
+	// runs, and starts one that does not (someone terminated it): 0 is a minute. Each
+	// check is one DescribeWorkflowExecution per shard, which Temporal does not bill.
+	ShardCheckEvery time.Duration
+	// MonitorRefresh is how often a shard reads what changed in its membership (0: the
+	// activity's default). It is given to shards when they start; running ones keep theirs.
+	MonitorRefresh time.Duration
 	// Keyring is the fleet key shared with discovery: Managed instances' credentials are
 	// derived from it, External ones sealed with it.
 	Keyring *proxyauth.Keyring
@@ -94,8 +101,12 @@ type Worker struct {
 	temporal   client.Client
 	activities *activities.Activities
 	sdk        sdkworker.Worker
+	log        *slog.Logger
 	stop       sync.Once
 	release    func()
+	// cancel stops the shard check Start began; done is closed when it has stopped.
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // New builds the worker: the providers cfg enables, the activities over them, and a
@@ -131,7 +142,7 @@ func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Clie
 	opts.MaxConcurrentActivityExecutionSize = cmp.Or(cfg.MaxConcurrentActivities, DefaultMaxConcurrentActivities)
 	w := sdkworker.New(tc, cfg.TaskQueue, opts)
 	workflows.Register(w, acts)
-	return &Worker{cfg: cfg, temporal: tc, activities: acts, sdk: w, release: release}, nil
+	return &Worker{cfg: cfg, temporal: tc, activities: acts, sdk: w, log: log, release: release}, nil
 }
 
 // Start starts polling, makes sure the monitor shards run, then
@@ -143,6 +154,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.ensureShards(ctx); err != nil {
 		return fmt.Errorf("start the monitor shards: %w", err)
 	}
+	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	w.cancel, w.done = cancel, make(chan struct{})
+	go w.keepShards(kctx)
 	if w.cfg.GC.Every <= 0 {
 		return nil
 	}
@@ -155,22 +169,28 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
-// ensureShards starts each monitor shard of the configured count that is not running (an
-// existing one is left as it is: starting it again costs nothing and changes nothing), then
-// terminates the shards of any other count on its task queue, which would watch the same
-// proxies twice.
+// ensureShards starts each monitor shard of the configured count that is not running (one
+// that runs is left as it is; asking costs one DescribeWorkflowExecution, which Temporal
+// does not bill), then terminates the shards of any other count on its task queue, which
+// would watch the same proxies twice.
 func (w *Worker) ensureShards(ctx context.Context) error {
 	n := w.cfg.MonitorShards
 	want := map[string]bool{}
 	for k := range n {
 		id := contract.MonitorShardWorkflowID(w.cfg.TaskQueue, k, n)
 		want[id] = true
-		_, err := w.temporal.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
-			ID: id, TaskQueue: w.cfg.TaskQueue,
-			WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING,
-			StaticSummary:            fmt.Sprintf("monitor shard %d of %d", k, n),
-		}, contract.MonitorShardWorkflowType, activities.ShardInput{Index: k, Count: n})
-		if err != nil {
+		desc, err := w.temporal.DescribeWorkflowExecution(ctx, id, "")
+		var notFound *serviceerror.NotFound
+		switch {
+		case err == nil && desc.GetWorkflowExecutionInfo().GetStatus() == enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING:
+			continue
+		case err != nil && !errors.As(err, &notFound):
+			return fmt.Errorf("%s: %w", id, err)
+		case err == nil && w.done != nil:
+			// Not at start: a shard that ended is news.
+			w.log.Warn("a monitor shard was not running; starting it again", "shard", id)
+		}
+		if err := w.startShard(ctx, k, n); err != nil {
 			return fmt.Errorf("%s: %w", id, err)
 		}
 	}
@@ -201,10 +221,44 @@ func (w *Worker) ensureShards(ctx context.Context) error {
 	}
 }
 
+// keepShards runs ensureShards every ShardCheckEvery: a shard terminated by hand (or by a
+// server limit) would otherwise leave its proxies unwatched until a worker restarts, and
+// the shards of an old count, left running by the workers of a rollout that changed
+// --monitor-shards, would watch their proxies twice.
+func (w *Worker) keepShards(ctx context.Context) {
+	defer close(w.done)
+	t := time.NewTicker(cmp.Or(w.cfg.ShardCheckEvery, time.Minute))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := w.ensureShards(ctx); err != nil && ctx.Err() == nil {
+			w.log.Warn("checking the monitor shards failed; trying again later", "error", err)
+		}
+	}
+}
+
+// startShard starts shard k of n, or leaves the running one as it is.
+func (w *Worker) startShard(ctx context.Context, k, n int) error {
+	_, err := w.temporal.ExecuteWorkflow(ctx, client.StartWorkflowOptions{
+		ID: contract.MonitorShardWorkflowID(w.cfg.TaskQueue, k, n), TaskQueue: w.cfg.TaskQueue,
+		WorkflowIDConflictPolicy: enumspb.WORKFLOW_ID_CONFLICT_POLICY_USE_EXISTING,
+		StaticSummary:            fmt.Sprintf("monitor shard %d of %d", k, n),
+	}, contract.MonitorShardWorkflowType, activities.ShardInput{Index: k, Count: n, Refresh: w.cfg.MonitorRefresh})
+	return err
+}
+
 // Stop stops polling, waits for running activities to return, and releases the providers.
 // It is safe to call more than once, and after a Start that failed.
 func (w *Worker) Stop() {
 	w.stop.Do(func() {
+		if w.cancel != nil {
+			w.cancel()
+			<-w.done
+		}
 		w.sdk.Stop()
 		w.release()
 	})
