@@ -230,10 +230,12 @@ type ShardInput struct {
 	// Index of Count: the shard watches the workflows ShardOf gives Index.
 	Index int `json:"index"`
 	Count int `json:"count"`
-	// Refresh is how often the shard reads what changed in its membership (default 1s),
+	// Refresh is how often the shard reads what changed in its membership while changes
+	// come (default 1s), IdleRefresh how often once none has for a while (default 5s),
 	// Full how often it reads all of it (default 5m), Overlap how far back each read
 	// reaches, for visibility's lag (default 5s).
-	Refresh time.Duration `json:"refresh,omitempty"`
+	Refresh     time.Duration `json:"refresh,omitempty"`
+	IdleRefresh time.Duration `json:"idleRefresh,omitempty"`
 	Full    time.Duration `json:"full,omitempty"`
 	Overlap time.Duration `json:"overlap,omitempty"`
 }
@@ -241,7 +243,9 @@ type ShardInput struct {
 // MonitorShard watches every proxy whose workflow the shard owns, until it is cancelled or
 // its worker dies (Temporal then starts it on another worker after the heartbeat timeout).
 // It learns its members from visibility, as discovery does: the running ProxyWorkflows
-// with a MonitorMemo, all of them at start and every Full, what changed every Refresh. It
+// with a MonitorMemo, all of them at start and every Full, what changed every Refresh.
+// The shards a process runs for one task queue share one reader (a feed), so the
+// visibility store answers one query per Refresh per worker, not per shard. The shard
 // heartbeats once a Refresh with no details; that heartbeat, throttled by the SDK to one
 // per 0.8 × the heartbeat timeout, is the whole cost of a healthy fleet.
 func (a *Activities) MonitorShard(ctx context.Context, in ShardInput) error {
@@ -251,29 +255,15 @@ func (a *Activities) MonitorShard(ctx context.Context, in ShardInput) error {
 	if a.Temporal == nil || a.Signaller == nil {
 		return temporal.NewNonRetryableApplicationError("this worker has no Temporal client for monitor shards", ErrTypePermanent, nil)
 	}
-	refresh, full, overlap := orDefault(in.Refresh, time.Second), orDefault(in.Full, 5*time.Minute), orDefault(in.Overlap, 5*time.Second)
+	in.Refresh, in.Full, in.Overlap = orDefault(in.Refresh, time.Second), orDefault(in.Full, 5*time.Minute), orDefault(in.Overlap, 5*time.Second)
+	in.IdleRefresh = max(orDefault(in.IdleRefresh, 5*time.Second), in.Refresh)
 	ms := newMembers(a, a.Signaller, contract.SignalMonitor)
 	defer ms.stopAll()
-	sh := &shardView{a: a, in: in, ms: ms, queue: activity.GetInfo(ctx).TaskQueue}
-	// A shard that took over from another worker, or starts a fleet whose probes are all
-	// overdue, spreads its first probes over each proxy's interval.
-	spread := true
-	var lastFull time.Time
-	tick := time.NewTicker(refresh)
+	f, sub := subscribe(ctx, a, activity.GetInfo(ctx).TaskQueue, in, ms)
+	defer f.unsubscribe(sub)
+	tick := time.NewTicker(in.Refresh)
 	defer tick.Stop()
 	for {
-		var err error
-		if time.Since(lastFull) >= full {
-			start := time.Now()
-			if err = sh.full(ctx, spread); err == nil {
-				lastFull, spread = start, false
-			}
-		} else {
-			err = sh.changed(ctx, overlap)
-		}
-		if err != nil && ctx.Err() == nil {
-			a.log().WarnContext(ctx, "reading the monitor shard's members failed; watching those known", "shard", in.Index, "error", err)
-		}
 		activity.RecordHeartbeat(ctx)
 		select {
 		case <-ctx.Done():
@@ -283,59 +273,189 @@ func (a *Activities) MonitorShard(ctx context.Context, in ShardInput) error {
 	}
 }
 
-// shardView is a shard's reading of its membership.
-type shardView struct {
-	a         *Activities
-	in        ShardInput
-	ms        *members
-	queue     string // the shard watches the proxies whose workflows run on its own queue
+// A feed reads the watches of one task queue's proxies for every shard of this process:
+// the whole membership at its first read and every Full, what changed every Refresh, and
+// hands each shard the changes to the proxies it owns. It runs while a shard subscribes.
+type feed struct {
+	a     *Activities
+	key   feedKey
+	in    ShardInput // Refresh, Full and Overlap of the shard that started it
+	queue string
+
+	mu   sync.Mutex
+	subs map[*feedSub]bool
+	// known is every running ProxyWorkflow with a watch, as last read; read says a full
+	// read has completed since the feed started.
+	known     map[string]*MonitorMemo
+	read      bool
 	watermark time.Time
+	lastFull  time.Time
+	// lastChange is when a read last found a change.
+	lastChange time.Time
+	stop      context.CancelFunc
+	done      chan struct{}
 }
 
-// full reads every running ProxyWorkflow and makes the watches follow: started, restarted
-// for a new epoch, stopped for a workflow gone or no longer watched by shards.
-func (sh *shardView) full(ctx context.Context, spread bool) error {
+type feedKey struct {
+	a     *Activities
+	queue string
+}
+
+// feedSub is one shard's subscription. fresh: it has not been given its members yet, which
+// then start spread over their interval (the shard took over from another worker, or
+// starts a fleet whose probes are all due).
+type feedSub struct {
+	ctx          context.Context // the shard's: its watches live as long as it does
+	index, count int
+	ms           *members
+	fresh        bool
+}
+
+var feeds = struct {
+	sync.Mutex
+	m map[feedKey]*feed
+}{m: map[feedKey]*feed{}}
+
+// subscribe subscribes a shard to the feed of a's queue, started if none runs. It holds
+// the registry's lock throughout, so a feed whose last shard is leaving is never joined.
+func subscribe(ctx context.Context, a *Activities, queue string, in ShardInput, ms *members) (*feed, *feedSub) {
+	feeds.Lock()
+	defer feeds.Unlock()
+	k := feedKey{a, queue}
+	f := feeds.m[k]
+	if f == nil {
+		fctx, cancel := context.WithCancel(context.Background())
+		f = &feed{a: a, key: k, in: in, queue: queue, subs: map[*feedSub]bool{}, known: map[string]*MonitorMemo{},
+			stop: cancel, done: make(chan struct{})}
+		feeds.m[k] = f
+		go f.run(fctx)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sub := &feedSub{ctx: ctx, index: in.Index, count: in.Count, ms: ms, fresh: true}
+	f.subs[sub] = true
+	if f.read {
+		f.handOver(sub)
+	}
+	return f, sub
+}
+
+// unsubscribe ends a shard's subscription; the last one stops the feed.
+func (f *feed) unsubscribe(sub *feedSub) {
+	feeds.Lock()
+	f.mu.Lock()
+	delete(f.subs, sub)
+	last := len(f.subs) == 0
+	f.mu.Unlock()
+	if last && feeds.m[f.key] == f {
+		delete(feeds.m, f.key)
+	}
+	feeds.Unlock()
+	if last {
+		f.stop()
+		<-f.done
+	}
+}
+
+// handOver gives a fresh subscriber every known proxy it owns. f.mu is held.
+func (f *feed) handOver(sub *feedSub) {
+	for id, memo := range f.known {
+		if sub.owns(id) {
+			sub.ms.sync(sub.ctx, id, memo, true)
+		}
+	}
+	sub.fresh = false
+}
+
+func (s *feedSub) owns(id string) bool { return ShardOf(id, s.count) == s.index }
+
+// feedQuiet is how long without a change before a feed reads at its idle pace: an idle
+// fleet's reads are what its visibility store pays for (each scans the queue's proxies
+// on the dev server's SQLite), while a fleet in motion wants new watches picked up fast.
+const feedQuiet = 30 * time.Second
+
+func (f *feed) run(ctx context.Context) {
+	defer close(f.done)
+	for {
+		t0 := time.Now()
+		var err error
+		if time.Since(f.lastFull) >= f.in.Full {
+			err = f.full(ctx)
+		} else {
+			err = f.changed(ctx)
+		}
+		if err != nil && ctx.Err() == nil {
+			f.a.log().WarnContext(ctx, "reading the monitor shards' members failed; watching those known", "taskQueue", f.queue, "error", err)
+		}
+		pace := f.in.IdleRefresh
+		if time.Since(f.lastChange) < feedQuiet {
+			pace = f.in.Refresh
+		}
+		if !sleepCtx(ctx, max(pace-time.Since(t0), 0)) {
+			return
+		}
+	}
+}
+
+// full reads every running ProxyWorkflow and makes each shard's watches follow: started,
+// restarted for a new epoch, stopped for a workflow gone or no longer watched by shards.
+func (f *feed) full(ctx context.Context) error {
+	start := time.Now()
 	want := map[string]*MonitorMemo{}
-	high := sh.watermark
-	err := sh.list(ctx, contract.RunningProxiesQuery, func(id string, running bool, memo *MonitorMemo, changed time.Time) {
+	high := f.watermark
+	err := f.list(ctx, contract.RunningProxiesQuery, func(id string, running bool, memo *MonitorMemo, changed time.Time) {
 		if changed.After(high) {
 			high = changed
 		}
-		if running && memo != nil && ShardOf(id, sh.in.Count) == sh.in.Index {
+		if running && memo != nil {
 			want[id] = memo
 		}
 	})
 	if err != nil {
 		return err
 	}
-	for _, id := range sh.ms.ids() {
-		if want[id] == nil {
-			sh.ms.sync(ctx, id, nil, false)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for sub := range f.subs {
+		if sub.fresh {
+			continue
+		}
+		for id := range f.known {
+			if want[id] == nil && sub.owns(id) {
+				sub.ms.sync(sub.ctx, id, nil, false)
+			}
+		}
+		for id, memo := range want {
+			if sub.owns(id) {
+				sub.ms.sync(sub.ctx, id, memo, false)
+			}
 		}
 	}
-	for id, memo := range want {
-		sh.ms.sync(ctx, id, memo, spread)
+	if len(want) != len(f.known) || !f.read {
+		f.lastChange = time.Now()
 	}
-	sh.watermark = high
+	f.known, f.watermark, f.lastFull, f.read = want, high, start, true
+	for sub := range f.subs {
+		if sub.fresh {
+			f.handOver(sub)
+		}
+	}
 	return nil
 }
 
 // changed reads the ProxyWorkflows whose memo changed (or that closed) since the last read.
 // One workflow ID can have a closed run and a running one (continue-as-new, a Proxy made
 // again): the running run wins; a run that continued as new is left to its successor.
-func (sh *shardView) changed(ctx context.Context, overlap time.Duration) error {
+func (f *feed) changed(ctx context.Context) error {
 	type seen struct {
 		memo    *MonitorMemo
 		running bool
 	}
 	byID := map[string]seen{}
-	high := sh.watermark
-	err := sh.list(ctx, contract.ProxiesUpdatedSinceQuery(sh.watermark.Add(-overlap)), func(id string, running bool, memo *MonitorMemo, changed time.Time) {
+	high := f.watermark
+	err := f.list(ctx, contract.ProxiesUpdatedSinceQuery(f.watermark.Add(-f.in.Overlap)), func(id string, running bool, memo *MonitorMemo, changed time.Time) {
 		if changed.After(high) {
 			high = changed
-		}
-		if ShardOf(id, sh.in.Count) != sh.in.Index {
-			return
 		}
 		if prev, ok := byID[id]; !ok || running || !prev.running {
 			byID[id] = seen{memo, running}
@@ -344,26 +464,40 @@ func (sh *shardView) changed(ctx context.Context, overlap time.Duration) error {
 	if err != nil {
 		return err
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(byID) > 0 {
+		f.lastChange = time.Now()
+	}
 	for id, s := range byID {
+		var memo *MonitorMemo
 		if s.running {
-			sh.ms.sync(ctx, id, s.memo, false)
+			memo = s.memo
+		}
+		if memo != nil {
+			f.known[id] = memo
 		} else {
-			sh.ms.sync(ctx, id, nil, false)
+			delete(f.known, id)
+		}
+		for sub := range f.subs {
+			if !sub.fresh && sub.owns(id) {
+				sub.ms.sync(sub.ctx, id, memo, false)
+			}
 		}
 	}
-	sh.watermark = high
+	f.watermark = high
 	return nil
 }
 
 // list calls fn for each workflow query selects: its ID, whether it runs, its MonitorMemo
 // (nil without one), and when it last changed (its memo's update time, or its close time if
 // later). A run that continued as new is skipped: its successor carries its watch.
-func (sh *shardView) list(ctx context.Context, query string, fn func(id string, running bool, memo *MonitorMemo, changed time.Time)) error {
+func (f *feed) list(ctx context.Context, query string, fn func(id string, running bool, memo *MonitorMemo, changed time.Time)) error {
 	dc := converter.GetDefaultDataConverter()
 	var token []byte
 	for {
-		resp, err := sh.a.Temporal.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{
-			PageSize: 1000, NextPageToken: token, Query: contract.OnTaskQueue(query, sh.queue),
+		resp, err := f.a.Temporal.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{
+			PageSize: 1000, NextPageToken: token, Query: contract.OnTaskQueue(query, f.queue),
 		})
 		if err != nil {
 			return fmt.Errorf("list workflows: %w", err)
@@ -373,8 +507,8 @@ func (sh *shardView) list(ctx context.Context, query string, fn func(id string, 
 				continue
 			}
 			var changed time.Time
-			if f := ex.GetSearchAttributes().GetIndexedFields()[contract.SearchAttrUpdatedAt.GetName()]; f != nil {
-				_ = dc.FromPayload(f, &changed)
+			if fld := ex.GetSearchAttributes().GetIndexedFields()[contract.SearchAttrUpdatedAt.GetName()]; fld != nil {
+				_ = dc.FromPayload(fld, &changed)
 			}
 			if c := ex.GetCloseTime(); c != nil && c.AsTime().After(changed) {
 				changed = c.AsTime()

@@ -2,6 +2,7 @@ package activities_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -169,6 +170,8 @@ func TestShardOfSpreadsAndAgrees(t *testing.T) {
 type fakeVisibility struct {
 	mu  sync.Mutex
 	wfs map[string]*workflowpb.WorkflowExecutionInfo
+	// lists counts the lists asked for.
+	lists int
 }
 
 func (f *fakeVisibility) set(t *testing.T, id string, running bool, memo *activities.MonitorMemo) {
@@ -192,6 +195,7 @@ func (f *fakeVisibility) set(t *testing.T, id string, running bool, memo *activi
 func (f *fakeVisibility) ListWorkflow(context.Context, *workflowservice.ListWorkflowExecutionsRequest) (*workflowservice.ListWorkflowExecutionsResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.lists++
 	resp := &workflowservice.ListWorkflowExecutionsResponse{}
 	for _, info := range f.wfs {
 		resp.Executions = append(resp.Executions, proto.CloneOf(info))
@@ -260,4 +264,63 @@ func TestMonitorShardRefusesABadShard(t *testing.T) {
 	_, err := env.ExecuteActivity(acts.MonitorShard, activities.ShardInput{Index: 4, Count: 4})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "shard 4 of 4")
+}
+
+// TestShardsOfAProcessShareOneReader: the shards one worker runs for a task queue read
+// visibility together, one list per refresh, not one each; each still watches exactly the
+// proxies it owns, and a shard that stops leaves the other's watches alone.
+func TestShardsOfAProcessShareOneReader(t *testing.T) {
+	m := newMonitorEnv(t)
+	vis := &fakeVisibility{wfs: map[string]*workflowpb.WorkflowExecutionInfo{}}
+	const proxies = 6
+	owners := map[int]int{}
+	for i := range proxies {
+		inst, ii := m.instance(t, fmt.Sprintf("px-share-%d", i))
+		in := m.input(inst, activities.Health{Known: true, Healthy: true})
+		in.Instance = &ii
+		id := fmt.Sprintf("proxy/ns/share-%d", i)
+		vis.set(t, id, true, &activities.MonitorMemo{Epoch: "e1", Input: in})
+		owners[activities.ShardOf(id, 2)]++
+	}
+	require.Len(t, owners, 2, "the proxies should fall in both shards")
+	reg := prometheus.NewRegistry()
+	acts := &activities.Activities{Providers: m.acts.Providers, Installation: "test", Keyring: m.acts.Keyring,
+		Temporal: vis, Signaller: newFakeWorkflows(), Metrics: activities.NewMetrics(reg)}
+	watching := func() float64 { return metricValue(t, reg, "proxyfleet_monitors_running") }
+	const refresh = 50 * time.Millisecond
+	cancels := make([]context.CancelFunc, 2)
+	dones := make([]chan error, 2)
+	for k := range 2 {
+		var s testsuite.WorkflowTestSuite
+		env := s.NewTestActivityEnvironment()
+		env.RegisterActivity(acts)
+		ctx, cancel := context.WithCancel(context.Background())
+		env.SetWorkerOptions(worker.Options{BackgroundActivityContext: ctx})
+		cancels[k], dones[k] = cancel, make(chan error, 1)
+		go func() {
+			_, err := env.ExecuteActivity(acts.MonitorShard, activities.ShardInput{Index: k, Count: 2, Refresh: refresh})
+			dones[k] <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return watching() == proxies }, 10*time.Second, 20*time.Millisecond, "the two shards never watched the fleet")
+
+	vis.mu.Lock()
+	before := vis.lists
+	vis.mu.Unlock()
+	start := time.Now()
+	require.Eventually(t, func() bool { return time.Since(start) >= 40*refresh }, 10*time.Second, refresh)
+	vis.mu.Lock()
+	lists := vis.lists - before
+	vis.mu.Unlock()
+	ticks := int(time.Since(start) / refresh)
+	assert.LessOrEqual(t, lists, ticks+ticks/2+2, "%d lists in %d refreshes: the shards read visibility each on their own", lists, ticks)
+	assert.Equal(t, float64(proxies), watching())
+
+	cancels[0]()
+	<-dones[0]
+	require.Eventually(t, func() bool { return watching() == float64(owners[1]) }, 10*time.Second, 20*time.Millisecond,
+		"the stopped shard's watches did not end, or took the other's with them")
+	cancels[1]()
+	<-dones[1]
+	assert.Zero(t, watching())
 }
