@@ -231,11 +231,13 @@ type ShardInput struct {
 	Index int `json:"index"`
 	Count int `json:"count"`
 	// Refresh is how often the shard reads what changed in its membership while changes
-	// come (default 1s), IdleRefresh how often once none has for a while (default 5s),
+	// come (default 1s), IdleRefresh how often once none has for Quiet (default 5s after
+	// 30s),
 	// Full how often it reads all of it (default 5m), Overlap how far back each read
 	// reaches, for visibility's lag (default 5s).
 	Refresh     time.Duration `json:"refresh,omitempty"`
 	IdleRefresh time.Duration `json:"idleRefresh,omitempty"`
+	Quiet       time.Duration `json:"quiet,omitempty"`
 	Full    time.Duration `json:"full,omitempty"`
 	Overlap time.Duration `json:"overlap,omitempty"`
 }
@@ -256,7 +258,7 @@ func (a *Activities) MonitorShard(ctx context.Context, in ShardInput) error {
 		return temporal.NewNonRetryableApplicationError("this worker has no Temporal client for monitor shards", ErrTypePermanent, nil)
 	}
 	in.Refresh, in.Full, in.Overlap = orDefault(in.Refresh, time.Second), orDefault(in.Full, 5*time.Minute), orDefault(in.Overlap, 5*time.Second)
-	in.IdleRefresh = max(orDefault(in.IdleRefresh, 5*time.Second), in.Refresh)
+	in.IdleRefresh, in.Quiet = max(orDefault(in.IdleRefresh, 5*time.Second), in.Refresh), orDefault(in.Quiet, 30*time.Second)
 	ms := newMembers(a, a.Signaller, contract.SignalMonitor)
 	defer ms.stopAll()
 	f, sub := subscribe(ctx, a, activity.GetInfo(ctx).TaskQueue, in, ms)
@@ -369,11 +371,6 @@ func (f *feed) handOver(sub *feedSub) {
 
 func (s *feedSub) owns(id string) bool { return ShardOf(id, s.count) == s.index }
 
-// feedQuiet is how long without a change before a feed reads at its idle pace: an idle
-// fleet's reads are what its visibility store pays for (each scans the queue's proxies
-// on the dev server's SQLite), while a fleet in motion wants new watches picked up fast.
-const feedQuiet = 30 * time.Second
-
 func (f *feed) run(ctx context.Context) {
 	defer close(f.done)
 	for {
@@ -387,8 +384,11 @@ func (f *feed) run(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			f.a.log().WarnContext(ctx, "reading the monitor shards' members failed; watching those known", "taskQueue", f.queue, "error", err)
 		}
+		// An idle fleet's reads are what its visibility store pays for (each scans the
+		// queue's proxies on the dev server's SQLite); a fleet in motion wants new watches
+		// picked up fast.
 		pace := f.in.IdleRefresh
-		if time.Since(f.lastChange) < feedQuiet {
+		if time.Since(f.lastChange) < f.in.Quiet {
 			pace = f.in.Refresh
 		}
 		if !sleepCtx(ctx, max(pace-time.Since(t0), 0)) {
@@ -431,7 +431,11 @@ func (f *feed) full(ctx context.Context) error {
 			}
 		}
 	}
-	if len(want) != len(f.known) || !f.read {
+	changed := !f.read || len(want) != len(f.known)
+	for id, memo := range want {
+		changed = changed || !sameWatch(f.known[id], memo)
+	}
+	if changed {
 		f.lastChange = time.Now()
 	}
 	f.known, f.watermark, f.lastFull, f.read = want, high, start, true
@@ -466,13 +470,15 @@ func (f *feed) changed(ctx context.Context) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(byID) > 0 {
-		f.lastChange = time.Now()
-	}
 	for id, s := range byID {
 		var memo *MonitorMemo
 		if s.running {
 			memo = s.memo
+		}
+		if !sameWatch(f.known[id], memo) {
+			// Not every row is news: each read reaches back Overlap, so the last
+			// changes are read again, unchanged.
+			f.lastChange = time.Now()
 		}
 		if memo != nil {
 			f.known[id] = memo
@@ -487,6 +493,14 @@ func (f *feed) changed(ctx context.Context) error {
 	}
 	f.watermark = high
 	return nil
+}
+
+// sameWatch reports whether two watches (nil: none) are the same epoch.
+func sameWatch(x, y *MonitorMemo) bool {
+	if x == nil || y == nil {
+		return x == y
+	}
+	return x.Epoch == y.Epoch
 }
 
 // list calls fn for each workflow query selects: its ID, whether it runs, its MonitorMemo

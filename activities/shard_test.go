@@ -324,3 +324,54 @@ func TestShardsOfAProcessShareOneReader(t *testing.T) {
 	<-dones[1]
 	assert.Zero(t, watching())
 }
+
+// TestShardReaderSlowsWhileNothingChanges: once no watch has changed for a while, the
+// shards read visibility at their idle pace, although every read returns the last changes
+// again (as visibility does within the overlap); a new epoch is still picked up.
+func TestShardReaderSlowsWhileNothingChanges(t *testing.T) {
+	m := newMonitorEnv(t)
+	vis := &fakeVisibility{wfs: map[string]*workflowpb.WorkflowExecutionInfo{}}
+	inst, ii := m.instance(t, "px-quiet")
+	in := m.input(inst, activities.Health{Known: true, Healthy: true})
+	in.Instance = &ii
+	vis.set(t, "proxy/ns/quiet", true, &activities.MonitorMemo{Epoch: "e1", Input: in})
+	fw := newFakeWorkflows()
+	acts := &activities.Activities{Providers: m.acts.Providers, Installation: "test", Keyring: m.acts.Keyring,
+		Temporal: vis, Signaller: fw}
+	var s testsuite.WorkflowTestSuite
+	env := s.NewTestActivityEnvironment()
+	env.RegisterActivity(acts)
+	ctx, cancel := context.WithCancel(context.Background())
+	env.SetWorkerOptions(worker.Options{BackgroundActivityContext: ctx})
+	done := make(chan error, 1)
+	go func() {
+		_, err := env.ExecuteActivity(acts.MonitorShard, activities.ShardInput{Index: 0, Count: 1,
+			Refresh: 10 * time.Millisecond, IdleRefresh: 400 * time.Millisecond, Quiet: 100 * time.Millisecond})
+		done <- err
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	lists := func() int {
+		vis.mu.Lock()
+		defer vis.mu.Unlock()
+		return vis.lists
+	}
+	require.Eventually(t, func() bool { return lists() > 0 }, 10*time.Second, 10*time.Millisecond)
+	// Past the quiet period, then a window of 1.2 s: 3 or 4 idle reads, not 120 busy ones.
+	start := time.Now()
+	require.Eventually(t, func() bool { return time.Since(start) > 300*time.Millisecond }, time.Second, 10*time.Millisecond)
+	before, t0 := lists(), time.Now()
+	require.Eventually(t, func() bool { return time.Since(t0) > 1200*time.Millisecond }, 3*time.Second, 10*time.Millisecond)
+	assert.LessOrEqual(t, lists()-before, 8, "the reader kept its busy pace with nothing changing")
+
+	// A new epoch is picked up at the idle pace: the watch restarts on the new input
+	// (here, a port where nothing listens), and reports from it.
+	moved := in
+	moved.Target = "127.0.0.1:1"
+	vis.set(t, "proxy/ns/quiet", true, &activities.MonitorMemo{Epoch: "e2", Input: moved})
+	reports := fw.waitReports(t, "proxy/ns/quiet", 1)
+	assert.Equal(t, "e2", reports[0].Epoch)
+	assert.False(t, reports[0].Result.Health.Healthy)
+}
