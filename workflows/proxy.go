@@ -654,6 +654,18 @@ func (w *proxyWorkflow) watch() *activities.MonitorMemo {
 	if !ok {
 		return nil
 	}
+	if in.Instance != nil {
+		// The shard needs only where the instance is. Kept out: what it would repeat
+		// (the health check) or never use (attributes, lifecycle), which would make every
+		// memo write larger for discovery to read, and restart the watch on an edit that
+		// changes nothing it does.
+		ii := *in.Instance
+		spec := ii.Spec
+		ii.Spec = v1alpha1.ProxySpec{Mode: spec.Mode, Provider: spec.Provider, Port: spec.Port,
+			GCP: spec.GCP, Kubernetes: spec.Kubernetes, Local: spec.Local}
+		ii.PollInterval, ii.MaxWait, ii.SpecHash = 0, 0, ""
+		in.Instance = &ii
+	}
 	return &activities.MonitorMemo{Epoch: watchEpoch(in), Input: in}
 }
 
@@ -789,10 +801,16 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 	fields := map[string]any{contract.MemoKey: memo}
 	var watch *activities.MonitorMemo
 	if w.version >= versionShardMonitor {
-		// A nil value removes the field: nothing to watch.
-		if watch = w.watch(); watch != nil {
+		watch = w.watch()
+		// Written only when it changes (memo fields not written keep their value), so the
+		// many writes of a flapping proxy carry only what discovery reads; the verdict in
+		// it is the one of its epoch's start (or of the run's), which is all a shard that
+		// takes over needs. A nil value removes the field: nothing to watch.
+		switch {
+		case w.sameWatch(watch):
+		case watch != nil:
 			fields[activities.MonitorMemoKey] = watch
-		} else {
+		default:
 			fields[activities.MonitorMemoKey] = nil
 		}
 	}

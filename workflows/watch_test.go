@@ -24,8 +24,14 @@ func TestWatchFollowsTheInstance(t *testing.T) {
 		require.NotNil(t, first)
 		require.NotNil(t, first.Input.Instance)
 		assert.Equal(t, InstanceName(h.uid, 1), first.Input.Instance.Name)
-		assert.True(t, first.Input.Last.Known && first.Input.Last.Healthy, "the watch carries the last verdict")
 		assert.Equal(t, v1alpha1.PhaseReady, h.lastStatus().Phase)
+		writes := 0
+		for _, w := range h.shard.published {
+			if w != nil {
+				writes++
+			}
+		}
+		assert.Equal(t, 1, writes, "the watch is written once, not again with each verdict")
 	})
 	h.signalAt(time.Hour, contract.SignalReplace, contract.ReplaceSignal{Reason: "test"})
 	h.checkAt(2*time.Hour, func() {
@@ -40,6 +46,18 @@ func TestWatchFollowsTheInstance(t *testing.T) {
 	h.checkAt(3*time.Hour, func() {
 		assert.Equal(t, v1alpha1.PhaseReady, h.lastStatus().Phase, "a stale report changes nothing")
 		assert.Equal(t, []string{InstanceName(h.uid, 2)}, h.prov.names())
+	})
+	var second string
+	h.checkAt(3*time.Hour+time.Minute, func() { second = h.lastWatch().Epoch })
+	h.specAt(3*time.Hour+2*time.Minute, 2, h.spec(func(s *v1alpha1.ProxySpec) {
+		s.Attributes = map[string]v1alpha1.AttributeValue{"region": "eu"}
+		s.MaxLeases = 9
+	}))
+	h.checkAt(3*time.Hour+30*time.Minute, func() {
+		w := h.lastWatch()
+		require.NotNil(t, w)
+		assert.Equal(t, second, w.Epoch, "an edit of what the shard does not use restarts no watch")
+		assert.Empty(t, w.Input.Instance.Spec.Attributes, "the watch carries only where the instance is")
 	})
 	h.signalAt(4*time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
 	h.run(fastTuning())
