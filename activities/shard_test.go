@@ -203,6 +203,22 @@ func (f *fakeVisibility) ListWorkflow(context.Context, *workflowservice.ListWork
 	return resp, nil
 }
 
+// runShard runs the MonitorShard activity in the SDK's test environment until cancel; done
+// receives what it returned.
+func runShard(acts *activities.Activities, in activities.ShardInput) (cancel context.CancelFunc, done chan error) {
+	var s testsuite.WorkflowTestSuite
+	env := s.NewTestActivityEnvironment()
+	env.RegisterActivity(acts)
+	ctx, cancel := context.WithCancel(context.Background())
+	env.SetWorkerOptions(worker.Options{BackgroundActivityContext: ctx})
+	done = make(chan error, 1)
+	go func() {
+		_, err := env.ExecuteActivity(acts.MonitorShard, in)
+		done <- err
+	}()
+	return cancel, done
+}
+
 // TestMonitorShardFollowsVisibility: a shard watches the running workflows that publish a
 // MonitorMemo, and only those, reports their changes, and stops watching a workflow that
 // closed; cancelled, it stops every watch.
@@ -221,16 +237,7 @@ func TestMonitorShardFollowsVisibility(t *testing.T) {
 		Temporal: vis, Signaller: fw, Metrics: activities.NewMetrics(reg)}
 	watching := func() float64 { return metricValue(t, reg, "proxyfleet_monitors_running") }
 
-	var s testsuite.WorkflowTestSuite
-	env := s.NewTestActivityEnvironment()
-	env.RegisterActivity(acts)
-	ctx, cancel := context.WithCancel(context.Background())
-	env.SetWorkerOptions(worker.Options{BackgroundActivityContext: ctx})
-	done := make(chan error, 1)
-	go func() {
-		_, err := env.ExecuteActivity(acts.MonitorShard, activities.ShardInput{Index: 0, Count: 1, Refresh: 50 * time.Millisecond})
-		done <- err
-	}()
+	cancel, done := runShard(acts, activities.ShardInput{Index: 0, Count: 1, Refresh: 50 * time.Millisecond})
 
 	require.Eventually(t, func() bool { return watching() == 1 }, 10*time.Second, 20*time.Millisecond, "the shard never watched exactly the one proxy with a memo")
 	for _, name := range []string{instA.Name, instB.Name} {
@@ -291,16 +298,7 @@ func TestShardsOfAProcessShareOneReader(t *testing.T) {
 	cancels := make([]context.CancelFunc, 2)
 	dones := make([]chan error, 2)
 	for k := range 2 {
-		var s testsuite.WorkflowTestSuite
-		env := s.NewTestActivityEnvironment()
-		env.RegisterActivity(acts)
-		ctx, cancel := context.WithCancel(context.Background())
-		env.SetWorkerOptions(worker.Options{BackgroundActivityContext: ctx})
-		cancels[k], dones[k] = cancel, make(chan error, 1)
-		go func() {
-			_, err := env.ExecuteActivity(acts.MonitorShard, activities.ShardInput{Index: k, Count: 2, Refresh: refresh})
-			dones[k] <- err
-		}()
+		cancels[k], dones[k] = runShard(acts, activities.ShardInput{Index: k, Count: 2, Refresh: refresh})
 	}
 	require.Eventually(t, func() bool { return watching() == proxies }, 10*time.Second, 20*time.Millisecond, "the two shards never watched the fleet")
 
@@ -338,17 +336,8 @@ func TestShardReaderSlowsWhileNothingChanges(t *testing.T) {
 	fw := newFakeWorkflows()
 	acts := &activities.Activities{Providers: m.acts.Providers, Installation: "test", Keyring: m.acts.Keyring,
 		Temporal: vis, Signaller: fw}
-	var s testsuite.WorkflowTestSuite
-	env := s.NewTestActivityEnvironment()
-	env.RegisterActivity(acts)
-	ctx, cancel := context.WithCancel(context.Background())
-	env.SetWorkerOptions(worker.Options{BackgroundActivityContext: ctx})
-	done := make(chan error, 1)
-	go func() {
-		_, err := env.ExecuteActivity(acts.MonitorShard, activities.ShardInput{Index: 0, Count: 1,
-			Refresh: 10 * time.Millisecond, IdleRefresh: 400 * time.Millisecond, Quiet: 100 * time.Millisecond})
-		done <- err
-	}()
+	cancel, done := runShard(acts, activities.ShardInput{Index: 0, Count: 1,
+		Refresh: 10 * time.Millisecond, IdleRefresh: 400 * time.Millisecond, Quiet: 100 * time.Millisecond})
 	defer func() {
 		cancel()
 		<-done

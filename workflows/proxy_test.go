@@ -237,14 +237,7 @@ func newHarness(t *testing.T, first ...func(*harness)) *harness {
 		return !in.Last.Known || in.Last.Healthy != h.healthy
 	}
 	h.env.OnActivity(acts.Monitor, mock.Anything, mock.MatchedBy(needsVerdict)).Return(func(ctx context.Context, in activities.MonitorInput) (activities.MonitorResult, error) {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		h.monitorCalls++
-		health := activities.Health{Known: true, Healthy: h.healthy, LatencyMillis: 12}
-		if !h.healthy {
-			health.LastFailure = "connect: refused"
-		}
-		return activities.MonitorResult{Reason: activities.MonitorVerdict, Health: health}, nil
+		return h.verdict(), nil
 	})
 	h.env.OnActivity(acts.Monitor, mock.Anything, mock.MatchedBy(func(in activities.MonitorInput) bool { return !needsVerdict(in) })).
 		After(1000*time.Hour).Return(activities.MonitorResult{}, nil)
@@ -253,17 +246,22 @@ func newHarness(t *testing.T, first ...func(*harness)) *harness {
 		if !needsVerdict(in) {
 			return activities.MonitorResult{}, 0, false
 		}
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		h.monitorCalls++
-		health := activities.Health{Known: true, Healthy: h.healthy, LatencyMillis: 12}
-		if !h.healthy {
-			health.LastFailure = "connect: refused"
-		}
-		return activities.MonitorResult{Reason: activities.MonitorVerdict, Health: health}, 0, true
+		return h.verdict(), 0, true
 	})
 	h.rec.onWatch = h.watchChanged
 	return h
+}
+
+// verdict is what the mocked monitors find: the harness's health, counted.
+func (h *harness) verdict() activities.MonitorResult {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.monitorCalls++
+	health := activities.Health{Known: true, Healthy: h.healthy, LatencyMillis: 12}
+	if !h.healthy {
+		health.LastFailure = "connect: refused"
+	}
+	return activities.MonitorResult{Reason: activities.MonitorVerdict, Health: health}
 }
 
 // shardSim is the monitor shard of the test environment. It follows the MonitorMemo the
