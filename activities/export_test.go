@@ -21,3 +21,30 @@ func (m Members) Sync(ctx context.Context, id string, memo *MonitorMemo, resumed
 func (m Members) IDs() []string        { return m.ms.ids() }
 func (m Members) Ended(id string) bool { return m.ms.ended(id) }
 func (m Members) StopAll()             { m.ms.stopAll() }
+
+// ids returns the workflow IDs being watched.
+func (ms *members) ids() []string {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	out := make([]string, 0, len(ms.byID))
+	for id := range ms.byID {
+		out = append(out, id)
+	}
+	return out
+}
+
+// ended reports whether the watch of workflowID has ended by itself (or never existed).
+func (ms *members) ended(workflowID string) bool {
+	ms.mu.Lock()
+	m := ms.byID[workflowID]
+	ms.mu.Unlock()
+	if m == nil {
+		return true
+	}
+	select {
+	case <-m.done:
+		return true
+	default:
+		return false
+	}
+}

@@ -113,33 +113,6 @@ func (ms *members) sync(ctx context.Context, workflowID string, memo *MonitorMem
 	}()
 }
 
-// ids returns the workflow IDs being watched.
-func (ms *members) ids() []string {
-	ms.mu.Lock()
-	defer ms.mu.Unlock()
-	out := make([]string, 0, len(ms.byID))
-	for id := range ms.byID {
-		out = append(out, id)
-	}
-	return out
-}
-
-// ended reports whether the watch of workflowID has ended by itself (or never existed).
-func (ms *members) ended(workflowID string) bool {
-	ms.mu.Lock()
-	m := ms.byID[workflowID]
-	ms.mu.Unlock()
-	if m == nil {
-		return true
-	}
-	select {
-	case <-m.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // stopAll stops every watch and waits for them.
 func (ms *members) stopAll() {
 	ms.mu.Lock()
@@ -238,8 +211,8 @@ type ShardInput struct {
 	Refresh     time.Duration `json:"refresh,omitempty"`
 	IdleRefresh time.Duration `json:"idleRefresh,omitempty"`
 	Quiet       time.Duration `json:"quiet,omitempty"`
-	Full    time.Duration `json:"full,omitempty"`
-	Overlap time.Duration `json:"overlap,omitempty"`
+	Full        time.Duration `json:"full,omitempty"`
+	Overlap     time.Duration `json:"overlap,omitempty"`
 }
 
 // MonitorShard watches every proxy whose workflow the shard owns, until it is cancelled or
@@ -294,8 +267,8 @@ type feed struct {
 	lastFull  time.Time
 	// lastChange is when a read last found a change.
 	lastChange time.Time
-	stop      context.CancelFunc
-	done      chan struct{}
+	stop       context.CancelFunc
+	done       chan struct{}
 }
 
 type feedKey struct {

@@ -179,10 +179,10 @@ func (w *Worker) ensureShards(ctx context.Context) error {
 	for k := range n {
 		id := contract.MonitorShardWorkflowID(w.cfg.TaskQueue, k, n)
 		want[id] = true
-		desc, err := w.temporal.DescribeWorkflowExecution(ctx, id, "")
+		desc, err := w.temporal.DescribeWorkflow(ctx, id, "")
 		var notFound *serviceerror.NotFound
 		switch {
-		case err == nil && desc.GetWorkflowExecutionInfo().GetStatus() == enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING:
+		case err == nil && desc.RawResponse.GetWorkflowExecutionInfo().GetStatus() == enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING:
 			continue
 		case err != nil && !errors.As(err, &notFound):
 			return fmt.Errorf("%s: %w", id, err)
