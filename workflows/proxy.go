@@ -671,13 +671,15 @@ func (w *proxyWorkflow) watch() *activities.MonitorMemo {
 
 // watchEpoch names a watch by everything in it but the last verdict (which the shard
 // carries on by itself): the same watch published again, by this run or the next, is the
-// same epoch, and the shard keeps watching without a pause. JSON of plain data is the same
+// same epoch, and the shard keeps watching without a pause. Whether a verdict is known at
+// all is part of it: a run that starts knowing nothing (after a terminate, adopting the
+// instance) must be told the verdict that the shard already gave the run before it. JSON of plain data is the same
 // bytes on every replay (struct fields in order, map keys sorted); workflowcheck flags the
 // encoder only for its type cache.
 //
 //workflowcheck:ignore
 func watchEpoch(in activities.MonitorInput) string {
-	in.Last = activities.Health{}
+	in.Last = activities.Health{Known: in.Last.Known}
 	b, err := json.Marshal(in)
 	if err != nil {
 		// Plain data always encodes; if it did not, every report would look stale.

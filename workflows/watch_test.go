@@ -31,7 +31,7 @@ func TestWatchFollowsTheInstance(t *testing.T) {
 				writes++
 			}
 		}
-		assert.Equal(t, 1, writes, "the watch is written once, not again with each verdict")
+		assert.Equal(t, 2, writes, "the watch is written when the instance runs and once its first verdict is known, not with each verdict")
 	})
 	h.signalAt(time.Hour, contract.SignalReplace, contract.ReplaceSignal{Reason: "test"})
 	h.checkAt(2*time.Hour, func() {
@@ -90,10 +90,14 @@ func TestStableProxyCostsNothingWhileWatched(t *testing.T) {
 
 // TestWatchEpoch: the epoch names everything the shard watches but the last verdict.
 func TestWatchEpoch(t *testing.T) {
-	in := activities.MonitorInput{Target: "127.0.0.1:3128", HealthCheck: v1alpha1.HealthCheck{URL: "http://127.0.0.1:1/", Interval: "10s"}}
+	in := activities.MonitorInput{Target: "127.0.0.1:3128", HealthCheck: v1alpha1.HealthCheck{URL: "http://127.0.0.1:1/", Interval: "10s"},
+		Last: activities.Health{Known: true, LastFailure: "connect: refused"}}
 	later := in
 	later.Last = activities.Health{Known: true, Healthy: true, CheckedAt: time.Unix(1e9, 0)}
 	assert.Equal(t, watchEpoch(in), watchEpoch(later), "a new verdict is the same watch")
+	fresh := in
+	fresh.Last = activities.Health{}
+	assert.NotEqual(t, watchEpoch(in), watchEpoch(fresh), "a run that knows no verdict yet is told one again")
 	moved := in
 	moved.Target = "127.0.0.1:3129"
 	assert.NotEqual(t, watchEpoch(in), watchEpoch(moved))
