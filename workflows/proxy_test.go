@@ -742,12 +742,17 @@ func TestUnhealthyWithoutGraceIsNotReplaced(t *testing.T) {
 func firstInstanceLost(lost activities.MonitorResult) func(*harness) {
 	first := true
 	return func(h *harness) {
+		// The loss is due 15 minutes after the first verdict, however often the watch
+		// restarts meanwhile.
+		var lostAt time.Time
 		h.shard.models = append(h.shard.models, func(in activities.MonitorInput) (activities.MonitorResult, time.Duration, bool) {
-			if in.Instance == nil || in.Instance.Name != InstanceName(h.uid, 1) || !in.Last.Known || !first {
+			if in.Instance == nil || in.Instance.Name != InstanceName(h.uid, 1) || !in.Last.Known {
 				return activities.MonitorResult{}, 0, false
 			}
-			first = false
-			return lost, 15 * time.Minute, true
+			if lostAt.IsZero() {
+				lostAt = h.env.Now().Add(15 * time.Minute)
+			}
+			return lost, max(lostAt.Sub(h.env.Now()), 0), true
 		})
 		acts := &activities.Activities{}
 		h.env.OnActivity(acts.Monitor, mock.Anything, mock.MatchedBy(func(in activities.MonitorInput) bool {
