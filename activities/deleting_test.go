@@ -54,11 +54,7 @@ func TestAnInstanceBeingDeletedIsGone(t *testing.T) {
 
 	// Probes fail (nothing listens at the target): the monitor reports the verdict, and the
 	// one that starts next checks the provider first thing and reports the instance gone.
-	mon := activities.MonitorInput{
-		Target: testenv.FreeAddr(t), Instance: &in, DriftInterval: time.Hour,
-		HealthCheck: v1alpha1.HealthCheck{URL: "http://127.0.0.1:1/", Interval: "1s", Timeout: "200ms", SuccessThreshold: 1, FailureThreshold: 1},
-		Last:        activities.Health{Known: true, Healthy: true},
-	}
+	mon := failingProbes(t, &in, true)
 	v, err = env.ExecuteActivity(acts.Monitor, mon)
 	require.NoError(t, err)
 	var res activities.MonitorResult
@@ -101,11 +97,7 @@ func TestMonitorReportsAPreemption(t *testing.T) {
 	in.ProviderID = created.Instance.ProviderID
 	srv.Preempt("px-spot-1")
 
-	mon := activities.MonitorInput{
-		Target: testenv.FreeAddr(t), Instance: &in, DriftInterval: time.Hour,
-		HealthCheck: v1alpha1.HealthCheck{URL: "http://127.0.0.1:1/", Interval: "1s", Timeout: "200ms", SuccessThreshold: 1, FailureThreshold: 1},
-		Last:        activities.Health{Known: true, Healthy: false},
-	}
+	mon := failingProbes(t, &in, false)
 	v, err = env.ExecuteActivity(acts.Monitor, mon)
 	require.NoError(t, err)
 	var res activities.MonitorResult
@@ -132,4 +124,14 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		return total
 	}
 	return -1
+}
+
+// failingProbes is a monitor's input for the instance whose probes all fail (nothing
+// listens at the target), one failure being a verdict, starting from a known verdict.
+func failingProbes(t *testing.T, in *activities.InstanceInput, healthy bool) activities.MonitorInput {
+	return activities.MonitorInput{
+		Target: testenv.FreeAddr(t), Instance: in, DriftInterval: time.Hour,
+		HealthCheck: v1alpha1.HealthCheck{URL: "http://127.0.0.1:1/", Interval: "1s", Timeout: "200ms", SuccessThreshold: 1, FailureThreshold: 1},
+		Last:        activities.Health{Known: true, Healthy: healthy},
+	}
 }
