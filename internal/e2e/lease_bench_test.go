@@ -14,7 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 	enumspb "go.temporal.io/api/enums/v1"
 	historypb "go.temporal.io/api/history/v1"
+	"go.temporal.io/sdk/converter"
 
+	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/discovery"
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
@@ -205,8 +207,10 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 		var mu sync.Mutex
 		windows := map[string][]flapWindow{}
 		fctx, stopFlap := context.WithCancel(ctx)
-		// Watch discovery's index: when does each failure make the proxy unhealthy there?
+		// Watch discovery's index: when does each failure make the proxy unhealthy there,
+		// and each recovery healthy again?
 		unhealthySeen := map[string][]time.Time{}
+		flips := map[string][]indexFlip{}
 		watchDone := make(chan struct{})
 		go func() {
 			defer close(watchDone)
@@ -221,9 +225,12 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 				}
 				now := time.Now()
 				for _, v := range d.Store.List(discovery.Selector{"run": ns, "flap": "yes"}, nil) {
-					if !v.Healthy && !was[v.Name] {
+					if !v.Healthy != was[v.Name] {
 						mu.Lock()
-						unhealthySeen[v.Name] = append(unhealthySeen[v.Name], now)
+						if !v.Healthy {
+							unhealthySeen[v.Name] = append(unhealthySeen[v.Name], now)
+						}
+						flips[v.Name] = append(flips[v.Name], indexFlip{at: now, healthy: v.Healthy})
 						mu.Unlock()
 					}
 					was[v.Name] = !v.Healthy
@@ -274,6 +281,7 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 		nWindows := 0
 		var seen []time.Duration // failure → unhealthy in discovery's index
 		missed := 0              // failures that ended before discovery saw them
+		var missedOnes []missedFailure
 		for name, ws := range windows {
 			for i, w := range ws {
 				nWindows++
@@ -289,10 +297,39 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 				}
 				if !found && !w.to.IsZero() && w.to.Sub(w.from) >= detection {
 					missed++
+					missedOnes = append(missedOnes, missedFailure{proxy: name, window: w})
 				}
 			}
 		}
+		// And each recovery: how long a proxy that works again stayed out of the index.
+		var back []time.Duration
+		stuck := 0 // recoveries the index had not shown when the next failure began
+		for name, ws := range windows {
+			for i, w := range ws {
+				if w.to.IsZero() || i+1 == len(ws) {
+					continue
+				}
+				next := ws[i+1].from
+				found := false
+				for _, f := range flips[name] {
+					if f.healthy && !f.at.Before(w.to) && f.at.Before(next) {
+						back, found = append(back, f.at.Sub(w.to)), true
+						break
+					}
+				}
+				if !found {
+					stuck++
+				}
+			}
+		}
+		sort.Slice(back, func(i, j int) bool { return back[i] < back[j] })
+		if len(back) > 0 {
+			b.Logf("discovery marked a recovered proxy healthy p50 %s / p99 %s / max %s after it worked again; %d recoveries unseen before the next failure",
+				back[len(back)/2].Round(10*time.Millisecond), back[len(back)*99/100].Round(10*time.Millisecond), back[len(back)-1].Round(10*time.Millisecond), stuck)
+			b.ReportMetric(back[len(back)/2].Seconds(), "s-p50-until-healthy-in-index")
+		}
 		explainLate(b, s, ns, lateOnes, unhealthySeen)
+		explainMissed(b, s, ns, missedOnes, flips)
 		if os.Getenv("LEASE_DIAG") != "" {
 			leaseDiag(b, s, ns, flapping[:20], windows, unhealthySeen)
 		}
@@ -423,6 +460,60 @@ func explainLate(b *testing.B, s *stack.Stack, ns string, late []lateLease, seen
 		}
 		b.Logf("late lease on %s: failed %s (until %+.2fs), lease at %+.2fs; index unhealthy at %v; history: %v",
 			l.proxy, l.window.from.Format("15:04:05.000"), l.window.to.Sub(l.window.from).Seconds(), l.got.Sub(l.window.from).Seconds(), seenAt, evs)
+	}
+}
+
+// indexFlip is a change of a proxy's health in discovery's index, as the benchmark saw it.
+type indexFlip struct {
+	at      time.Time
+	healthy bool
+}
+
+// missedFailure is a failure longer than the detection time that the index never showed.
+type missedFailure struct {
+	proxy  string
+	window flapWindow
+}
+
+// explainMissed logs, for up to 5 failures discovery never showed, the index's changes and
+// the verdicts the proxy's workflow was told around it, so a red run says where it was lost.
+func explainMissed(b *testing.B, s *stack.Stack, ns string, missed []missedFailure, flips map[string][]indexFlip) {
+	ctx := context.Background()
+	for i, m := range missed {
+		if i == 5 {
+			break
+		}
+		rel := func(t time.Time) string { return fmt.Sprintf("%+.2fs", t.Sub(m.window.from).Seconds()) }
+		from, to := m.window.from.Add(-20*time.Second), m.window.to.Add(10*time.Second)
+		var idx []string
+		for _, f := range flips[m.proxy] {
+			if f.at.After(from) && f.at.Before(to) {
+				idx = append(idx, fmt.Sprintf("%s healthy=%t", rel(f.at), f.healthy))
+			}
+		}
+		var evs []string
+		it := s.Temporal.Client.GetWorkflowHistory(ctx, contract.ProxyWorkflowID(ns, m.proxy), "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+		for it.HasNext() {
+			e, err := it.Next()
+			if err != nil {
+				evs = append(evs, "history: "+err.Error())
+				break
+			}
+			at := e.GetEventTime().AsTime()
+			if at.Before(from) || at.After(to) {
+				continue
+			}
+			desc := e.GetEventType().String()
+			if sig := e.GetWorkflowExecutionSignaledEventAttributes(); sig != nil {
+				var r activities.MonitorReport
+				if err := converter.GetDefaultDataConverter().FromPayloads(sig.GetInput(), &r); err == nil {
+					desc = fmt.Sprintf("signal %s %s healthy=%t checked %s", sig.GetSignalName(), r.Result.Reason, r.Result.Health.Healthy, rel(r.Result.Health.CheckedAt))
+				}
+			}
+			evs = append(evs, rel(at)+" "+desc)
+		}
+		b.Logf("failure of %s never shown: failed %s until %s; index: %v; history: %v",
+			m.proxy, m.window.from.Format("15:04:05.000"), rel(m.window.to), idx, evs)
 	}
 }
 
