@@ -17,6 +17,7 @@ type Metrics struct {
 	gcSpared      *prometheus.CounterVec
 	gcRuns        *prometheus.CounterVec
 	preemptions   *prometheus.CounterVec
+	reports       *prometheus.CounterVec
 }
 
 // NewMetrics creates and registers the metrics on reg.
@@ -51,11 +52,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "proxyfleet_preemptions_total",
 			Help: "Instances found preempted (taken back by the cloud, e.g. a GCP Spot VM), by provider; each is replaced at once.",
 		}, []string{"provider"}),
+		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_monitor_reports_total",
+			Help: "Changes the monitor shards told proxies' workflows, by reason (verdict, latency, gone, stopped, credentials). Each is a signal and a workflow task: what an idle fleet costs Temporal beyond the shards' heartbeats.",
+		}, []string{"reason"}),
+	}
+	for _, r := range []string{MonitorVerdict, MonitorLatency, MonitorGone, MonitorStopped, MonitorCredentials} {
+		m.reports.WithLabelValues(r)
 	}
 	for _, k := range probe.Kinds {
 		m.probeFailures.WithLabelValues(string(k))
 	}
-	reg.MustRegister(m.probeSeconds, m.probeFailures, m.monitors, m.gcDeleted, m.gcSpared, m.gcRuns, m.preemptions)
+	reg.MustRegister(m.probeSeconds, m.probeFailures, m.monitors, m.gcDeleted, m.gcSpared, m.gcRuns, m.preemptions, m.reports)
 	return m
 }
 
@@ -84,4 +92,11 @@ func (m *Metrics) preempted(provider string) {
 		return
 	}
 	m.preemptions.WithLabelValues(provider).Inc()
+}
+
+func (m *Metrics) reported(reason string) {
+	if m == nil {
+		return
+	}
+	m.reports.WithLabelValues(reason).Inc()
 }

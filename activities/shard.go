@@ -172,6 +172,7 @@ func (ms *members) report(ctx context.Context, workflowID string, r MonitorRepor
 		var notFound *serviceerror.NotFound
 		switch {
 		case err == nil:
+			ms.a.Metrics.reported(r.Result.Reason)
 			return true
 		case errors.As(err, &notFound):
 			return false

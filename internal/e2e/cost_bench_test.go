@@ -3,12 +3,15 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
@@ -41,7 +44,8 @@ func BenchmarkIdleFleetCost(b *testing.B) {
 	ns := s.Namespace(b)
 	// The stack's worker, except that it leaves its shards alone once started (the last
 	// window stops them) and reads membership every IDLE_SHARD_REFRESH if set.
-	w := s.NewWorker(b, s.TaskQueue, func(c *worker.Config) {
+	reg := prometheus.NewRegistry()
+	w := s.NewWorkerWithMetrics(b, s.TaskQueue, reg, func(c *worker.Config) {
 		c.ShardCheckEvery = 24 * time.Hour
 		c.MonitorRefresh = envDuration(b, "IDLE_SHARD_REFRESH", 0)
 	})
@@ -86,9 +90,11 @@ func BenchmarkIdleFleetCost(b *testing.B) {
 		a0, err := s.Temporal.Actions(ctx, s.Temporal.Namespace)
 		require.NoError(b, err)
 		ev0 := fleetHistory(b, s, ns, names)
+		r0 := reportsByReason(b, reg)
 		cpu0, t0 := takeCPUSample(), time.Now()
 		time.Sleep(window) // the measurement window itself, not synchronisation
 		cpu1, elapsed := takeCPUSample(), time.Since(t0)
+		r1 := reportsByReason(b, reg)
 		ev1 := fleetHistory(b, s, ns, names)
 		// The server flushes its counters every second: read them after one more flush.
 		time.Sleep(2 * time.Second)
@@ -114,6 +120,15 @@ func BenchmarkIdleFleetCost(b *testing.B) {
 		cpu := cpu1.since(cpu0)
 		b.Logf("actions per proxy per hour over %s, %d proxies: %s; total %.2f (%.0f a month)",
 			elapsed.Round(time.Second), n, strings.Join(parts, ", "), perHour(total), perHour(total)*hoursPerMonth)
+		var why []string
+		for _, k := range slices.Sorted(maps.Keys(r1)) {
+			if d := r1[k] - r0[k]; d > 0 && !strings.HasPrefix(k, "probe") {
+				why = append(why, fmt.Sprintf("%s %.2f", k, perHour(d)))
+			}
+		}
+		probes := r1["probes"] - r0["probes"]
+		b.Logf("shard reports per proxy per hour, by reason: %v; %.0f successful probes a second, %.1f ms on average",
+			why, probes/elapsed.Seconds(), 1000*(r1["probe seconds"]-r0["probe seconds"])/max(probes, 1))
 		b.Logf("workflow tasks per proxy per hour %.2f; history events per proxy per hour %.2f; CPU (cores): %s",
 			perHour(tasks), perHour(float64(ev1-ev0)), cpu.cores(elapsed))
 		b.ReportMetric(perHour(total), "actions/proxy/hour")
@@ -148,6 +163,28 @@ func BenchmarkIdleFleetCost(b *testing.B) {
 			uElapsed.Round(time.Second), unwatched, cores-unwatched)
 		b.ReportMetric(max(cores-unwatched, 0)*1000/float64(n), "temporal-cores-of-shards/1000-proxies")
 	}
+}
+
+// reportsByReason reads the worker's proxyfleet_monitor_reports_total by reason, and under
+// "probe seconds" and "probes" the sum and count of its successful probes' durations.
+func reportsByReason(b *testing.B, reg *prometheus.Registry) map[string]float64 {
+	b.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(b, err)
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				switch {
+				case mf.GetName() == "proxyfleet_monitor_reports_total" && l.GetName() == "reason":
+					out[l.GetValue()] = m.GetCounter().GetValue()
+				case mf.GetName() == "proxyfleet_probe_duration_seconds" && l.GetValue() == "ok":
+					out["probe seconds"], out["probes"] = m.GetHistogram().GetSampleSum(), float64(m.GetHistogram().GetSampleCount())
+				}
+			}
+		}
+	}
+	return out
 }
 
 // measureIndex builds a discovery index of the stack's fleet and reports the fastest of

@@ -282,11 +282,18 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 		var seen []time.Duration // failure → unhealthy in discovery's index
 		missed := 0              // failures that ended before discovery saw them
 		var missedOnes []missedFailure
+		carried := 0 // failures that began while the index still showed the one before
 		for name, ws := range windows {
 			for i, w := range ws {
 				nWindows++
 				if after, ok := last[name][i]; ok {
 					stops = append(stops, after) // a failure some crawler got a lease in
+				}
+				if !healthyAt(flips[name], w.from) {
+					// The index still showed the failure before: the proxy was never
+					// leasable in this one, which is what counts.
+					carried++
+					continue
 				}
 				found := false
 				for _, at := range unhealthySeen[name] {
@@ -304,9 +311,12 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 		// And each recovery: how long a proxy that works again stayed out of the index.
 		var back []time.Duration
 		stuck := 0 // recoveries the index had not shown when the next failure began
+		var stuckOnes []missedFailure
 		for name, ws := range windows {
 			for i, w := range ws {
-				if w.to.IsZero() || i+1 == len(ws) {
+				if w.to.IsZero() || i+1 == len(ws) || healthyAt(flips[name], w.to) {
+					// Still failing at the end, or a failure the index never showed
+					// (counted above): no recovery to see.
 					continue
 				}
 				next := ws[i+1].from
@@ -319,6 +329,7 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 				}
 				if !found {
 					stuck++
+					stuckOnes = append(stuckOnes, missedFailure{proxy: name, window: flapWindow{from: w.to, to: next}})
 				}
 			}
 		}
@@ -329,7 +340,8 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 			b.ReportMetric(back[len(back)/2].Seconds(), "s-p50-until-healthy-in-index")
 		}
 		explainLate(b, s, ns, lateOnes, unhealthySeen)
-		explainMissed(b, s, ns, missedOnes, flips)
+		explainMissed(b, s, ns, "failure", missedOnes, flips)
+		explainMissed(b, s, ns, "recovery", stuckOnes, flips)
 		if os.Getenv("LEASE_DIAG") != "" {
 			leaseDiag(b, s, ns, flapping[:20], windows, unhealthySeen)
 		}
@@ -337,8 +349,8 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 		if len(seen) > 0 {
 			b.ReportMetric(seen[len(seen)/2].Seconds(), "s-p50-until-unhealthy-in-index")
 			b.ReportMetric(seen[len(seen)-1].Seconds(), "s-max-until-unhealthy-in-index")
-			b.Logf("discovery marked a failed proxy unhealthy p50 %s / p99 %s / max %s after it failed; %d failures ended unseen",
-				seen[len(seen)/2].Round(10*time.Millisecond), seen[len(seen)*99/100].Round(10*time.Millisecond), seen[len(seen)-1].Round(10*time.Millisecond), missed)
+			b.Logf("discovery marked a failed proxy unhealthy p50 %s / p99 %s / max %s after it failed; %d failures ended unseen; %d began while the index still showed the one before",
+				seen[len(seen)/2].Round(10*time.Millisecond), seen[len(seen)*99/100].Round(10*time.Millisecond), seen[len(seen)-1].Round(10*time.Millisecond), missed, carried)
 		}
 		mu.Unlock()
 		sort.Slice(stops, func(i, j int) bool { return stops[i] < stops[j] })
@@ -463,21 +475,36 @@ func explainLate(b *testing.B, s *stack.Stack, ns string, late []lateLease, seen
 	}
 }
 
+// healthyAt is whether the index showed the proxy healthy at t, from its changes (healthy
+// before the first: the benchmark starts on a Ready fleet).
+func healthyAt(flips []indexFlip, t time.Time) bool {
+	healthy := true
+	for _, f := range flips {
+		if f.at.After(t) {
+			break
+		}
+		healthy = f.healthy
+	}
+	return healthy
+}
+
 // indexFlip is a change of a proxy's health in discovery's index, as the benchmark saw it.
 type indexFlip struct {
 	at      time.Time
 	healthy bool
 }
 
-// missedFailure is a failure longer than the detection time that the index never showed.
+// missedFailure is a failure longer than the detection time that the index never showed,
+// or a recovery it had not shown when the next failure began.
 type missedFailure struct {
 	proxy  string
 	window flapWindow
 }
 
-// explainMissed logs, for up to 5 failures discovery never showed, the index's changes and
-// the verdicts the proxy's workflow was told around it, so a red run says where it was lost.
-func explainMissed(b *testing.B, s *stack.Stack, ns string, missed []missedFailure, flips map[string][]indexFlip) {
+// explainMissed logs, for up to 5 failures (or recoveries: what) discovery never showed, the
+// index's changes and the verdicts the proxy's workflow was told around it, so a red run
+// says where it was lost.
+func explainMissed(b *testing.B, s *stack.Stack, ns, what string, missed []missedFailure, flips map[string][]indexFlip) {
 	ctx := context.Background()
 	for i, m := range missed {
 		if i == 5 {
@@ -512,8 +539,8 @@ func explainMissed(b *testing.B, s *stack.Stack, ns string, missed []missedFailu
 			}
 			evs = append(evs, rel(at)+" "+desc)
 		}
-		b.Logf("failure of %s never shown: failed %s until %s; index: %v; history: %v",
-			m.proxy, m.window.from.Format("15:04:05.000"), rel(m.window.to), idx, evs)
+		b.Logf("%s of %s never shown: from %s until %s; index: %v; history: %v",
+			what, m.proxy, m.window.from.Format("15:04:05.000"), rel(m.window.to), idx, evs)
 	}
 }
 
@@ -540,8 +567,11 @@ func leaseDiag(b *testing.B, s *stack.Stack, ns string, names []string, windows 
 				if at.Before(w.from) {
 					continue
 				}
-				if mon.IsZero() && e.GetEventType() == enumspb.EVENT_TYPE_ACTIVITY_TASK_COMPLETED {
-					mon = at
+				if sig := e.GetWorkflowExecutionSignaledEventAttributes(); mon.IsZero() && sig != nil {
+					var r activities.MonitorReport
+					if converter.GetDefaultDataConverter().FromPayloads(sig.GetInput(), &r) == nil && r.Result.Reason == activities.MonitorVerdict && !r.Result.Health.Healthy {
+						mon = at
+					}
 				}
 				if !mon.IsZero() && started.IsZero() && e.GetEventType() == enumspb.EVENT_TYPE_WORKFLOW_TASK_STARTED {
 					started = at
@@ -575,6 +605,6 @@ func leaseDiag(b *testing.B, s *stack.Stack, ns string, names []string, windows 
 		}
 		return (t / time.Duration(len(ds))).Round(10 * time.Millisecond)
 	}
-	b.Logf("stages (mean of %d): failure → monitor completed %s; → workflow task started %s; → completed %s; → discovery index %s",
+	b.Logf("stages (mean of %d): failure → the shard's verdict received %s; → workflow task started %s; → completed %s; → discovery index %s",
 		len(toMonitor), avg(toMonitor), avg(toStarted), avg(toWFT), avg(toSeen))
 }

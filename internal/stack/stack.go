@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	tclient "go.temporal.io/sdk/client"
 	corev1 "k8s.io/api/core/v1"
@@ -241,6 +242,13 @@ func (s *Stack) startManager(t testing.TB, resync time.Duration) {
 // activity slots and no proxy-gc schedule; shape may change the config.
 func (s *Stack) NewWorker(t testing.TB, queue string, shape ...func(*worker.Config)) *worker.Worker {
 	t.Helper()
+	return s.NewWorkerWithMetrics(t, queue, nil, shape...)
+}
+
+// NewWorkerWithMetrics is NewWorker registering the worker's metrics on reg, for a
+// benchmark that reads them.
+func (s *Stack) NewWorkerWithMetrics(t testing.TB, queue string, reg prometheus.Registerer, shape ...func(*worker.Config)) *worker.Worker {
+	t.Helper()
 	cfg := worker.Config{
 		TaskQueue: queue, Installation: s.Installation, Keyring: s.Keyring,
 		Providers: registry.Config{
@@ -252,7 +260,7 @@ func (s *Stack) NewWorker(t testing.TB, queue string, shape ...func(*worker.Conf
 	for _, f := range shape {
 		f(&cfg)
 	}
-	w, err := worker.New(context.Background(), cfg, s.Temporal.Client, s.Kube.Client, s.logger(), nil)
+	w, err := worker.New(context.Background(), cfg, s.Temporal.Client, s.Kube.Client, s.logger(), reg)
 	require.NoError(t, err)
 	return w
 }
