@@ -126,6 +126,19 @@ type proxyWorkflow struct {
 	// says one was published by this run. A shard's report for another epoch is stale.
 	watchEpoch string
 	watchSet   bool
+	// wake is steady's pending timer. A run watched by shards keeps it across the reports
+	// that end one steady wait and start the next: a verdict or a latency that leaves the
+	// wake time as it was would otherwise cancel the timer and start the same one again,
+	// two events and a billable action each time.
+	wake pendingWake
+}
+
+// pendingWake is a timer steady started, and what for.
+type pendingWake struct {
+	at     time.Time
+	reason string
+	timer  workflow.Future
+	cancel workflow.CancelFunc
 }
 
 func (w *proxyWorkflow) run(ctx workflow.Context) error {
@@ -568,10 +581,12 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 		})
 		monitor = w.activity(mctx, a.Monitor, in)
 	}
-	var timer workflow.Future
 	tctx, cancelTimer := workflow.WithCancel(ctx)
 	defer cancelTimer()
-	if !wake.IsZero() {
+	var timer workflow.Future
+	if sharded {
+		timer = w.wakeTimer(ctx, wake, wakeReason)
+	} else if !wake.IsZero() {
 		timer = w.timer(tctx, max(wake.Sub(workflow.Now(ctx)), 0), workflow.TimerOptions{Summary: wakeReason})
 	}
 	w.details(ctx, w.steadyReason(wake, wakeReason))
@@ -609,6 +624,7 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 				return err
 			}
 		case timerDone:
+			w.wake = pendingWake{}
 			s.woke(wakeReason)
 			return nil
 		case monitorDone:
@@ -631,6 +647,26 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 			}
 		}
 	}
+}
+
+// wakeTimer is the timer of steady's wake at at (zero: none): the pending one if it is for
+// the same time and reason, else a new one, the old one cancelled. It outlives the steady
+// wait that started it; one that fired while the run was elsewhere is ready at once.
+func (w *proxyWorkflow) wakeTimer(ctx workflow.Context, at time.Time, reason string) workflow.Future {
+	if w.wake.timer != nil && w.wake.at.Equal(at) && w.wake.reason == reason {
+		return w.wake.timer
+	}
+	if w.wake.cancel != nil {
+		w.wake.cancel()
+	}
+	w.wake = pendingWake{}
+	if at.IsZero() {
+		return nil
+	}
+	tctx, cancel := workflow.WithCancel(ctx)
+	w.wake = pendingWake{at: at, reason: reason, cancel: cancel,
+		timer: w.timer(tctx, max(at.Sub(workflow.Now(ctx)), 0), workflow.TimerOptions{Summary: reason})}
+	return w.wake.timer
 }
 
 // receiveReport takes one shard report off c: it returns it if it is about what the run

@@ -108,3 +108,33 @@ func TestWatchEpoch(t *testing.T) {
 	sealed.Auth = &activities.ProbeAuth{Sealed: "v1.abc"}
 	assert.NotEqual(t, watchEpoch(in), watchEpoch(sealed), "rotated credentials restart the watch with them")
 }
+
+// TestReportsKeepTheWakeTimer: a report that leaves the run's wake time as it was (here a
+// latency change every 10 minutes, the most a shard sends) keeps the pending timer. Each
+// costs its signal and its writes, not a timer cancelled and started again: two events and
+// a billable action per report on a fleet whose latencies move.
+func TestReportsKeepTheWakeTimer(t *testing.T) {
+	h := newHarness(t)
+	latency := int64(10)
+	h.shard.models = append(h.shard.models, func(in activities.MonitorInput) (activities.MonitorResult, time.Duration, bool) {
+		if !in.Last.Known || !in.Last.Healthy {
+			return activities.MonitorResult{}, 0, false
+		}
+		latency = 110 - latency // 10 ms, 100 ms, 10 ms...
+		health := in.Last
+		health.LatencyMillis = latency
+		return activities.MonitorResult{Reason: activities.MonitorLatency, Health: health}, 10 * time.Minute, true
+	})
+	h.specAt(0, 1, h.spec())
+	tuning := fastTuning()
+	tuning.MaxRunAge = 24 * time.Hour
+	var waking runCounts
+	h.checkAt(time.Hour+time.Minute, func() { h.rec.take() })
+	h.checkAt(3*time.Hour+time.Minute, func() { waking = h.rec.take() })
+	h.signalAt(4*time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
+	h.run(tuning)
+	h.requireCompleted()
+	assert.Equal(t, 12, waking.signals, "a latency report every 10 minutes for 2 hours")
+	assert.Equal(t, 12, waking.localActivities, "each latency reaches the Proxy's status")
+	assert.Zero(t, waking.timers, "a report restarted the run's wake timer")
+}
