@@ -36,6 +36,22 @@ type MonitorMemo struct {
 	Input MonitorInput `json:"input"`
 }
 
+// VerdictMemoKey is the memo field where a ProxyWorkflow watched by a shard keeps the
+// verdict it holds now. The watch carries the verdict of its epoch's start, for it is
+// written only when the epoch changes; a member started later (its shard moved to another
+// worker, or the worker restarted) starts from this one instead. From a stale one it would
+// never report a recovery (or a failure) that the workflow has not been told: it would
+// think it had.
+const VerdictMemoKey = "verdict"
+
+// Verdict is a watched workflow's current verdict, for the watch of Epoch.
+type Verdict struct {
+	Epoch         string    `json:"epoch"`
+	Healthy       bool      `json:"healthy"`
+	Since         time.Time `json:"since,omitempty"`
+	LatencyMillis int64     `json:"latencyMillis,omitempty"`
+}
+
 // MonitorReport is the signal a shard sends a proxy's workflow: what its watch found, for
 // the epoch it watched.
 type MonitorReport struct {
@@ -506,6 +522,18 @@ func (f *feed) list(ctx context.Context, query string, fn func(id string, runnin
 				var m MonitorMemo
 				if err := dc.FromPayload(p, &m); err == nil && m.Epoch != "" {
 					memo = &m
+				}
+			}
+			if p := ex.GetMemo().GetFields()[VerdictMemoKey]; p != nil && memo != nil {
+				var v Verdict
+				if err := dc.FromPayload(p, &v); err == nil && v.Epoch == memo.Epoch {
+					// A member starts from the workflow's verdict now. The probe
+					// counters start afresh, so it reports what differs from it.
+					last := &memo.Input.Last
+					last.Known, last.Healthy, last.Since, last.LatencyMillis = true, v.Healthy, v.Since, v.LatencyMillis
+					if v.Healthy {
+						last.LastFailure, last.FailureKind = "", ""
+					}
 				}
 			}
 			fn(ex.GetExecution().GetWorkflowId(), ex.GetStatus() == enums.WORKFLOW_EXECUTION_STATUS_RUNNING, memo, changed)

@@ -192,6 +192,16 @@ func (f *fakeVisibility) set(t *testing.T, id string, running bool, memo *activi
 	f.wfs[id] = info
 }
 
+// setVerdict publishes a workflow's current verdict beside its watch.
+func (f *fakeVisibility) setVerdict(t *testing.T, id string, v activities.Verdict) {
+	t.Helper()
+	p, err := converter.GetDefaultDataConverter().ToPayload(v)
+	require.NoError(t, err)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.wfs[id].Memo.Fields[activities.VerdictMemoKey] = p
+}
+
 func (f *fakeVisibility) ListWorkflow(context.Context, *workflowservice.ListWorkflowExecutionsRequest) (*workflowservice.ListWorkflowExecutionsResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -363,4 +373,44 @@ func TestShardReaderSlowsWhileNothingChanges(t *testing.T) {
 	reports := fw.waitReports(t, "proxy/ns/quiet", 1)
 	assert.Equal(t, "e2", reports[0].Epoch)
 	assert.False(t, reports[0].Result.Health.Healthy)
+}
+
+// TestShardStartsFromTheWorkflowsVerdict: a shard that starts (it moved from a killed
+// worker, or its worker restarted) watches each proxy from the verdict its workflow holds
+// now, not the one of the watch's start. Here the watch began healthy, the workflow has
+// since been told the proxy failed, and the proxy works again: the recovery is reported.
+// From the watch's verdict the member would think nothing had changed, and the workflow
+// would hold a working proxy out of rotation until it failed and recovered once more.
+func TestShardStartsFromTheWorkflowsVerdict(t *testing.T) {
+	m := newMonitorEnv(t)
+	vis := &fakeVisibility{wfs: map[string]*workflowpb.WorkflowExecutionInfo{}}
+	inst, ii := m.instance(t, "px-verdict")
+	in := m.input(inst, activities.Health{Known: true, Healthy: true})
+	in.Instance = &ii
+	vis.set(t, "proxy/ns/verdict", true, &activities.MonitorMemo{Epoch: "e1", Input: in})
+	failed := time.Now().Add(-time.Minute).UTC()
+	vis.setVerdict(t, "proxy/ns/verdict", activities.Verdict{Epoch: "e1", Healthy: false, Since: failed})
+	// A verdict about an earlier watch says nothing about this one.
+	other, otherII := m.instance(t, "px-verdict-old")
+	inOther := m.input(other, activities.Health{Known: true, Healthy: true})
+	inOther.Instance = &otherII
+	vis.set(t, "proxy/ns/other", true, &activities.MonitorMemo{Epoch: "e2", Input: inOther})
+	vis.setVerdict(t, "proxy/ns/other", activities.Verdict{Epoch: "e1", Healthy: false, Since: failed})
+
+	fw := newFakeWorkflows()
+	acts := &activities.Activities{Providers: m.acts.Providers, Installation: "test", Keyring: m.acts.Keyring,
+		Temporal: vis, Signaller: fw}
+	cancel, done := runShard(acts, activities.ShardInput{Index: 0, Count: 1, Refresh: 50 * time.Millisecond})
+	defer func() {
+		cancel()
+		<-done
+	}()
+	got := fw.waitReports(t, "proxy/ns/verdict", 1)
+	assert.Equal(t, activities.MonitorVerdict, got[0].Result.Reason)
+	assert.True(t, got[0].Result.Health.Healthy, "the recovery was not reported")
+	assert.Equal(t, "e1", got[0].Epoch)
+	// Two probes a second apart make the verdict; by then the other would have spoken.
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	assert.Empty(t, fw.reports["proxy/ns/other"], "a verdict of another epoch was taken for the watch's")
 }

@@ -126,6 +126,8 @@ type proxyWorkflow struct {
 	// says one was published by this run. A shard's report for another epoch is stale.
 	watchEpoch string
 	watchSet   bool
+	// verdictPub is the Verdict last published (nil: none).
+	verdictPub *activities.Verdict
 	// wake is steady's pending timer. A run watched by shards keeps it across the reports
 	// that end one steady wait and start the next: a verdict or a latency that leaves the
 	// wake time as it was would otherwise cancel the timer and start the same one again,
@@ -705,6 +707,16 @@ func (w *proxyWorkflow) watch() *activities.MonitorMemo {
 	return &activities.MonitorMemo{Epoch: watchEpoch(in), Input: in}
 }
 
+// verdictOf is the verdict to publish beside watch: the run's, for watch's epoch; nil if
+// there is no watch or no verdict yet.
+func (w *proxyWorkflow) verdictOf(watch *activities.MonitorMemo) *activities.Verdict {
+	h := w.state.Health
+	if watch == nil || !h.Known {
+		return nil
+	}
+	return &activities.Verdict{Epoch: watch.Epoch, Healthy: h.Healthy, Since: h.Since, LatencyMillis: h.LatencyMillis}
+}
+
 // watchEpoch names a watch by everything in it but the last verdict (which the shard
 // carries on by itself): the same watch published again, by this run or the next, is the
 // same epoch, and the shard keeps watching without a pause. Whether a verdict is known at
@@ -838,6 +850,7 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 	memo := w.memoOf(st)
 	fields := map[string]any{contract.MemoKey: memo}
 	var watch *activities.MonitorMemo
+	var verdict *activities.Verdict
 	if w.version >= versionShardMonitor {
 		watch = w.watch()
 		// Written only when it changes (memo fields not written keep their value), so the
@@ -851,8 +864,16 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 		default:
 			fields[activities.MonitorMemoKey] = nil
 		}
+		// The verdict it holds now, which a shard's member started later (its shard moved,
+		// its worker restarted) starts from. It changes only with what discovery's memo
+		// carries too (health, latency), so it adds bytes to writes made anyway, never a
+		// write of its own.
+		verdict = w.verdictOf(watch)
+		if !equalData(verdict, w.verdictPub) {
+			fields[activities.VerdictMemoKey] = verdict
+		}
 	}
-	unchanged := w.memo != nil && equalData(*w.memo, memo) && !w.memoDirty && w.sameWatch(watch)
+	unchanged := w.memo != nil && equalData(*w.memo, memo) && !w.memoDirty && w.sameWatch(watch) && equalData(verdict, w.verdictPub)
 	if unchanged && w.saPhase == st.Phase && w.saHealthy != nil && *w.saHealthy == healthy {
 		return nil
 	}
@@ -873,6 +894,7 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 	}
 	w.memo, w.saPhase, w.saHealthy, w.memoDirty = &memo, st.Phase, &healthy, false
 	if w.version >= versionShardMonitor {
+		w.verdictPub = verdict
 		w.watchSet, w.watchEpoch = true, ""
 		if watch != nil {
 			w.watchEpoch = watch.Epoch

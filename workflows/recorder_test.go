@@ -35,6 +35,8 @@ type recorder struct {
 	memo contract.ProxyMemo
 	// onWatch, if set, is told each MonitorMemo the run publishes (nil: it removed it).
 	onWatch func(*activities.MonitorMemo)
+	// verdicts is every Verdict the run published, in order (nil: it removed it).
+	verdicts []*activities.Verdict
 }
 
 // runCounts is what one run did.
@@ -161,6 +163,12 @@ func (o *recorderOutbound) UpsertMemo(ctx workflow.Context, memo map[string]any)
 	if m, ok := memo[contract.MemoKey].(contract.ProxyMemo); ok {
 		o.r.mu.Lock()
 		o.r.memo = m
+		o.r.mu.Unlock()
+	}
+	if v, ok := memo[activities.VerdictMemoKey]; ok {
+		verdict, _ := v.(*activities.Verdict)
+		o.r.mu.Lock()
+		o.r.verdicts = append(o.r.verdicts, verdict)
 		o.r.mu.Unlock()
 	}
 	if v, ok := memo[activities.MonitorMemoKey]; ok && o.r.onWatch != nil {

@@ -138,3 +138,54 @@ func TestReportsKeepTheWakeTimer(t *testing.T) {
 	assert.Equal(t, 12, waking.localActivities, "each latency reaches the Proxy's status")
 	assert.Zero(t, waking.timers, "a report restarted the run's wake timer")
 }
+
+// TestVerdictFollowsTheRun: beside its watch, which is written only when the epoch changes,
+// the run keeps its current verdict in the memo for a shard that starts later: every flip
+// and latency change, for the watch's epoch, in the writes those make anyway.
+func TestVerdictFollowsTheRun(t *testing.T) {
+	h := newHarness(t)
+	h.specAt(0, 1, h.spec())
+	var epoch string
+	var watches, writes int
+	report := func(healthy bool, latency int64) {
+		h.env.SignalWorkflow(contract.SignalMonitor, activities.MonitorReport{Epoch: epoch, Result: activities.MonitorResult{
+			Reason: activities.MonitorVerdict, Health: activities.Health{Known: true, Healthy: healthy, LatencyMillis: latency, Since: h.env.Now().UTC()}}})
+	}
+	lastVerdict := func() *activities.Verdict {
+		h.rec.mu.Lock()
+		defer h.rec.mu.Unlock()
+		require.NotEmpty(t, h.rec.verdicts, "no verdict was published")
+		return h.rec.verdicts[len(h.rec.verdicts)-1]
+	}
+	h.checkAt(30*time.Minute, func() {
+		epoch, watches = h.lastWatch().Epoch, len(h.shard.published)
+		v := lastVerdict()
+		assert.Equal(t, epoch, v.Epoch)
+		assert.True(t, v.Healthy)
+		report(false, 0)
+	})
+	h.checkAt(31*time.Minute, func() {
+		v := lastVerdict()
+		assert.Equal(t, epoch, v.Epoch)
+		assert.False(t, v.Healthy, "the failure is not in the memo")
+		report(true, 40)
+	})
+	h.checkAt(32*time.Minute, func() {
+		v := lastVerdict()
+		assert.True(t, v.Healthy, "the recovery is not in the memo")
+		assert.EqualValues(t, 40, v.LatencyMillis)
+		assert.Equal(t, watches, len(h.shard.published), "a verdict rewrote the watch")
+		h.rec.mu.Lock()
+		writes = len(h.rec.verdicts)
+		h.rec.mu.Unlock()
+	})
+	h.checkAt(5*time.Hour, func() {
+		h.rec.mu.Lock()
+		defer h.rec.mu.Unlock()
+		assert.Len(t, h.rec.verdicts, writes, "the verdict was written again with nothing new")
+	})
+	h.signalAt(6*time.Hour, contract.SignalDelete, contract.DeleteSignal{UID: h.uid})
+	h.run(fastTuning())
+	h.requireCompleted()
+	assert.Nil(t, lastVerdict(), "a deleted Proxy keeps a verdict")
+}
