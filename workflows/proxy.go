@@ -865,12 +865,15 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 			fields[activities.MonitorMemoKey] = nil
 		}
 		// The verdict it holds now, which a shard's member started later (its shard moved,
-		// its worker restarted) starts from. It changes only with what discovery's memo
-		// carries too (health, latency), so it adds bytes to writes made anyway, never a
-		// write of its own.
+		// its worker restarted) starts from. It changes with what discovery's memo carries
+		// too (health, latency), so it adds bytes to writes made anyway.
 		verdict = w.verdictOf(watch)
-		if !equalData(verdict, w.verdictPub) {
+		switch {
+		case equalData(verdict, w.verdictPub):
+		case verdict != nil:
 			fields[activities.VerdictMemoKey] = verdict
+		default:
+			fields[activities.VerdictMemoKey] = nil // removed, as the watch is
 		}
 	}
 	unchanged := w.memo != nil && equalData(*w.memo, memo) && !w.memoDirty && w.sameWatch(watch) && equalData(verdict, w.verdictPub)
