@@ -390,12 +390,14 @@ func TestShardStartsFromTheWorkflowsVerdict(t *testing.T) {
 	vis.set(t, "proxy/ns/verdict", true, &activities.MonitorMemo{Epoch: "e1", Input: in})
 	failed := time.Now().Add(-time.Minute).UTC()
 	vis.setVerdict(t, "proxy/ns/verdict", activities.Verdict{Epoch: "e1", Healthy: false, Since: failed})
-	// A verdict about an earlier watch says nothing about this one.
+	// A verdict about an earlier watch says nothing about this one: this watch began
+	// unhealthy, and its working proxy's recovery is reported although a stale verdict
+	// calls it healthy.
 	other, otherII := m.instance(t, "px-verdict-old")
-	inOther := m.input(other, activities.Health{Known: true, Healthy: true})
+	inOther := m.input(other, activities.Health{Known: true, Healthy: false, LastFailure: "connect: refused"})
 	inOther.Instance = &otherII
 	vis.set(t, "proxy/ns/other", true, &activities.MonitorMemo{Epoch: "e2", Input: inOther})
-	vis.setVerdict(t, "proxy/ns/other", activities.Verdict{Epoch: "e1", Healthy: false, Since: failed})
+	vis.setVerdict(t, "proxy/ns/other", activities.Verdict{Epoch: "e1", Healthy: true, Since: failed})
 
 	fw := newFakeWorkflows()
 	acts := &activities.Activities{Providers: m.acts.Providers, Installation: "test", Keyring: m.acts.Keyring,
@@ -409,8 +411,7 @@ func TestShardStartsFromTheWorkflowsVerdict(t *testing.T) {
 	assert.Equal(t, activities.MonitorVerdict, got[0].Result.Reason)
 	assert.True(t, got[0].Result.Health.Healthy, "the recovery was not reported")
 	assert.Equal(t, "e1", got[0].Epoch)
-	// Two probes a second apart make the verdict; by then the other would have spoken.
-	fw.mu.Lock()
-	defer fw.mu.Unlock()
-	assert.Empty(t, fw.reports["proxy/ns/other"], "a verdict of another epoch was taken for the watch's")
+	got = fw.waitReports(t, "proxy/ns/other", 1)
+	assert.True(t, got[0].Result.Health.Healthy, "a verdict of another epoch was taken for the watch's")
+	assert.Equal(t, "e2", got[0].Epoch)
 }
