@@ -229,28 +229,51 @@ func runShard(acts *activities.Activities, in activities.ShardInput) (cancel con
 	return cancel, done
 }
 
+// watchedProxy creates a loopback proxy and publishes its watch, under epoch and starting
+// from last, as workflow id's memo in vis. It returns the watch's input.
+func (m *monitorEnv) watchedProxy(t *testing.T, vis *fakeVisibility, name, id, epoch string, last activities.Health) activities.MonitorInput {
+	t.Helper()
+	inst, ii := m.instance(t, name)
+	in := m.input(inst, last)
+	in.Instance = &ii
+	vis.set(t, id, true, &activities.MonitorMemo{Epoch: epoch, Input: in})
+	return in
+}
+
+// shardActivities are the activities of a worker whose shards read vis and report to signal.
+func (m *monitorEnv) shardActivities(vis *fakeVisibility, signal activities.WorkflowSignaller) *activities.Activities {
+	return &activities.Activities{Providers: m.acts.Providers, Installation: "test", Keyring: m.acts.Keyring,
+		Temporal: vis, Signaller: signal}
+}
+
+// startShard runs a shard until the test ends.
+func startShard(t *testing.T, acts *activities.Activities, in activities.ShardInput) {
+	cancel, done := runShard(acts, in)
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
 // TestMonitorShardFollowsVisibility: a shard watches the running workflows that publish a
 // MonitorMemo, and only those, reports their changes, and stops watching a workflow that
 // closed; cancelled, it stops every watch.
 func TestMonitorShardFollowsVisibility(t *testing.T) {
 	m := newMonitorEnv(t)
-	instA, iiA := m.instance(t, "px-vis-a")
-	instB, _ := m.instance(t, "px-vis-b")
-	inA := m.input(instA, activities.Health{Known: true, Healthy: true})
-	inA.Instance = &iiA
 	vis := &fakeVisibility{wfs: map[string]*workflowpb.WorkflowExecutionInfo{}}
-	vis.set(t, "proxy/ns/a", true, &activities.MonitorMemo{Epoch: "e1", Input: inA})
+	inA := m.watchedProxy(t, vis, "px-vis-a", "proxy/ns/a", "e1", activities.Health{Known: true, Healthy: true})
+	instB, _ := m.instance(t, "px-vis-b")
 	vis.set(t, "proxy/ns/b", true, nil) // an older run: it watches its proxy itself
 	fw := newFakeWorkflows()
 	reg := prometheus.NewRegistry()
-	acts := &activities.Activities{Providers: m.acts.Providers, Installation: "test", Keyring: m.acts.Keyring,
-		Temporal: vis, Signaller: fw, Metrics: activities.NewMetrics(reg)}
+	acts := m.shardActivities(vis, fw)
+	acts.Metrics = activities.NewMetrics(reg)
 	watching := func() float64 { return metricValue(t, reg, "proxyfleet_monitors_running") }
 
 	cancel, done := runShard(acts, activities.ShardInput{Index: 0, Count: 1, Refresh: 50 * time.Millisecond})
 
 	require.Eventually(t, func() bool { return watching() == 1 }, 10*time.Second, 20*time.Millisecond, "the shard never watched exactly the one proxy with a memo")
-	for _, name := range []string{instA.Name, instB.Name} {
+	for _, name := range []string{inA.Instance.Name, instB.Name} {
 		_, _, err := m.daemon.SetFault(name, local.FaultAuth)
 		require.NoError(t, err)
 	}
@@ -292,17 +315,14 @@ func TestShardsOfAProcessShareOneReader(t *testing.T) {
 	const proxies = 6
 	owners := map[int]int{}
 	for i := range proxies {
-		inst, ii := m.instance(t, fmt.Sprintf("px-share-%d", i))
-		in := m.input(inst, activities.Health{Known: true, Healthy: true})
-		in.Instance = &ii
 		id := fmt.Sprintf("proxy/ns/share-%d", i)
-		vis.set(t, id, true, &activities.MonitorMemo{Epoch: "e1", Input: in})
+		m.watchedProxy(t, vis, fmt.Sprintf("px-share-%d", i), id, "e1", activities.Health{Known: true, Healthy: true})
 		owners[activities.ShardOf(id, 2)]++
 	}
 	require.Len(t, owners, 2, "the proxies should fall in both shards")
 	reg := prometheus.NewRegistry()
-	acts := &activities.Activities{Providers: m.acts.Providers, Installation: "test", Keyring: m.acts.Keyring,
-		Temporal: vis, Signaller: newFakeWorkflows(), Metrics: activities.NewMetrics(reg)}
+	acts := m.shardActivities(vis, newFakeWorkflows())
+	acts.Metrics = activities.NewMetrics(reg)
 	watching := func() float64 { return metricValue(t, reg, "proxyfleet_monitors_running") }
 	const refresh = 50 * time.Millisecond
 	cancels := make([]context.CancelFunc, 2)
@@ -339,19 +359,10 @@ func TestShardsOfAProcessShareOneReader(t *testing.T) {
 func TestShardReaderSlowsWhileNothingChanges(t *testing.T) {
 	m := newMonitorEnv(t)
 	vis := &fakeVisibility{wfs: map[string]*workflowpb.WorkflowExecutionInfo{}}
-	inst, ii := m.instance(t, "px-quiet")
-	in := m.input(inst, activities.Health{Known: true, Healthy: true})
-	in.Instance = &ii
-	vis.set(t, "proxy/ns/quiet", true, &activities.MonitorMemo{Epoch: "e1", Input: in})
+	in := m.watchedProxy(t, vis, "px-quiet", "proxy/ns/quiet", "e1", activities.Health{Known: true, Healthy: true})
 	fw := newFakeWorkflows()
-	acts := &activities.Activities{Providers: m.acts.Providers, Installation: "test", Keyring: m.acts.Keyring,
-		Temporal: vis, Signaller: fw}
-	cancel, done := runShard(acts, activities.ShardInput{Index: 0, Count: 1,
+	startShard(t, m.shardActivities(vis, fw), activities.ShardInput{Index: 0, Count: 1,
 		Refresh: 10 * time.Millisecond, IdleRefresh: 400 * time.Millisecond, Quiet: 100 * time.Millisecond})
-	defer func() {
-		cancel()
-		<-done
-	}()
 	lists := func() int {
 		vis.mu.Lock()
 		defer vis.mu.Unlock()
@@ -384,29 +395,17 @@ func TestShardReaderSlowsWhileNothingChanges(t *testing.T) {
 func TestShardStartsFromTheWorkflowsVerdict(t *testing.T) {
 	m := newMonitorEnv(t)
 	vis := &fakeVisibility{wfs: map[string]*workflowpb.WorkflowExecutionInfo{}}
-	inst, ii := m.instance(t, "px-verdict")
-	in := m.input(inst, activities.Health{Known: true, Healthy: true})
-	in.Instance = &ii
-	vis.set(t, "proxy/ns/verdict", true, &activities.MonitorMemo{Epoch: "e1", Input: in})
+	m.watchedProxy(t, vis, "px-verdict", "proxy/ns/verdict", "e1", activities.Health{Known: true, Healthy: true})
 	failed := time.Now().Add(-time.Minute).UTC()
 	vis.setVerdict(t, "proxy/ns/verdict", activities.Verdict{Epoch: "e1", Healthy: false, Since: failed})
 	// A verdict about an earlier watch says nothing about this one: this watch began
 	// unhealthy, and its working proxy's recovery is reported although a stale verdict
 	// calls it healthy.
-	other, otherII := m.instance(t, "px-verdict-old")
-	inOther := m.input(other, activities.Health{Known: true, Healthy: false, LastFailure: "connect: refused"})
-	inOther.Instance = &otherII
-	vis.set(t, "proxy/ns/other", true, &activities.MonitorMemo{Epoch: "e2", Input: inOther})
+	m.watchedProxy(t, vis, "px-verdict-old", "proxy/ns/other", "e2", activities.Health{Known: true, Healthy: false, LastFailure: "connect: refused"})
 	vis.setVerdict(t, "proxy/ns/other", activities.Verdict{Epoch: "e1", Healthy: true, Since: failed})
 
 	fw := newFakeWorkflows()
-	acts := &activities.Activities{Providers: m.acts.Providers, Installation: "test", Keyring: m.acts.Keyring,
-		Temporal: vis, Signaller: fw}
-	cancel, done := runShard(acts, activities.ShardInput{Index: 0, Count: 1, Refresh: 50 * time.Millisecond})
-	defer func() {
-		cancel()
-		<-done
-	}()
+	startShard(t, m.shardActivities(vis, fw), activities.ShardInput{Index: 0, Count: 1, Refresh: 50 * time.Millisecond})
 	got := fw.waitReports(t, "proxy/ns/verdict", 1)
 	assert.Equal(t, activities.MonitorVerdict, got[0].Result.Reason)
 	assert.True(t, got[0].Result.Health.Healthy, "the recovery was not reported")
