@@ -851,6 +851,7 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 	fields := map[string]any{contract.MemoKey: memo}
 	var watch *activities.MonitorMemo
 	var verdict *activities.Verdict
+	sameVerdict := true
 	if w.version >= versionShardMonitor {
 		watch = w.watch()
 		// Written only when it changes (memo fields not written keep their value), so the
@@ -868,15 +869,16 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 		// its worker restarted) starts from. It changes with what discovery's memo carries
 		// too (health, latency), so it adds bytes to writes made anyway.
 		verdict = w.verdictOf(watch)
+		sameVerdict = equalData(verdict, w.verdictPub)
 		switch {
-		case equalData(verdict, w.verdictPub):
+		case sameVerdict:
 		case verdict != nil:
 			fields[activities.VerdictMemoKey] = verdict
 		default:
 			fields[activities.VerdictMemoKey] = nil // removed, as the watch is
 		}
 	}
-	unchanged := w.memo != nil && equalData(*w.memo, memo) && !w.memoDirty && w.sameWatch(watch) && equalData(verdict, w.verdictPub)
+	unchanged := w.memo != nil && equalData(*w.memo, memo) && !w.memoDirty && w.sameWatch(watch) && sameVerdict
 	if unchanged && w.saPhase == st.Phase && w.saHealthy != nil && *w.saHealthy == healthy {
 		return nil
 	}

@@ -445,7 +445,6 @@ type lateLease struct {
 // workflow and discovery's index did around the failure, so a red run says which stage was
 // slow rather than only that one was.
 func explainLate(b *testing.B, s *stack.Stack, ns string, late []lateLease, seen map[string][]time.Time) {
-	ctx := context.Background()
 	done := map[string]bool{}
 	for _, l := range late {
 		if done[l.proxy] || len(done) == 5 {
@@ -457,18 +456,16 @@ func explainLate(b *testing.B, s *stack.Stack, ns string, late []lateLease, seen
 			seenAt = append(seenAt, fmt.Sprintf("%+.2fs", at.Sub(l.window.from).Seconds()))
 		}
 		var evs []string
-		it := s.Temporal.Client.GetWorkflowHistory(ctx, contract.ProxyWorkflowID(ns, l.proxy), "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
-		for it.HasNext() {
-			e, err := it.Next()
-			if err != nil {
-				evs = append(evs, "history: "+err.Error())
-				break
-			}
+		events, err := proxyHistory(s, ns, l.proxy)
+		for _, e := range events {
 			at := e.GetEventTime().AsTime().Sub(l.window.from)
 			if at < -5*time.Second || e.GetEventTime().AsTime().After(l.got.Add(5*time.Second)) {
 				continue
 			}
 			evs = append(evs, fmt.Sprintf("%+.2fs %s", at.Seconds(), e.GetEventType()))
+		}
+		if err != nil {
+			evs = append(evs, "history: "+err.Error())
 		}
 		b.Logf("late lease on %s: failed %s (until %+.2fs), lease at %+.2fs; index unhealthy at %v; history: %v",
 			l.proxy, l.window.from.Format("15:04:05.000"), l.window.to.Sub(l.window.from).Seconds(), l.got.Sub(l.window.from).Seconds(), seenAt, evs)
@@ -505,7 +502,6 @@ type missedFailure struct {
 // index's changes and the verdicts the proxy's workflow was told around it, so a red run
 // says where it was lost.
 func explainMissed(b *testing.B, s *stack.Stack, ns, what string, missed []missedFailure, flips map[string][]indexFlip) {
-	ctx := context.Background()
 	for i, m := range missed {
 		if i == 5 {
 			break
@@ -519,44 +515,57 @@ func explainMissed(b *testing.B, s *stack.Stack, ns, what string, missed []misse
 			}
 		}
 		var evs []string
-		it := s.Temporal.Client.GetWorkflowHistory(ctx, contract.ProxyWorkflowID(ns, m.proxy), "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
-		for it.HasNext() {
-			e, err := it.Next()
-			if err != nil {
-				evs = append(evs, "history: "+err.Error())
-				break
-			}
+		events, err := proxyHistory(s, ns, m.proxy)
+		for _, e := range events {
 			at := e.GetEventTime().AsTime()
 			if at.Before(from) || at.After(to) {
 				continue
 			}
 			desc := e.GetEventType().String()
-			if sig := e.GetWorkflowExecutionSignaledEventAttributes(); sig != nil {
-				var r activities.MonitorReport
-				if err := converter.GetDefaultDataConverter().FromPayloads(sig.GetInput(), &r); err == nil {
-					desc = fmt.Sprintf("signal %s %s healthy=%t checked %s", sig.GetSignalName(), r.Result.Reason, r.Result.Health.Healthy, rel(r.Result.Health.CheckedAt))
-				}
+			if r, ok := monitorReport(e); ok {
+				desc = fmt.Sprintf("signal monitor %s healthy=%t checked %s", r.Result.Reason, r.Result.Health.Healthy, rel(r.Result.Health.CheckedAt))
 			}
 			evs = append(evs, rel(at)+" "+desc)
+		}
+		if err != nil {
+			evs = append(evs, "history: "+err.Error())
 		}
 		b.Logf("%s of %s never shown: from %s until %s; index: %v; history: %v",
 			what, m.proxy, m.window.from.Format("15:04:05.000"), rel(m.window.to), idx, evs)
 	}
 }
 
+// proxyHistory is the history of a proxy's workflow, as far as it could be read.
+func proxyHistory(s *stack.Stack, ns, name string) ([]*historypb.HistoryEvent, error) {
+	var evs []*historypb.HistoryEvent
+	it := s.Temporal.Client.GetWorkflowHistory(context.Background(), contract.ProxyWorkflowID(ns, name), "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
+	for it.HasNext() {
+		e, err := it.Next()
+		if err != nil {
+			return evs, err
+		}
+		evs = append(evs, e)
+	}
+	return evs, nil
+}
+
+// monitorReport is the shard's report a history event carries, if it is one.
+func monitorReport(e *historypb.HistoryEvent) (activities.MonitorReport, bool) {
+	var r activities.MonitorReport
+	sig := e.GetWorkflowExecutionSignaledEventAttributes()
+	if sig == nil || sig.GetSignalName() != contract.SignalMonitor {
+		return r, false
+	}
+	return r, converter.GetDefaultDataConverter().FromPayloads(sig.GetInput(), &r) == nil
+}
+
 // leaseDiag splits the time from a failure to discovery's index into stages, from the
 // workflow histories of a few flapping proxies.
 func leaseDiag(b *testing.B, s *stack.Stack, ns string, names []string, windows map[string][]flapWindow, seen map[string][]time.Time) {
-	ctx := context.Background()
 	var toMonitor, toStarted, toWFT, toSeen []time.Duration
 	for _, name := range names {
-		it := s.Temporal.Client.GetWorkflowHistory(ctx, contract.ProxyWorkflowID(ns, name), "", false, enumspb.HISTORY_EVENT_FILTER_TYPE_ALL_EVENT)
-		var evs []*historypb.HistoryEvent
-		for it.HasNext() {
-			e, err := it.Next()
-			require.NoError(b, err)
-			evs = append(evs, e)
-		}
+		evs, err := proxyHistory(s, ns, name)
+		require.NoError(b, err)
 		for _, w := range windows[name] {
 			if w.to.IsZero() || w.to.Sub(w.from) < 5*time.Second {
 				continue
@@ -567,11 +576,8 @@ func leaseDiag(b *testing.B, s *stack.Stack, ns string, names []string, windows 
 				if at.Before(w.from) {
 					continue
 				}
-				if sig := e.GetWorkflowExecutionSignaledEventAttributes(); mon.IsZero() && sig != nil {
-					var r activities.MonitorReport
-					if converter.GetDefaultDataConverter().FromPayloads(sig.GetInput(), &r) == nil && r.Result.Reason == activities.MonitorVerdict && !r.Result.Health.Healthy {
-						mon = at
-					}
+				if r, ok := monitorReport(e); mon.IsZero() && ok && r.Result.Reason == activities.MonitorVerdict && !r.Result.Health.Healthy {
+					mon = at
 				}
 				if !mon.IsZero() && started.IsZero() && e.GetEventType() == enumspb.EVENT_TYPE_WORKFLOW_TASK_STARTED {
 					started = at
