@@ -18,7 +18,10 @@ const (
 	codeUnauthorized    = "unauthorized"
 	codeNotFound        = "not_found"
 	codeUnknownLease    = "unknown_lease"
-	codeLeaseExpired    = "lease_expired"
+	// codeUnknownSession: the client has no session of that name (or it has been idle
+	// for longer than sessions are remembered).
+	codeUnknownSession = "unknown_session"
+	codeLeaseExpired   = "lease_expired"
 	// codeProxyGone: the lease ended because its proxy cannot serve it any more (replaced,
 	// unhealthy or removed; the answer's reason says which). Acquire a new lease.
 	codeProxyGone = "proxy_gone"
@@ -49,7 +52,7 @@ func status(code string) int {
 		return http.StatusBadRequest
 	case codeUnauthorized:
 		return http.StatusUnauthorized
-	case codeNotFound, codeUnknownLease:
+	case codeNotFound, codeUnknownLease, codeUnknownSession:
 		return http.StatusNotFound
 	case codeMethodNotAllowed:
 		return http.StatusMethodNotAllowed

@@ -14,8 +14,6 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"golang.org/x/net/idna"
-
-	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // ProxyInfo is a proxy as the API shows it. It has no place for credentials: listings are
@@ -268,20 +266,7 @@ func (s *Server) acquire(c *gin.Context) {
 	if cl := clientOf(c); cl != nil {
 		w.Client, w.MaxLeases = cl.name, cl.maxLeases
 	}
-	var l *Lease
-	if s.replicas == nil {
-		l, err = s.store.Lease(w)
-	} else {
-		var relayed bool
-		l, relayed, err = s.acquireReplicated(c, w, d)
-		if relayed {
-			if c.Writer.Status() == http.StatusCreated {
-				s.metrics.leaseRequests.WithLabelValues("granted").Inc()
-				s.metrics.acquireSeconds.Observe(time.Since(start).Seconds())
-			}
-			return
-		}
-	}
+	resp, err := s.grant(c.Request.Context(), w, nil)
 	if err != nil {
 		if _, ok := errors.AsType[*NoMatch](err); ok {
 			s.metrics.leaseRequests.WithLabelValues("no_match").Inc()
@@ -294,7 +279,7 @@ func (s *Server) acquire(c *gin.Context) {
 	}
 	s.metrics.leaseRequests.WithLabelValues("granted").Inc()
 	s.metrics.acquireSeconds.Observe(time.Since(start).Seconds())
-	c.JSON(http.StatusCreated, leaseResponse(l, d))
+	c.JSON(http.StatusCreated, resp)
 }
 
 // leaseResponse shows a lease just granted or renewed for d. The TTL is d itself, not
@@ -320,26 +305,16 @@ func (s *Server) renew(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	l, err := s.store.Renew(c.Param("id"), d)
-	if _, gone := errors.AsType[*ProxyGone](err); err == nil || gone {
-		// A renewal, or the end of a lease whose proxy is gone, is copied to the
-		// other replicas before the crawler hears of it.
-		if rerr := s.replicateLease(c.Param("id")); rerr != nil && err == nil {
-			err = rerr
-		}
-	}
+	resp, err := s.renewOwned(c.Param("id"), d)
 	if err != nil {
-		s.fail(c, &opError{op: opRenew, leaseID: c.Param("id"), err: err})
+		s.fail(c, err)
 		return
 	}
-	c.JSON(http.StatusOK, leaseResponse(l, d))
+	c.JSON(http.StatusOK, resp)
 }
 
 func (s *Server) release(c *gin.Context) {
-	s.store.Release(c.Param("id"))
-	// A release no replica heard of only keeps the slot counted until the lease's
-	// expiry: answered anyway, since the crawler has stopped using the proxy.
-	_ = s.replicateLease(c.Param("id"))
+	s.releaseOwned(c.Param("id"))
 	c.Status(http.StatusNoContent)
 }
 
@@ -356,34 +331,47 @@ func (s *Server) report(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	var window time.Duration
-	switch req.Result {
-	case contract.ReportOK:
-	case contract.ReportRateLimited:
-		window = s.cfg.CooldownRateLimited
-	case contract.ReportBanned:
-		window = s.cfg.CooldownBanned
-	default:
-		s.fail(c, apiErr(codeInvalidResult, "result must be ok, rate_limited or banned, got %q", req.Result))
-		return
-	}
-	target, err := NormalizeTarget(req.Target)
-	if err != nil {
+	if err := s.reportOwned(c.Param("id"), req.Result, req.Target); err != nil {
 		s.fail(c, err)
 		return
 	}
-	var until time.Time
-	if window > 0 {
-		until = s.store.Now().Add(window)
-	}
-	l, target, err := s.store.Report(c.Param("id"), target, until)
-	if err != nil {
-		s.fail(c, &opError{op: opReport, leaseID: c.Param("id"), err: err})
+	c.Status(http.StatusNoContent)
+}
+
+// reportSession serves POST /v1/sessions/{session}/report: a report on the latest lease
+// of one of the client's sessions. It is how a crawler of the gateway, which never sees
+// a lease ID inside a tunnel, tells discovery that the site banned the proxy it was on.
+func (s *Server) reportSession(c *gin.Context) {
+	var req ReportRequest
+	if err := s.decode(c, &req, false); err != nil {
+		s.fail(c, err)
 		return
 	}
-	s.metrics.reports.WithLabelValues(req.Result).Inc()
-	if window > 0 {
-		s.forward(l, contract.ReportSignal{Target: target, Result: req.Result, Until: until.UTC()})
+	name := c.Param("session")
+	if !sessionRE.MatchString(name) {
+		s.fail(c, apiErr(codeInvalid, "session must be 1-128 letters, digits, '.', '_', '~', ':' or '-'"))
+		return
+	}
+	unknown := func() {
+		s.fail(c, apiErr(codeUnknownSession, "no lease of session %q in the last %s", name, s.store.cfg.SessionIdle))
+	}
+	id, ok := s.store.SessionLease(clientName(c), name)
+	if !ok {
+		unknown()
+		return
+	}
+	err := s.reportLease(c.Request.Context(), c.GetHeader("Authorization"), id, req.Result, req.Target)
+	if errors.Is(err, ErrUnknownLease) {
+		unknown()
+		return
+	}
+	if ae, ok := err.(*APIError); ok && ae.Code == codeUnknownLease {
+		unknown()
+		return
+	}
+	if err != nil {
+		s.fail(c, err)
+		return
 	}
 	c.Status(http.StatusNoContent)
 }

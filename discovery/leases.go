@@ -71,9 +71,11 @@ func (l *lease) export() *Lease {
 	return &Lease{ID: l.key.String(), ProxyID: l.proxyID, Target: l.target, Session: l.session, ExpiresAt: l.expires, Proxy: *l.proxy}
 }
 
-// session is where a sticky session lives now.
+// session is where a sticky session lives now, and its latest lease: a report on the
+// session (the gateway's crawlers cannot name a lease) is a report on that lease.
 type session struct {
 	proxyID  string
+	lease    leaseKey
 	lastUsed time.Time
 }
 
@@ -182,7 +184,11 @@ func (s *Store) Acquire(sel Selector, target string, ttl time.Duration) (*Lease,
 // proxy IDs. The ring is the same in every process, so a session lands on the same proxy
 // on any replica and after restarts, and a proxy joining or leaving moves only the
 // sessions next to it.
-func (s *Store) Lease(w Want) (*Lease, error) {
+func (s *Store) Lease(w Want) (*Lease, error) { return s.LeaseExcept(w, nil) }
+
+// LeaseExcept is Lease passing over the proxies skip names (when not nil): the gateway's
+// retry after a proxy refused a tunnel must not land on that proxy again.
+func (s *Store) LeaseExcept(w Want, skip func(proxyID string) bool) (*Lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -190,7 +196,7 @@ func (s *Store) Lease(w Want) (*Lease, error) {
 		return nil, err
 	}
 	v := s.viewFor(w.Selector)
-	pick := s.pickLocked(v, w, now, nil)
+	pick := s.pickLocked(v, w, now, skip)
 	if pick == nil {
 		return nil, s.noMatch(v, w.Selector, w.Target, now)
 	}
@@ -281,13 +287,14 @@ func (s *Store) grantLocked(pick *entry, w Want, now time.Time) *lease {
 	})
 	s.addLive(l)
 	if w.Session != "" {
-		s.touchSession(sessionKey(w.Client, w.Session), pick.id, now)
+		s.touchSession(sessionKey(w.Client, w.Session), l, now)
 	}
 	return l
 }
 
-func (s *Store) touchSession(name, proxyID string, now time.Time) {
-	s.sessions.put(name, session{proxyID: proxyID, lastUsed: now})
+// touchSession records that the session name was last served by lease l.
+func (s *Store) touchSession(name string, l *lease, now time.Time) {
+	s.sessions.put(name, session{proxyID: l.proxyID, lease: l.key, lastUsed: now})
 	for s.sessions.len() > s.cfg.MaxSessions {
 		s.sessions.remove(s.sessions.oldest())
 	}
@@ -417,7 +424,7 @@ func (s *Store) Renew(id string, ttl time.Duration) (*Lease, error) {
 		l.proxy = e.p
 	}
 	if l.session != "" {
-		s.touchSession(sessionKey(l.client, l.session), l.proxyID, now)
+		s.touchSession(sessionKey(l.client, l.session), l, now)
 	}
 	return l.export(), nil
 }
@@ -475,6 +482,18 @@ func (s *Store) Report(id, target string, until time.Time) (*Lease, string, erro
 		s.cooldowns.set(l.proxyID, target, until)
 	}
 	return l.export(), target, nil
+}
+
+// SessionLease is the ID of the latest lease of a client's session, live or ended, while
+// the session is remembered (until it has been idle for StoreConfig.SessionIdle).
+func (s *Store) SessionLease(client, name string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	it, ok := s.sessions.get(sessionKey(client, name))
+	if !ok || s.now().Sub(it.val.lastUsed) >= s.cfg.SessionIdle {
+		return "", false
+	}
+	return it.val.lease.String(), true
 }
 
 // RunSweeper calls Sweep every interval until ctx ends.

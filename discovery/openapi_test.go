@@ -401,6 +401,24 @@ func TestOpenAPIResponses(t *testing.T) {
 			}
 		}
 	}
+	// sessioned leases for the session crawl-7 of the client "default" (the token's).
+	sessioned := func(t *testing.T, s *specServer) string {
+		_, err := s.store.Lease(discovery.Want{Client: discovery.DefaultClientName, Session: "crawl-7", Target: "shop.example",
+			TTL: time.Hour})
+		require.NoError(t, err)
+		return "crawl-7"
+	}
+	sessionReported := func(t *testing.T, s *specServer) string {
+		name := sessioned(t, s)
+		id, ok := s.store.SessionLease(discovery.DefaultClientName, name)
+		require.True(t, ok)
+		for i := range discovery.DefaultMaxReportsPerLease {
+			_, _, err := s.store.Report(id, fmt.Sprintf("t%d.example", i), time.Now().Add(time.Minute))
+			require.NoError(t, err)
+		}
+		return name
+	}
+	noSession := func(*testing.T, *specServer) string { return "crawl-8" }
 	huge := `{"target":"` + strings.Repeat("a", 70<<10) + `"}`
 
 	cases := []specCase{
@@ -507,6 +525,24 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "report too large", op: "POST /v1/leases/{id}/report", prepare: live, body: huge, wantStatus: 413,
 			wantCode: "too_large"},
 
+		{name: "report a session", op: "POST /v1/sessions/{session}/report", prepare: sessioned, body: `{"result":"banned"}`,
+			wantStatus: 204, bodyConforms: yes},
+		{name: "report a session, bad result", op: "POST /v1/sessions/{session}/report", prepare: sessioned,
+			body: `{"result":"blocked"}`, wantStatus: 400, wantCode: "invalid_result", bodyConforms: no},
+		{name: "report a session without token", op: "POST /v1/sessions/{session}/report", prepare: sessioned, noToken: true,
+			body: `{"result":"banned"}`, wantStatus: 401, wantCode: "unauthorized"},
+		{name: "report an unknown session", op: "POST /v1/sessions/{session}/report", prepare: noSession,
+			body: `{"result":"banned"}`, wantStatus: 404, wantCode: "unknown_session"},
+		{name: "report a session too large", op: "POST /v1/sessions/{session}/report", prepare: sessioned, body: huge,
+			wantStatus: 413, wantCode: "too_large"},
+		{name: "report a session throttled", op: "POST /v1/sessions/{session}/report", prepare: sessioned, throttled: true,
+			body: `{"result":"ok"}`, wantStatus: 429, wantCode: "too_many_requests", wantHeaders: []string{"Retry-After"}},
+		{name: "report a session over the limit", op: "POST /v1/sessions/{session}/report", prepare: sessionReported,
+			body: `{"result":"banned","target":"more.example"}`, wantStatus: 429, wantCode: "report_limit"},
+		{name: "report a session, owner restoring", op: "POST /v1/sessions/{session}/report", prepare: sessioned,
+			restoring: true, body: `{"result":"banned"}`, wantStatus: 503, wantCode: "replicas_unavailable",
+			wantHeaders: []string{"Retry-After"}},
+
 		{name: "unknown path", component: "NotFound", method: "GET", path: "/v1/nothing", noToken: true, wantStatus: 404,
 			wantCode: "not_found"},
 		{name: "method not allowed", component: "MethodNotAllowed", method: "GET", path: "/v1/leases", noToken: true,
@@ -539,7 +575,7 @@ func TestOpenAPIResponses(t *testing.T) {
 				method, path, _ = strings.Cut(tc.op, " ")
 				if tc.prepare != nil {
 					id := tc.prepare(t, s)
-					path = strings.ReplaceAll(path, "{id}", id)
+					path = strings.ReplaceAll(strings.ReplaceAll(path, "{id}", id), "{session}", id)
 				}
 				if tc.bodyConforms != nil {
 					checkRequestBody(t, doc, op, tc.body, *tc.bodyConforms)

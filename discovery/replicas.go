@@ -382,12 +382,13 @@ func unavailable(format string, args ...any) *APIError {
 // alone, over every lease it knows of, and the proxy's owner grants. An owner that refuses
 // (the proxy filled up or started resting since this replica heard) or cannot answer has
 // that proxy, or all of its proxies, passed over on the next pick.
-func (s *Server) acquireReplicated(c *gin.Context, w Want, d time.Duration) (*Lease, bool, error) {
+// Proxies that except names (when not nil) are passed over too.
+func (s *Server) acquireReplicated(ctx context.Context, w Want, d time.Duration, except func(string) bool) (*LeaseResponse, error) {
 	r := s.replicas
 	refused := map[string]bool{}
 	var lastErr error
 	skip := func(id string) bool {
-		if refused[id] {
+		if refused[id] || (except != nil && except(id)) {
 			return true
 		}
 		if owner := r.ownerOf(id); !r.canGrant(owner) {
@@ -400,13 +401,13 @@ func (s *Server) acquireReplicated(c *gin.Context, w Want, d time.Duration) (*Le
 	for range maxPicks {
 		id, err := s.store.Pick(w, skip)
 		if nm, ok := errors.AsType[*NoMatch](err); ok && lastErr == nil {
-			return nil, false, refusedAsFull(nm, len(refused))
+			return nil, refusedAsFull(nm, len(refused))
 		}
 		if err != nil {
 			if lastErr != nil {
-				return nil, false, lastErr
+				return nil, lastErr
 			}
-			return nil, false, err
+			return nil, err
 		}
 		owner := r.ownerOf(id)
 		if owner == r.cfg.Self {
@@ -415,11 +416,15 @@ func (s *Server) acquireReplicated(c *gin.Context, w Want, d time.Duration) (*Le
 				refused[id] = true
 				continue
 			}
-			return l, false, err
+			if err != nil {
+				return nil, err
+			}
+			resp := leaseResponse(l, d)
+			return &resp, nil
 		}
 		body, _ := json.Marshal(grantRequest{ProxyID: id, Selector: w.Selector, Target: w.Target, Session: w.Session,
 			TTLSeconds: int(d / time.Second), Client: w.Client, MaxLeases: w.MaxLeases})
-		resp, err := r.call(c.Request.Context(), owner, http.MethodPost, peerGrantPath, body, nil)
+		resp, err := r.call(ctx, owner, http.MethodPost, peerGrantPath, body, nil)
 		if err != nil {
 			r.markDown(owner, 2*time.Second)
 			lastErr = unavailable("replica %d, which owns the proxy picked, did not answer", owner)
@@ -436,15 +441,42 @@ func (s *Server) acquireReplicated(c *gin.Context, w Want, d time.Duration) (*Le
 			resp.Body.Close()
 			continue
 		}
-		relay(c, resp)
-		return nil, true, nil
+		var granted LeaseResponse
+		if err := peerAnswer(resp, http.StatusCreated, &granted); err != nil {
+			return nil, err
+		}
+		return &granted, nil
 	}
 	if lastErr == nil {
 		// Every pick lost the race for its proxy's last slot to other crawlers: the
 		// fleet is as full as this replica can tell, which a 409 says.
-		return nil, false, refusedAsFull(s.store.Explain(w), len(refused))
+		return nil, refusedAsFull(s.store.Explain(w), len(refused))
 	}
-	return nil, false, lastErr
+	return nil, lastErr
+}
+
+// peerAnswer reads another replica's answer: into v (when not nil) if it has the status
+// want, else as the *APIError it carries, which the caller answers with as it is.
+func peerAnswer(resp *http.Response, want int, v any) error {
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return unavailable("another replica's answer was cut off: %v", err)
+	}
+	if resp.StatusCode == want {
+		if v == nil {
+			return nil
+		}
+		if err := json.Unmarshal(body, v); err != nil {
+			return unavailable("another replica answered what this one cannot read: %v", err)
+		}
+		return nil
+	}
+	var ae APIError
+	if err := json.Unmarshal(body, &ae); err != nil || ae.Code == "" {
+		return unavailable("another replica answered %d", resp.StatusCode)
+	}
+	return &ae
 }
 
 // refusedAsFull corrects a NoMatch for the proxies whose owners refused the lease: this

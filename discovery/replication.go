@@ -122,7 +122,7 @@ func (s *Store) Apply(recs []LeaseRecord) {
 				s.changeLeases(e, func() { e.held = append(e.held, l) })
 			}
 			if l.session != "" {
-				s.touchSession(sessionKey(l.client, l.session), l.proxyID, now)
+				s.touchSession(sessionKey(l.client, l.session), l, now)
 			}
 		case wantLive:
 			l.session = r.Session

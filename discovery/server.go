@@ -146,6 +146,7 @@ func (s *Server) Handler() http.Handler {
 	v1.POST("/leases/:id/renew", s.routeLease, s.renew)
 	v1.DELETE("/leases/:id", s.routeLease, s.release)
 	v1.POST("/leases/:id/report", s.routeLease, s.report)
+	v1.POST("/sessions/:session/report", s.reportSession)
 	if s.replicas != nil {
 		peer := r.Group("/peer/v1", s.authenticatePeer)
 		peer.POST("/leases", s.peerApply)

@@ -16,6 +16,8 @@ set -euo pipefail
 # The packages, one per line; add what a new test needs.
 packages=(
 	squid
+	python3-scrapy
+	python3-pytest
 )
 
 policy=${PROXYFLEET_POLICY_RC_D:-/usr/sbin/policy-rc.d}

@@ -1,0 +1,170 @@
+package discovery
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
+)
+
+// The operations on leases that the API's handlers and the gateway share. Each works on
+// this replica's store when it owns the lease (or runs alone) and otherwise asks the
+// owner, so that one process counts every slot of a proxy whichever door a crawler came
+// in by. auth is the crawler's Authorization header, sent along to the owner, which
+// authenticates the crawler itself ("" when authentication is off).
+
+// grant leases a proxy for w, passing over the proxies except names (when not nil).
+func (s *Server) grant(ctx context.Context, w Want, except func(string) bool) (*LeaseResponse, error) {
+	if s.replicas != nil {
+		return s.acquireReplicated(ctx, w, w.TTL, except)
+	}
+	l, err := s.store.LeaseExcept(w, except)
+	if err != nil {
+		return nil, err
+	}
+	resp := leaseResponse(l, w.TTL)
+	return &resp, nil
+}
+
+// remoteOwner is the replica that owns lease id when it is another one. For a lease of
+// its own, a replica that cannot act on its leases yet answers with that error.
+func (s *Server) remoteOwner(id string) (owner int, remote bool, err error) {
+	r := s.replicas
+	if r == nil {
+		return 0, false, nil
+	}
+	owner, ok := LeaseOwner(id)
+	if !ok || owner >= len(r.cfg.Peers) {
+		return 0, false, nil // not a lease ID of this set: answered as unknown
+	}
+	if owner == r.cfg.Self {
+		return owner, false, r.ready()
+	}
+	return owner, true, nil
+}
+
+// onOwner sends a request on lease id to its owner and reads the answer into v.
+func (s *Server) onOwner(ctx context.Context, owner int, auth, method, path string, body any, want int, v any) error {
+	var raw []byte
+	if body != nil {
+		raw, _ = json.Marshal(body)
+	}
+	var h http.Header
+	if auth != "" {
+		h = http.Header{"Authorization": {auth}}
+	}
+	resp, err := s.replicas.call(ctx, owner, method, path, raw, h)
+	if err != nil {
+		s.replicas.markDown(owner, 2*time.Second)
+		return unavailable("replica %d, which owns the lease, did not answer", owner)
+	}
+	s.metrics.forwarded.Inc()
+	return peerAnswer(resp, want, v)
+}
+
+func leasePath(id, op string) string { return "/v1/leases/" + url.PathEscape(id) + op }
+
+// renewLease extends lease id by d.
+func (s *Server) renewLease(ctx context.Context, auth, id string, d time.Duration) (*LeaseResponse, error) {
+	owner, remote, err := s.remoteOwner(id)
+	switch {
+	case err != nil:
+		return nil, err
+	case remote:
+		var out LeaseResponse
+		if err := s.onOwner(ctx, owner, auth, http.MethodPost, leasePath(id, "/renew"),
+			RenewRequest{TTLSeconds: int(d / time.Second)}, http.StatusOK, &out); err != nil {
+			return nil, err
+		}
+		return &out, nil
+	}
+	return s.renewOwned(id, d)
+}
+
+// renewOwned renews a lease this replica owns.
+func (s *Server) renewOwned(id string, d time.Duration) (*LeaseResponse, error) {
+	l, err := s.store.Renew(id, d)
+	if _, gone := errors.AsType[*ProxyGone](err); err == nil || gone {
+		// A renewal, or the end of a lease whose proxy is gone, is copied to the
+		// other replicas before the crawler hears of it.
+		if rerr := s.replicateLease(id); rerr != nil && err == nil {
+			err = rerr
+		}
+	}
+	if err != nil {
+		return nil, &opError{op: opRenew, leaseID: id, err: err}
+	}
+	resp := leaseResponse(l, d)
+	return &resp, nil
+}
+
+// releaseLease ends lease id. Failing to reach its owner only keeps the slot counted until
+// the lease expires.
+func (s *Server) releaseLease(ctx context.Context, auth, id string) error {
+	owner, remote, err := s.remoteOwner(id)
+	switch {
+	case err != nil:
+		return err
+	case remote:
+		return s.onOwner(ctx, owner, auth, http.MethodDelete, leasePath(id, ""), nil, http.StatusNoContent, nil)
+	}
+	s.releaseOwned(id)
+	return nil
+}
+
+func (s *Server) releaseOwned(id string) {
+	s.store.Release(id)
+	// A release no replica heard of only keeps the slot counted until the lease's
+	// expiry: answered anyway, since the crawler has stopped using the proxy.
+	_ = s.replicateLease(id)
+}
+
+// reportLease records a report on lease id (see reportOwned).
+func (s *Server) reportLease(ctx context.Context, auth, id, result, target string) error {
+	owner, remote, err := s.remoteOwner(id)
+	switch {
+	case err != nil:
+		return err
+	case remote:
+		return s.onOwner(ctx, owner, auth, http.MethodPost, leasePath(id, "/report"),
+			ReportRequest{Result: result, Target: target}, http.StatusNoContent, nil)
+	}
+	return s.reportOwned(id, result, target)
+}
+
+// reportOwned records a report on a lease this replica owns: a cooldown of the lease's
+// proxy for target (the lease's own when empty) here at once, and durably in the proxy's
+// workflow through the report queue.
+func (s *Server) reportOwned(id, result, target string) error {
+	var window time.Duration
+	switch result {
+	case contract.ReportOK:
+	case contract.ReportRateLimited:
+		window = s.cfg.CooldownRateLimited
+	case contract.ReportBanned:
+		window = s.cfg.CooldownBanned
+	default:
+		return apiErr(codeInvalidResult, "result must be ok, rate_limited or banned, got %q", result)
+	}
+	target, err := NormalizeTarget(target)
+	if err != nil {
+		return err
+	}
+	var until time.Time
+	if window > 0 {
+		until = s.store.Now().Add(window)
+	}
+	l, target, err := s.store.Report(id, target, until)
+	if err != nil {
+		return &opError{op: opReport, leaseID: id, err: err}
+	}
+	s.metrics.reports.WithLabelValues(result).Inc()
+	if window > 0 {
+		s.forward(l, contract.ReportSignal{Target: target, Result: result, Until: until.UTC()})
+	}
+	return nil
+}
