@@ -28,7 +28,16 @@ type serverMetrics struct {
 	clientRequests       *prometheus.CounterVec
 	throttled            *prometheus.CounterVec
 	clientsReloadErrors  prometheus.Counter
-	handler              http.Handler
+	// The gateway's.
+	gatewayRequests         *prometheus.CounterVec
+	gatewayUpstreamFailures *prometheus.CounterVec
+	gatewayRetries          prometheus.Counter
+	gatewayConnectSeconds   prometheus.Histogram
+	gatewayTunnels          prometheus.Gauge
+	gatewayBytes            *prometheus.CounterVec
+	gatewayReports          *prometheus.CounterVec
+	gatewayLeasesLost       prometheus.Counter
+	handler                 http.Handler
 	// lastRefresh is the unix nanosecond time of the last successful refresh.
 	lastRefresh atomic.Int64
 }
@@ -95,6 +104,39 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 			Name: "proxyfleet_discovery_clients_reload_errors_total",
 			Help: "Reloads of the clients file that failed (the clients loaded before stay in force).",
 		}),
+		gatewayRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_requests_total",
+			Help: "Gateway requests (kind http) and tunnels (kind connect) by client and outcome: ok, auth_failed, invalid, throttled, no_proxy, upstream_failed, unavailable, canceled, internal.",
+		}, []string{"client", "kind", "outcome"}),
+		gatewayUpstreamFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_upstream_failures_total",
+			Help: "Fleet proxies that failed a gateway request or tunnel before it got through, by kind: unreachable, timeout, reset, auth, refused.",
+		}, []string{"kind"}),
+		gatewayRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_retries_total",
+			Help: "Gateway requests and tunnels tried again on another fleet proxy after one failed.",
+		}),
+		gatewayConnectSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "proxyfleet_gateway_connect_duration_seconds",
+			Help:    "Time to open a tunnel: lease, connection to the fleet proxy and its answer to CONNECT, retries included.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
+		}),
+		gatewayTunnels: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "proxyfleet_gateway_tunnels_open",
+			Help: "CONNECT tunnels open through the gateway.",
+		}),
+		gatewayBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_tunnel_bytes_total",
+			Help: "Bytes carried through gateway tunnels, by direction: upstream (crawler to site) and downstream.",
+		}, []string{"direction"}),
+		gatewayReports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_reports_total",
+			Help: "Reports the gateway made from plain answers' statuses, by result.",
+		}, []string{"result"}),
+		gatewayLeasesLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_leases_lost_total",
+			Help: "Leases of open gateway requests or tunnels that could not be renewed (their proxy was replaced, turned unhealthy or left); the connection goes on uncounted.",
+		}),
 	}
 	if reg == nil {
 		return m
@@ -105,7 +147,8 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 	}
 	reg.MustRegister(m.leaseRequests, m.acquireSeconds, m.reports, m.reportsCoalesced, m.reportSignalFailures,
 		m.requests, m.requestSeconds, m.refreshSeconds, m.refreshErrors, m.replicationFailures, m.forwarded,
-		m.clientRequests, m.throttled, m.clientsReloadErrors, clientLeasesCollector{store: store, clients: clients,
+		m.clientRequests, m.throttled, m.clientsReloadErrors, m.gatewayRequests, m.gatewayUpstreamFailures, m.gatewayRetries,
+		m.gatewayConnectSeconds, m.gatewayTunnels, m.gatewayBytes, m.gatewayReports, m.gatewayLeasesLost, clientLeasesCollector{store: store, clients: clients,
 			desc: prometheus.NewDesc("proxyfleet_discovery_client_leases", "Live leases by client name.", []string{"client"}, nil)},
 		gauge("proxyfleet_discovery_leases_active", "Leases held right now (in a replica set, every replica counts all of them).", func(s Stats) int { return s.Leases }),
 		gauge("proxyfleet_discovery_cooldowns_active", "Per-target cooldowns known locally.", func(s Stats) int { return s.Cooldowns }),

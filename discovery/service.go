@@ -33,6 +33,8 @@ type ServiceConfig struct {
 	// (default 5s) while discovery runs; empty when there is none.
 	ClientsFile   string
 	ClientsReload time.Duration
+	// Gateway configures the gateway, which ServeWithGateway serves.
+	Gateway GatewayConfig
 }
 
 // Temporal is the part of the Temporal client discovery uses: it lists workflows for the
@@ -50,6 +52,7 @@ type Service struct {
 	// Store is the lease store, for tests that look inside.
 	Store     *Store
 	server    *Server
+	gateway   *Gateway
 	refresher *Refresher
 	sweep     time.Duration
 	log       *slog.Logger
@@ -83,7 +86,7 @@ func NewService(cfg ServiceConfig, tc Temporal, log *slog.Logger, reg prometheus
 	if cfg.ClientsReload <= 0 {
 		cfg.ClientsReload = 5 * time.Second
 	}
-	return &Service{Store: store, server: srv, refresher: ref, sweep: cfg.SweepInterval, log: log,
+	return &Service{Store: store, server: srv, gateway: srv.NewGateway(cfg.Gateway), refresher: ref, sweep: cfg.SweepInterval, log: log,
 		clientsFile: cfg.ClientsFile, clientsReload: cfg.ClientsReload}
 }
 
@@ -96,6 +99,13 @@ func NewService(cfg ServiceConfig, tc Temporal, log *slog.Logger, reg prometheus
 // alive even when Temporal is not), while /readyz, listings and acquires answer 503
 // index_loading until the index is loaded.
 func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
+	return s.ServeWithGateway(ctx, ln, nil)
+}
+
+// ServeWithGateway is Serve, with the gateway on gw too (when not nil): the fleet as one
+// forward proxy, over the same leases. When ctx ends the gateway stops with the API, and
+// the reports its requests queued are forwarded with the API's.
+func (s *Service) ServeWithGateway(ctx context.Context, ln, gw net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	loops := make(chan struct{}, 5)
@@ -113,6 +123,15 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	defer stopReports()
 	go func() { s.server.RunReports(reportsCtx); loops <- struct{}{} }()
 	go func() { s.Store.RunSweeper(ctx, s.sweep); loops <- struct{}{} }()
+	gatewayDone := make(chan struct{})
+	go func() {
+		defer close(gatewayDone)
+		if gw != nil {
+			if err := s.gateway.Serve(ctx, gw); err != nil {
+				s.log.Error("gateway stopped", "error", err)
+			}
+		}
+	}()
 
 	// Bounded reads, writes and headers: a client that trickles a request or never reads
 	// its answer holds a connection for seconds, not forever. Every answer is small and
@@ -134,6 +153,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 			s.log.Warn("requests still in flight when discovery stopped were cut off", "error", serr)
 		}
 	}
+	<-gatewayDone
 	stopReports()
 	for range 5 {
 		<-loops

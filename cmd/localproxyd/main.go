@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"runtime"
 	"time"
 
 	"github.com/proxyfleet/proxyfleet/internal/cmdline"
@@ -21,6 +22,8 @@ func main() {
 	flag.StringVar(&opts.StateFile, "state-file", "", "file that keeps instances across restarts (empty: memory only)")
 	flag.DurationVar(&opts.ProvisionDelay, "provision-delay", 0, "how long new instances stay Provisioning before they listen")
 	flag.BoolVar(&opts.AllowRemote, "allow-remote", false, "let proxies reach targets beyond loopback")
+	flag.BoolVar(&opts.DistinctEgress, "distinct-egress", runtime.GOOS == "linux",
+		"connect each instance to targets from a loopback address of its own (127.88.x.y), so local sites tell proxies apart by IP (Linux)")
 	cmdline.Main("localproxyd", func(ctx context.Context, p *cmdline.Process) error {
 		opts.Log = p.Log
 		return run(ctx, *listen, opts)

@@ -29,6 +29,11 @@ type DaemonOptions struct {
 	ProvisionDelay time.Duration
 	// AllowRemote lets proxies reach non-loopback targets.
 	AllowRemote bool
+	// DistinctEgress makes each instance connect to targets from a loopback address of
+	// its own (EgressIP of its port), so a local site tells the proxies apart as a real
+	// one tells real proxies apart by their IPs: a site that bans one proxy can be
+	// tried on loopback. Linux only (other systems have 127.0.0.1 alone).
+	DistinctEgress bool
 	Log         *slog.Logger
 	// OnChange, if set, is called (under the daemon's lock) after every create and delete
 	// with the number of instances left: tests use it to prove make-before-break.
@@ -130,10 +135,20 @@ func (d *Daemon) listen(inst *instance, port int) error {
 	inst.server = &http.Server{Handler: inst.proxy, ReadHeaderTimeout: 30 * time.Second}
 	inst.info.IP = "127.0.0.1"
 	inst.info.Port = ln.Addr().(*net.TCPAddr).Port
+	if d.opts.DistinctEgress {
+		inst.proxy.SourceIP = EgressIP(inst.info.Port)
+	}
 	inst.info.State = local.StateRunning
 	srv := inst.server
 	go func() { _ = srv.Serve(ln) }()
 	return nil
+}
+
+// EgressIP is the loopback address an instance listening on port connects to targets
+// from when DistinctEgress is on: 127.88.<port/256>.<port%256>, one per port, the same
+// after a restart.
+func EgressIP(port int) net.IP {
+	return net.IPv4(127, 88, byte(port>>8), byte(port))
 }
 
 func (d *Daemon) changed(op, name string) {

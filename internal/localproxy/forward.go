@@ -30,6 +30,10 @@ type ForwardProxy struct {
 	AllowRemote bool
 	// DialTimeout bounds connecting to a target.
 	DialTimeout time.Duration
+	// SourceIP, when set, is the address connections to targets leave from: on Linux any
+	// 127.0.0.0/8 address is local, so each local proxy can show sites an address of its
+	// own, as proxies on separate machines do. Set it before the first request.
+	SourceIP net.IP
 	// Auth is the credentials every request must carry; set it before the first request.
 	// Nil (or one that fails local.Auth.Validate) refuses every request with 407: a proxy
 	// that was given no credentials is misconfigured, and must not be an open one.
@@ -113,6 +117,9 @@ func (p *ForwardProxy) dial(ctx context.Context, network, addr string) (net.Conn
 		}
 	}
 	d := net.Dialer{Timeout: p.DialTimeout}
+	if p.SourceIP != nil {
+		d.LocalAddr = &net.TCPAddr{IP: p.SourceIP}
+	}
 	return d.DialContext(ctx, network, addr)
 }
 

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -151,6 +152,9 @@ func Start(t testing.TB, opts Options) *Stack {
 	// Local instances.
 	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{
 		ProvisionDelay: opts.ProvisionDelay, Log: log,
+		// Each proxy leaves from an address of its own, as in production: a test site
+		// can ban one of them.
+		DistinctEgress: runtime.GOOS == "linux",
 		OnChange: func(op, name string, live int) {
 			s.mu.Lock()
 			s.events = append(s.events, DaemonEvent{Op: op, Name: name, Live: live})

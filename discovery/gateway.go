@@ -1,0 +1,893 @@
+package discovery
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
+)
+
+// GatewayConfig configures the gateway: one forward proxy address (HTTP and CONNECT) for
+// the whole fleet, for crawlers that cannot speak the lease API.
+type GatewayConfig struct {
+	// ReportStatuses are the statuses of plain HTTP answers that count as reports on the
+	// proxy for the target: 429 as rate_limited, any other as banned (default 403, 429).
+	// Inside a CONNECT tunnel the gateway sees no status; crawlers report by session.
+	ReportStatuses []int
+	// Attempts bounds the fleet proxies one request or tunnel tries when a proxy refuses
+	// before anything was sent (default 3).
+	Attempts int
+	// LeaseTTL is the TTL of the lease each request or tunnel holds, renewed while it
+	// lasts (default 1m): a gateway that dies frees its slots within it.
+	LeaseTTL time.Duration
+	// ConnectTimeout bounds connecting to a fleet proxy and, for a tunnel, its answer to
+	// CONNECT (default 10s).
+	ConnectTimeout time.Duration
+	// ResponseHeaderTimeout bounds the wait for a plain answer's headers (default 1m).
+	ResponseHeaderTimeout time.Duration
+}
+
+// Defaults of GatewayConfig.
+const (
+	DefaultGatewayAttempts       = 3
+	DefaultGatewayLeaseTTL       = time.Minute
+	DefaultGatewayConnectTimeout = 10 * time.Second
+	DefaultGatewayHeaderTimeout  = time.Minute
+)
+
+// DefaultReportStatuses are the plain HTTP statuses the gateway reports by default.
+var DefaultReportStatuses = []int{http.StatusForbidden, http.StatusTooManyRequests}
+
+// Validate checks the configuration a user gave.
+func (c GatewayConfig) Validate() error {
+	for _, s := range c.ReportStatuses {
+		if s < 100 || s > 599 {
+			return fmt.Errorf("gateway report status %d is not an HTTP status", s)
+		}
+		if s < 400 {
+			return fmt.Errorf("gateway report status %d is not an error: only 4xx and 5xx answers can be reports", s)
+		}
+	}
+	if c.Attempts < 0 || c.Attempts > 10 {
+		return fmt.Errorf("gateway attempts %d: use 1 to 10", c.Attempts)
+	}
+	return nil
+}
+
+func (c *GatewayConfig) defaults() {
+	if c.ReportStatuses == nil {
+		c.ReportStatuses = DefaultReportStatuses
+	}
+	if c.Attempts <= 0 {
+		c.Attempts = DefaultGatewayAttempts
+	}
+	orDefault(&c.LeaseTTL, DefaultGatewayLeaseTTL)
+	orDefault(&c.ConnectTimeout, DefaultGatewayConnectTimeout)
+	orDefault(&c.ResponseHeaderTimeout, DefaultGatewayHeaderTimeout)
+}
+
+// Headers of the gateway's answers to the crawler.
+const (
+	// GatewayErrorHeader names, on an answer the gateway made itself, the error code of
+	// its JSON body: a crawler tells the gateway's 502 from a site's without parsing it.
+	GatewayErrorHeader = "Proxyfleet-Error"
+	// GatewayProxyHeader names the fleet proxy (namespace/name) that carried a request,
+	// on plain answers and on a tunnel's 200.
+	GatewayProxyHeader = "Proxyfleet-Proxy"
+)
+
+// Error codes only the gateway answers with.
+const (
+	// codeProxyAuthRequired: no valid client credentials in Proxy-Authorization (407).
+	codeProxyAuthRequired = "proxy_auth_required"
+	// codeUpstreamFailed: every fleet proxy tried failed or refused before the request
+	// or tunnel got through (502); the message names the proxies and what each did.
+	codeUpstreamFailed = "upstream_failed"
+)
+
+// Kinds of a fleet proxy's failure, the label of proxyfleet_gateway_upstream_failures_total.
+const (
+	failUnreachable = "unreachable" // the connection was refused or could not be made
+	failTimeout     = "timeout"     // no connection or answer in time
+	failReset       = "reset"       // the connection broke before an answer
+	failAuth        = "auth"        // the proxy refused its credentials (407)
+	failRefused     = "refused"     // the proxy answered CONNECT with another error status
+)
+
+// upstreamFailure is one fleet proxy's failure for one attempt.
+type upstreamFailure struct {
+	proxy, kind, detail string
+	// retry is whether another proxy may do better: false for a refusal of the request
+	// itself (every proxy applies the same rules), or a request that was already sent.
+	retry bool
+}
+
+func (f upstreamFailure) String() string { return f.proxy + ": " + f.detail }
+
+// Gateway is the fleet as one forward proxy. Each plain request and each tunnel holds a
+// lease of the store the API grants from, for as long as it lasts, so the gateway's
+// crawlers count against maxLeases, client caps, cooldowns and sessions exactly as the
+// API's do; in a replica set, each lease is granted by its proxy's owner.
+type Gateway struct {
+	s      *Server
+	cfg    GatewayConfig
+	log    *slog.Logger
+	tracer trace.Tracer
+	// report maps a plain answer's status to the report it makes.
+	report map[int]string
+	// transport carries plain requests to the fleet proxy in the request's context;
+	// its connections are pooled per proxy and credentials.
+	transport *http.Transport
+	forward   *httputil.ReverseProxy
+
+	mu sync.Mutex
+	// held are the leases of requests and tunnels in progress, renewed every LeaseTTL/3.
+	held map[string]*heldLease
+	// tunnels are the open tunnels, closed when the gateway stops.
+	tunnels map[*tunnel]struct{}
+	closed  bool
+}
+
+// heldLease is a lease the gateway holds for a crawler: auth is the crawler's
+// Authorization, for the lease's owner when it is another replica.
+type heldLease struct {
+	id, auth string
+}
+
+// NewGateway builds the gateway over the API server's leases.
+func (s *Server) NewGateway(cfg GatewayConfig) *Gateway {
+	cfg.defaults()
+	g := &Gateway{s: s, cfg: cfg, log: s.log.With("component", "gateway"), tracer: otel.Tracer("proxyfleet-gateway"),
+		report: map[int]string{}, held: map[string]*heldLease{}, tunnels: map[*tunnel]struct{}{}}
+	for _, st := range cfg.ReportStatuses {
+		g.report[st] = contract.ReportBanned
+		if st == http.StatusTooManyRequests {
+			g.report[st] = contract.ReportRateLimited
+		}
+	}
+	g.transport = &http.Transport{
+		Proxy:       fleetProxyOf,
+		DialContext: (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		// The crawler's own Accept-Encoding goes through untouched, and its answer too.
+		DisableCompression:    true,
+		MaxIdleConns:          4096,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       time.Minute,
+		ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
+	}
+	g.forward = &httputil.ReverseProxy{
+		// Rewrite, unlike Director, adds no X-Forwarded-* header and drops the crawler's:
+		// nothing identifying the crawler reaches the site.
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL = pr.In.URL
+			pr.Out.Host = pr.In.Host
+			for _, h := range []string{"Via", "Forwarded", "X-Forwarded-For", "Proxy-Authorization", "Proxy-Connection"} {
+				pr.Out.Header.Del(h)
+			}
+		},
+		Transport:     gatewayRoundTripper{g},
+		FlushInterval: -1,
+		ErrorHandler:  g.forwardFailed,
+		ErrorLog:      slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+	}
+	return g
+}
+
+type fleetProxyKey struct{}
+
+// fleetProxyOf is the transport's Proxy: the fleet proxy, with its credentials, that the
+// request's attempt leased. The transport sends them as Proxy-Authorization.
+func fleetProxyOf(r *http.Request) (*url.URL, error) {
+	u, _ := r.Context().Value(fleetProxyKey{}).(*url.URL)
+	if u == nil {
+		return nil, errors.New("no fleet proxy leased for this request")
+	}
+	return u, nil
+}
+
+// exchange is one crawler request as the gateway handles it.
+type exchange struct {
+	client *client
+	user   gatewayUser
+	// auth is the crawler's credentials as an API Authorization ("" without auth).
+	auth     string
+	target   string
+	span     trace.Span
+	tried    []string
+	failures []upstreamFailure
+	// result is a forwarded request's outcome when it is not ok.
+	result string
+}
+
+func (x *exchange) want(ttl time.Duration) Want {
+	w := Want{Selector: x.user.selector, Target: x.target, Session: x.user.session, TTL: ttl}
+	if x.client != nil {
+		w.Client, w.MaxLeases = x.client.name, x.client.maxLeases
+	}
+	return w
+}
+
+func (x *exchange) skip(id string) bool { return slices.Contains(x.tried, id) }
+
+func (x *exchange) clientName() string {
+	if x.client == nil {
+		return ""
+	}
+	return x.client.name
+}
+
+type exchangeKey struct{}
+
+// ServeHTTP serves the gateway: CONNECT opens a tunnel, an absolute http:// URI is
+// forwarded; anything else is refused.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	kind := "http"
+	if r.Method == http.MethodConnect {
+		kind = "connect"
+	}
+	ctx, span := g.tracer.Start(r.Context(), "gateway "+r.Method, trace.WithSpanKind(trace.SpanKindServer))
+	defer span.End()
+	x := &exchange{span: span}
+	outcome := g.serve(w, r.WithContext(ctx), x, kind)
+	span.SetAttributes(attribute.String("proxyfleet.gateway.outcome", outcome),
+		attribute.String("proxyfleet.client", x.clientName()), attribute.Int("proxyfleet.gateway.attempts", len(x.tried)))
+	if outcome != "ok" {
+		span.SetStatus(codes.Error, outcome)
+	}
+	g.s.metrics.gatewayRequests.WithLabelValues(x.clientName(), kind, outcome).Inc()
+}
+
+// serve handles one request and returns its outcome, a label of
+// proxyfleet_gateway_requests_total.
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange, kind string) string {
+	if ae := g.authenticate(r, x); ae != nil {
+		return g.fail(w, ae)
+	}
+	if !g.s.store.Loaded() {
+		e := apiErr(codeIndexLoading, "the proxy index is still loading from Temporal; retry shortly")
+		e.RetryAfterSeconds = 1
+		return g.fail(w, e)
+	}
+	var hostport string
+	switch {
+	case kind == "connect":
+		hostport = r.Host
+		if _, port, err := net.SplitHostPort(hostport); err != nil || port == "" {
+			return g.fail(w, apiErr(codeInvalid, "CONNECT needs host:port, got %q", hostport))
+		}
+	case r.URL.IsAbs() && r.URL.Scheme == "http" && r.URL.Host != "":
+		hostport = r.URL.Host
+	case r.URL.IsAbs():
+		return g.fail(w, apiErr(codeInvalid, "the gateway forwards http:// URLs; tunnel %s:// with CONNECT (an HTTPS proxy setting does that)", r.URL.Scheme))
+	default:
+		return g.fail(w, apiErr(codeInvalid, "this is a forward proxy: send CONNECT or an absolute http:// URI, with this address as the proxy"))
+	}
+	target, err := NormalizeTarget(hostport)
+	if err != nil {
+		return g.fail(w, err)
+	}
+	x.target = target
+	x.span.SetAttributes(attribute.String("server.address", target))
+	if kind == "connect" {
+		return g.tunnel(w, r, x)
+	}
+	g.forward.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
+	if x.result == "" {
+		return "ok"
+	}
+	return x.result
+}
+
+// authenticate finds the client whose token is the password of the request's proxy
+// credentials, reads the options of its username and holds it to its rate limit.
+func (g *Gateway) authenticate(r *http.Request, x *exchange) *APIError {
+	user, password, ok := proxyCredentials(r.Header)
+	clients := g.s.clients
+	if clients == nil {
+		u, err := parseGatewayUser(user, "")
+		if err != nil {
+			return apiErr(codeInvalid, "%v", err)
+		}
+		x.user = u
+		return nil
+	}
+	var cl *client
+	if ok {
+		cl = clients.lookup(password)
+	}
+	if cl == nil {
+		return apiErr(codeProxyAuthRequired, "the gateway takes a client's name and token as proxy credentials: http://<client>:<token>@<gateway>")
+	}
+	u, err := parseGatewayUser(user, cl.name)
+	if u.client != cl.name {
+		// The token is another client's: as wrong as a wrong token.
+		return apiErr(codeProxyAuthRequired, "the proxy username must start with the name of the client whose token is the password")
+	}
+	if err != nil {
+		return apiErr(codeInvalid, "%v", err)
+	}
+	x.client, x.user, x.auth = cl, u, "Bearer "+password
+	if cl.limiter != nil {
+		now := time.Now()
+		res := cl.limiter.ReserveN(now, 1)
+		if d := res.DelayFrom(now); d > 0 || !res.OK() {
+			res.CancelAt(now)
+			g.s.metrics.throttled.WithLabelValues(cl.name, "requests").Inc()
+			e := apiErr(codeTooManyRequests, "client %q is over its limit of %g requests per second", cl.name, float64(cl.limiter.Limit()))
+			e.RetryAfterSeconds = int(max(1, (d+time.Second-1)/time.Second))
+			return e
+		}
+	}
+	return nil
+}
+
+// proxyCredentials reads Basic credentials from Proxy-Authorization (the scheme in any
+// case, as RFC 9110 has it).
+func proxyCredentials(h http.Header) (user, password string, ok bool) {
+	scheme, enc, _ := strings.Cut(h.Get("Proxy-Authorization"), " ")
+	if !strings.EqualFold(scheme, "Basic") {
+		return "", "", false
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
+	if err != nil {
+		return "", "", false
+	}
+	return strings.Cut(string(raw), ":")
+}
+
+// gatewayStatus is the status of a gateway answer with this code: the API's, but for the
+// codes a proxy client must read differently (a 409 means nothing to an HTTP client; a
+// proxy that has no upstream answers 503).
+func gatewayStatus(code string) int {
+	switch code {
+	case codeProxyAuthRequired:
+		return http.StatusProxyAuthRequired
+	case codeNoMatch:
+		return http.StatusServiceUnavailable
+	case codeUpstreamFailed:
+		return http.StatusBadGateway
+	}
+	return status(code)
+}
+
+// gatewayOutcome is the outcome label of an answer with this code.
+func gatewayOutcome(code string) string {
+	switch code {
+	case codeProxyAuthRequired:
+		return "auth_failed"
+	case codeInvalid, codeInvalidSelector:
+		return "invalid"
+	case codeTooManyRequests, codeLeaseLimit:
+		return "throttled"
+	case codeNoMatch:
+		return "no_proxy"
+	case codeUpstreamFailed:
+		return "upstream_failed"
+	case codeIndexLoading, codeReplicasUnavailable:
+		return "unavailable"
+	}
+	return "internal"
+}
+
+// fail answers with err as JSON, its code also in GatewayErrorHeader, and returns the
+// outcome.
+func (g *Gateway) fail(w http.ResponseWriter, err error) string {
+	ae, known := toAPIError(err)
+	if !known {
+		g.log.Error("internal error", "error", err)
+	}
+	h := w.Header()
+	h.Set(GatewayErrorHeader, ae.Code)
+	h.Set("Content-Type", "application/json; charset=utf-8")
+	if ae.RetryAfterSeconds > 0 {
+		h.Set("Retry-After", strconv.Itoa(ae.RetryAfterSeconds))
+	}
+	if ae.Code == codeProxyAuthRequired {
+		h.Set("Proxy-Authenticate", `Basic realm="proxyfleet"`)
+	}
+	w.WriteHeader(gatewayStatus(ae.Code))
+	_ = json.NewEncoder(w).Encode(ae)
+	return gatewayOutcome(ae.Code)
+}
+
+// failNoLease answers a request for which no (further) lease was granted: with what the
+// proxies tried did, if any was, since that is why the request failed.
+func (g *Gateway) failNoLease(w http.ResponseWriter, x *exchange, err error) string {
+	if len(x.failures) > 0 {
+		return g.fail(w, x.upstreamError())
+	}
+	return g.fail(w, err)
+}
+
+// upstreamError says what every fleet proxy tried did.
+func (x *exchange) upstreamError() *APIError {
+	parts := make([]string, len(x.failures))
+	for i, f := range x.failures {
+		parts[i] = f.String()
+	}
+	e := apiErr(codeUpstreamFailed, "no fleet proxy carried the request (%d tried): %s", len(parts), strings.Join(parts, "; "))
+	e.Reason = x.failures[len(x.failures)-1].kind
+	return e
+}
+
+// failed records an attempt's failure.
+func (g *Gateway) failed(x *exchange, f upstreamFailure) {
+	x.failures = append(x.failures, f)
+	g.s.metrics.gatewayUpstreamFailures.WithLabelValues(f.kind).Inc()
+	if f.retry && len(x.tried) < g.cfg.Attempts {
+		g.s.metrics.gatewayRetries.Inc()
+	}
+	x.span.AddEvent("upstream failure", trace.WithAttributes(attribute.String("proxyfleet.proxy", f.proxy),
+		attribute.String("proxyfleet.gateway.failure", f.kind)))
+	g.log.Info("fleet proxy failed", "proxy", f.proxy, "kind", f.kind, "detail", f.detail, "client", x.clientName())
+}
+
+// leaseFor grants the next attempt's lease, on a proxy not tried yet.
+func (g *Gateway) leaseFor(ctx context.Context, x *exchange) (*LeaseResponse, error) {
+	l, err := g.s.grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
+	if err != nil {
+		return nil, err
+	}
+	x.tried = append(x.tried, l.Proxy.Namespace+"/"+l.Proxy.Name)
+	g.hold(l.LeaseID, x.auth)
+	return l, nil
+}
+
+// --- tunnels -------------------------------------------------------------------------
+
+// tunnel opens a CONNECT tunnel through a fleet proxy, trying another when one fails
+// before the tunnel is open, and splices it to the crawler.
+func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) string {
+	start := time.Now()
+	var (
+		up    net.Conn
+		early []byte
+		l     *LeaseResponse
+	)
+	for up == nil && len(x.tried) < g.cfg.Attempts {
+		var err error
+		if l, err = g.leaseFor(r.Context(), x); err != nil {
+			return g.failNoLease(w, x, err)
+		}
+		var f *upstreamFailure
+		if up, early, f = g.dialTunnel(r.Context(), l, r.Host); f != nil {
+			g.failed(x, *f)
+			g.release(x.auth, l.LeaseID)
+			if !f.retry {
+				break
+			}
+		}
+	}
+	if up == nil {
+		return g.fail(w, x.upstreamError())
+	}
+	proxyID := l.Proxy.Namespace + "/" + l.Proxy.Name
+	cc, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		up.Close()
+		g.release(x.auth, l.LeaseID)
+		return g.fail(w, apiErr(codeInvalid, "tunnels need HTTP/1.1 to the gateway"))
+	}
+	// The server's read and write deadlines must not cut a tunnel short.
+	_ = cc.SetDeadline(time.Time{})
+	t := &tunnel{client: cc, up: up, lease: l.LeaseID, auth: x.auth}
+	if !g.track(t) {
+		t.close()
+		g.release(x.auth, l.LeaseID)
+		return "unavailable"
+	}
+	head := "HTTP/1.1 200 Connection established\r\n" + GatewayProxyHeader + ": " + proxyID + "\r\n\r\n"
+	if _, err := io.WriteString(cc, head); err == nil && len(early) > 0 {
+		_, err = cc.Write(early)
+	}
+	// What the crawler sent after its CONNECT head (a TLS hello, often) is buffered.
+	if n := brw.Reader.Buffered(); n > 0 {
+		b, _ := brw.Reader.Peek(n)
+		if _, err := up.Write(b); err != nil {
+			t.close()
+		}
+	}
+	x.span.SetAttributes(attribute.String("proxyfleet.proxy", proxyID))
+	g.s.metrics.gatewayConnectSeconds.Observe(time.Since(start).Seconds())
+	g.s.metrics.gatewayTunnels.Inc()
+	t.left.Store(2)
+	go g.splice(t, t.up, t.client, g.s.metrics.gatewayBytes.WithLabelValues("upstream"))
+	go g.splice(t, t.client, t.up, g.s.metrics.gatewayBytes.WithLabelValues("downstream"))
+	return "ok"
+}
+
+// dialTunnel connects to the leased proxy and asks it for a tunnel to hostport, all
+// within ConnectTimeout. It returns the connection, any bytes the proxy sent after its
+// 200, or what went wrong.
+func (g *Gateway) dialTunnel(ctx context.Context, l *LeaseResponse, hostport string) (net.Conn, []byte, *upstreamFailure) {
+	id := l.Proxy.Namespace + "/" + l.Proxy.Name
+	deadline := time.Now().Add(g.cfg.ConnectTimeout)
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	c, err := (&net.Dialer{}).DialContext(dctx, "tcp", net.JoinHostPort(l.Proxy.IP, strconv.Itoa(int(l.Proxy.Port))))
+	if err != nil {
+		return nil, nil, dialFailure(id, err, true)
+	}
+	_ = c.SetDeadline(deadline)
+	var b strings.Builder
+	b.WriteString("CONNECT " + hostport + " HTTP/1.1\r\nHost: " + hostport + "\r\n")
+	if l.Proxy.Username != "" {
+		b.WriteString("Proxy-Authorization: Basic " +
+			base64.StdEncoding.EncodeToString([]byte(l.Proxy.Username+":"+l.Proxy.Password)) + "\r\n")
+	}
+	b.WriteString("\r\n")
+	if _, err := io.WriteString(c, b.String()); err != nil {
+		c.Close()
+		return nil, nil, ioFailure(id, err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		c.Close()
+		return nil, nil, ioFailure(id, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		c.Close()
+		f := &upstreamFailure{proxy: id, kind: failRefused, detail: "answered " + resp.Status + " to CONNECT", retry: true}
+		switch resp.StatusCode {
+		case http.StatusProxyAuthRequired:
+			f.kind, f.detail = failAuth, "refused its credentials (407)"
+		case http.StatusBadRequest, http.StatusForbidden, http.StatusMethodNotAllowed:
+			// The proxy refuses the request itself (a port or destination its rules do
+			// not allow): another proxy of the fleet applies the same rules.
+			f.retry = false
+		}
+		return nil, nil, f
+	}
+	_ = c.SetDeadline(time.Time{})
+	var early []byte
+	if n := br.Buffered(); n > 0 {
+		b, _ := br.Peek(n)
+		early = slices.Clone(b)
+	}
+	return c, early, nil
+}
+
+// dialFailure classifies a failed connection to a fleet proxy. Its detail names no
+// address or credentials, only what happened.
+func dialFailure(id string, err error, retry bool) *upstreamFailure {
+	f := &upstreamFailure{proxy: id, kind: failUnreachable, detail: "could not connect", retry: retry}
+	var ne net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
+		f.kind, f.detail = failTimeout, "timed out connecting"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		f.detail = "connection refused"
+	}
+	return f
+}
+
+// ioFailure classifies a connection to a fleet proxy that broke or stalled before its
+// answer.
+func ioFailure(id string, err error) *upstreamFailure {
+	f := &upstreamFailure{proxy: id, kind: failReset, detail: "closed the connection before answering", retry: true}
+	var ne net.Error
+	if errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		f.kind, f.detail = failTimeout, "timed out before answering"
+	}
+	return f
+}
+
+// tunnel is an open tunnel: the crawler's connection and the fleet proxy's.
+type tunnel struct {
+	client, up  net.Conn
+	lease, auth string
+	// left counts the directions still copying; the last one to end cleans up.
+	left atomic.Int32
+}
+
+func (t *tunnel) close() {
+	t.client.Close()
+	t.up.Close()
+}
+
+// splice copies one direction of a tunnel. A direction that ends cleanly half-closes the
+// other side, so each peer sees the other's end of stream; one that fails closes both.
+func (g *Gateway) splice(t *tunnel, dst, src net.Conn, bytes prometheus.Counter) {
+	if err := copyCounting(dst, src, bytes); err != nil {
+		t.close()
+	} else {
+		closeWrite(dst)
+	}
+	if t.left.Add(-1) == 0 {
+		t.close()
+		g.untrack(t)
+		g.s.metrics.gatewayTunnels.Dec()
+		g.release(t.auth, t.lease)
+	}
+}
+
+// copyCounting copies src to dst until src ends, counting bytes as they pass. It copies
+// in chunks of 1 MiB so that the counter moves during a long transfer; between two TCP
+// connections each chunk is spliced by the kernel, never copied through user space.
+func copyCounting(dst, src net.Conn, bytes prometheus.Counter) error {
+	lr := &io.LimitedReader{R: src}
+	for {
+		lr.N = 1 << 20
+		n, err := io.Copy(dst, lr)
+		bytes.Add(float64(n))
+		if err != nil || lr.N > 0 {
+			return err
+		}
+	}
+}
+
+// closeWrite half-closes a connection: the peer reads its end, and may still answer.
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
+	c.Close()
+}
+
+func (g *Gateway) track(t *tunnel) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
+	g.tunnels[t] = struct{}{}
+	return true
+}
+
+func (g *Gateway) untrack(t *tunnel) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.tunnels, t)
+}
+
+// --- plain requests ------------------------------------------------------------------
+
+// gatewayRoundTripper carries a plain request through a leased fleet proxy, trying
+// another when one fails before the request could have reached the site.
+type gatewayRoundTripper struct{ g *Gateway }
+
+// noLease is a round trip that found no (further) proxy to lease.
+type noLease struct{ err error }
+
+func (e noLease) Error() string { return e.err.Error() }
+
+var errUpstream = errors.New("every fleet proxy tried failed")
+
+func (rt gatewayRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	g := rt.g
+	x, _ := req.Context().Value(exchangeKey{}).(*exchange)
+	if x == nil {
+		return nil, errors.New("gateway: a request without its exchange")
+	}
+	// A request can go to another proxy if none of it was sent, which the transport can
+	// tell only for a failed connection, or if sending it twice is harmless; either way
+	// its body is gone once sent.
+	resendable := req.Body == nil || req.Body == http.NoBody
+	idempotent := resendable && (req.Method == http.MethodGet || req.Method == http.MethodHead ||
+		req.Method == http.MethodOptions || req.Method == http.MethodTrace)
+	for len(x.tried) < g.cfg.Attempts {
+		l, err := g.leaseFor(req.Context(), x)
+		if err != nil {
+			return nil, noLease{err}
+		}
+		id := l.Proxy.Namespace + "/" + l.Proxy.Name
+		pu, err := url.Parse(l.Proxy.URL)
+		if err != nil {
+			g.release(x.auth, l.LeaseID)
+			return nil, err
+		}
+		resp, err := g.transport.RoundTrip(req.WithContext(context.WithValue(req.Context(), fleetProxyKey{}, pu)))
+		var f *upstreamFailure
+		switch {
+		case err != nil && req.Context().Err() != nil:
+			g.release(x.auth, l.LeaseID)
+			return nil, req.Context().Err()
+		case err != nil:
+			if oe, ok := errors.AsType[*net.OpError](err); ok && oe.Op == "proxyconnect" {
+				f = dialFailure(id, err, resendable)
+			} else {
+				f = ioFailure(id, err)
+				f.retry = idempotent
+			}
+		case resp.StatusCode == http.StatusProxyAuthRequired:
+			// The fleet proxy's own refusal: a site's 407 would mean nothing to a crawler
+			// behind a proxy, and passing it on would say the crawler's credentials were wrong.
+			resp.Body.Close()
+			f = &upstreamFailure{proxy: id, kind: failAuth, detail: "refused its credentials (407)", retry: resendable}
+		}
+		if f != nil {
+			g.failed(x, *f)
+			g.release(x.auth, l.LeaseID)
+			if !f.retry {
+				break
+			}
+			continue
+		}
+		if result, ok := g.report[resp.StatusCode]; ok {
+			g.reportStatus(req.Context(), x, l, result)
+		}
+		x.span.SetAttributes(attribute.String("proxyfleet.proxy", id), attribute.Int("http.response.status_code", resp.StatusCode))
+		resp.Header.Set(GatewayProxyHeader, id)
+		done := func() { g.release(x.auth, l.LeaseID) }
+		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
+			resp.Body = &leaseConn{ReadWriteCloser: rwc, done: done}
+		} else {
+			resp.Body = &leaseBody{ReadCloser: resp.Body, done: done}
+		}
+		return resp, nil
+	}
+	return nil, errUpstream
+}
+
+// reportStatus reports the proxy for the request's target on a status that says the
+// site refused it.
+func (g *Gateway) reportStatus(ctx context.Context, x *exchange, l *LeaseResponse, result string) {
+	g.s.metrics.gatewayReports.WithLabelValues(result).Inc()
+	if err := g.s.reportLease(ctx, x.auth, l.LeaseID, result, ""); err != nil {
+		g.log.Warn("report from an answer's status not recorded", "proxy", l.Proxy.Namespace+"/"+l.Proxy.Name,
+			"result", result, "error", err)
+	}
+}
+
+// leaseBody releases a plain request's lease once its answer has been read or dropped.
+type leaseBody struct {
+	io.ReadCloser
+	once sync.Once
+	done func()
+}
+
+func (b *leaseBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(b.done)
+	return err
+}
+
+// leaseConn is leaseBody for an upgraded connection (a WebSocket over plain HTTP), which
+// the reverse proxy needs to write to as well.
+type leaseConn struct {
+	io.ReadWriteCloser
+	once sync.Once
+	done func()
+}
+
+func (b *leaseConn) Close() error {
+	err := b.ReadWriteCloser.Close()
+	b.once.Do(b.done)
+	return err
+}
+
+// forwardFailed answers a plain request that no fleet proxy carried.
+func (g *Gateway) forwardFailed(w http.ResponseWriter, r *http.Request, err error) {
+	x, _ := r.Context().Value(exchangeKey{}).(*exchange)
+	if x == nil {
+		g.fail(w, err)
+		return
+	}
+	if nl, ok := errors.AsType[noLease](err); ok {
+		x.result = g.failNoLease(w, x, nl.err)
+		return
+	}
+	if len(x.failures) > 0 {
+		x.result = g.fail(w, x.upstreamError())
+		return
+	}
+	if r.Context().Err() != nil {
+		x.result = "canceled" // the crawler went away: nobody reads an answer
+		w.WriteHeader(http.StatusBadGateway)
+		return
+	}
+	x.result = g.fail(w, err)
+}
+
+// --- leases held ---------------------------------------------------------------------
+
+func (g *Gateway) hold(id, auth string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.held[id] = &heldLease{id: id, auth: auth}
+}
+
+// release ends a lease the gateway held.
+func (g *Gateway) release(auth, id string) {
+	g.mu.Lock()
+	delete(g.held, id)
+	g.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := g.s.releaseLease(ctx, auth, id); err != nil {
+		g.log.Debug("lease not released; it frees up when it expires", "lease", id, "error", err)
+	}
+}
+
+// renewHeld renews every lease held, so that a request or tunnel keeps its slot for as
+// long as it lasts and not a moment longer than LeaseTTL after the gateway died. A lease
+// that cannot be renewed any more (its proxy is gone) is dropped: the request or tunnel
+// on it carries on, uncounted, while it works.
+func (g *Gateway) renewHeld(ctx context.Context) {
+	every(ctx, g.cfg.LeaseTTL/3, func() {
+		g.mu.Lock()
+		list := make([]*heldLease, 0, len(g.held))
+		for _, h := range g.held {
+			list = append(list, h)
+		}
+		g.mu.Unlock()
+		for _, h := range list {
+			_, err := g.s.renewLease(ctx, h.auth, h.id, g.cfg.LeaseTTL)
+			if err == nil {
+				continue
+			}
+			if ae, _ := toAPIError(err); ae.Code == codeReplicasUnavailable {
+				continue // the owner will answer again; the lease has LeaseTTL/3*2 left
+			}
+			g.mu.Lock()
+			delete(g.held, h.id)
+			g.mu.Unlock()
+			g.s.metrics.gatewayLeasesLost.Inc()
+		}
+	})
+}
+
+// Serve runs the gateway on ln until ctx ends. Then it stops accepting, gives plain
+// requests in flight up to 10s, closes the tunnels still open and releases their leases.
+func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	renewed := make(chan struct{})
+	go func() { g.renewHeld(ctx); close(renewed) }()
+	// No read or write timeout: a plain answer may stream for as long as the site sends
+	// it, and a tunnel lives past its handler. The header timeout bounds a silent client.
+	hs := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)}
+	shutdown := make(chan error, 1)
+	go func() {
+		<-ctx.Done()
+		sctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		shutdown <- hs.Shutdown(sctx)
+	}()
+	err := hs.Serve(ln)
+	cancel()
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+		<-shutdown
+	}
+	g.mu.Lock()
+	g.closed = true
+	open := make([]*tunnel, 0, len(g.tunnels))
+	for t := range g.tunnels {
+		open = append(open, t)
+	}
+	g.mu.Unlock()
+	// Each tunnel's splices end and release its lease.
+	for _, t := range open {
+		t.close()
+	}
+	<-renewed
+	return err
+}

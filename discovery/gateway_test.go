@@ -1,0 +1,369 @@
+package discovery_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/internal/localproxy"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
+)
+
+const (
+	gwClient = "shop-crawler"
+	gwToken  = "shop-crawler-token-0123456789"
+	// otherClient's token is valid, but not with gwClient's name.
+	otherClient = "news-crawler"
+	otherToken  = "news-crawler-token-0123456789"
+)
+
+// gatewayEnv is a gateway in front of real forward proxies on loopback (the local
+// provider's), each leaving from an address of its own, and a site that sees which.
+type gatewayEnv struct {
+	t       *testing.T
+	store   *discovery.Store
+	srv     *discovery.Server
+	reg     *prometheus.Registry
+	logs    *testenv.LogBuffer
+	addr    string
+	proxies []*fleetProxy
+	signals chan forwarded
+	site    *site
+}
+
+// fleetProxy is one proxy of the fleet: a real local forward proxy.
+type fleetProxy struct {
+	name   string
+	fp     *localproxy.ForwardProxy
+	ln     net.Listener
+	egress string
+	creds  proxyauth.Credentials
+}
+
+func (p *fleetProxy) id() string { return "crawl/" + p.name }
+
+// site is an HTTP site on loopback that records what it was sent and from where, and
+// answers 403 to the addresses it bans.
+type site struct {
+	*httptest.Server
+	mu      sync.Mutex
+	seen    []seenRequest
+	banned  map[string]bool
+	tlsSite *httptest.Server
+}
+
+type seenRequest struct {
+	from   string
+	header http.Header
+}
+
+func (s *site) handle(w http.ResponseWriter, r *http.Request) {
+	from, _, _ := net.SplitHostPort(r.RemoteAddr)
+	s.mu.Lock()
+	s.seen = append(s.seen, seenRequest{from: from, header: r.Header.Clone()})
+	banned := s.banned[from]
+	s.mu.Unlock()
+	if banned {
+		http.Error(w, "banned", http.StatusForbidden)
+		return
+	}
+	if r.Method == http.MethodPost {
+		b, _ := io.ReadAll(r.Body)
+		_, _ = fmt.Fprintf(w, "posted %s", b)
+		return
+	}
+	_, _ = fmt.Fprintf(w, "hello from %s", r.URL.Path)
+}
+
+func (s *site) ban(addr string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.banned[addr] = true
+}
+
+func (s *site) last() seenRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seen[len(s.seen)-1]
+}
+
+type gatewayOption func(*discovery.Config, *discovery.GatewayConfig, []discovery.Proxy)
+
+func newGatewayEnv(t *testing.T, n int, opts ...gatewayOption) *gatewayEnv {
+	t.Helper()
+	if runtime.GOOS != "linux" {
+		t.Skip("the fleet's distinct egress addresses need Linux's 127.0.0.0/8")
+	}
+	e := &gatewayEnv{t: t, reg: prometheus.NewRegistry(), logs: &testenv.LogBuffer{}, signals: make(chan forwarded, 64)}
+	e.site = &site{banned: map[string]bool{}}
+	e.site.Server = httptest.NewServer(http.HandlerFunc(e.site.handle))
+	t.Cleanup(e.site.Close)
+	e.site.tlsSite = httptest.NewTLSServer(http.HandlerFunc(e.site.handle))
+	t.Cleanup(e.site.tlsSite.Close)
+
+	var fleet []discovery.Proxy
+	for i := range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		port := ln.Addr().(*net.TCPAddr).Port
+		creds := proxyauth.Credentials{Username: "proxyfleet", Password: fmt.Sprintf("fleet-secret-%d-Zq8", i)}
+		p := &fleetProxy{name: fmt.Sprintf("p%d", i), ln: ln, creds: creds, egress: localproxy.EgressIP(port).String(),
+			fp: &localproxy.ForwardProxy{Auth: local.NewAuth(creds), SourceIP: localproxy.EgressIP(port)}}
+		hs := &http.Server{Handler: p.fp, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = hs.Serve(ln) }()
+		t.Cleanup(func() { _ = hs.Close() })
+		e.proxies = append(e.proxies, p)
+		fleet = append(fleet, discovery.Proxy{Name: p.name, Namespace: "crawl", IP: "127.0.0.1", Port: int32(port),
+			Healthy: true, Phase: "Ready", MaxLeases: 8, Attributes: map[string]string{"region": "eu"}, Credentials: creds})
+	}
+	cfg := discovery.Config{Clients: discovery.NewClients([]discovery.ClientConfig{
+		{Name: gwClient, Token: gwToken}, {Name: otherClient, Token: otherToken}}),
+		CooldownBanned: 30 * time.Minute, CooldownRateLimited: 5 * time.Minute}
+	var gcfg discovery.GatewayConfig
+	for _, o := range opts {
+		o(&cfg, &gcfg, fleet)
+	}
+	e.store = discovery.NewStore(30 * time.Minute)
+	e.store.ReplaceAll(fleet)
+	sig := &fakeSignaler{report: func(_ context.Context, namespace, name string, sig contract.ReportSignal) error {
+		e.signals <- forwarded{namespace, name, sig}
+		return nil
+	}}
+	e.srv = discovery.NewServer(cfg, e.store, sig, slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})), e.reg)
+	gw := e.srv.NewGateway(gcfg)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	e.addr = ln.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	served, reported := make(chan struct{}), make(chan struct{})
+	go func() { defer close(served); _ = gw.Serve(ctx, ln) }()
+	go func() { defer close(reported); e.srv.RunReports(ctx) }()
+	t.Cleanup(func() { cancel(); <-served; <-reported })
+	return e
+}
+
+// client is an HTTP client whose proxy is the gateway, as a crawler sets it up.
+func (e *gatewayEnv) client(user, password string) *http.Client {
+	u := &url.URL{Scheme: "http", Host: e.addr}
+	if user != "" {
+		u.User = url.UserPassword(user, password)
+	}
+	tr := &http.Transport{Proxy: http.ProxyURL(u), TLSClientConfig: &tls.Config{RootCAs: e.site.tlsSite.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs}}
+	e.t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 20 * time.Second}
+}
+
+// proxyByEgress is the fleet proxy that leaves from addr.
+func (e *gatewayEnv) proxyByEgress(addr string) *fleetProxy {
+	for _, p := range e.proxies {
+		if p.egress == addr {
+			return p
+		}
+	}
+	e.t.Fatalf("no fleet proxy leaves from %s", addr)
+	return nil
+}
+
+// metric is the value of the series of a counter or gauge with these label pairs (0
+// when it has not been written).
+func (e *gatewayEnv) metric(name string, labels ...string) float64 {
+	e.t.Helper()
+	families, err := e.reg.Gather()
+	require.NoError(e.t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			got := map[string]string{}
+			for _, l := range m.GetLabel() {
+				got[l.GetName()] = l.GetValue()
+			}
+			for i := 0; i+1 < len(labels); i += 2 {
+				if got[labels[i]] != labels[i+1] {
+					continue series
+				}
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
+func (e *gatewayEnv) leases() int { return e.store.Stats().Leases }
+
+// waitNoLeases waits for every lease the gateway held to be released.
+func (e *gatewayEnv) waitNoLeases() {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool { return e.leases() == 0 }, 10*time.Second, 5*time.Millisecond,
+		"the gateway still holds %d leases", e.leases())
+}
+
+func get(t *testing.T, c *http.Client, u string) (*http.Response, string) {
+	t.Helper()
+	resp, err := c.Get(u)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, string(b)
+}
+
+// gatewayError reads a gateway's own error answer.
+func gatewayError(t *testing.T, resp *http.Response, body string) discovery.APIError {
+	t.Helper()
+	var ae discovery.APIError
+	require.NoError(t, json.Unmarshal([]byte(body), &ae), "body %q", body)
+	assert.Equal(t, ae.Code, resp.Header.Get(discovery.GatewayErrorHeader), "the header names the body's code")
+	assert.Contains(t, resp.Header.Get("Content-Type"), "application/json")
+	return ae
+}
+
+func TestGatewayForwardsPlainRequestsThroughTheFleet(t *testing.T) {
+	e := newGatewayEnv(t, 3)
+	c := e.client(gwClient, gwToken)
+	used := map[string]bool{}
+	for i := range 6 {
+		req, err := http.NewRequest(http.MethodGet, e.site.URL+"/page/"+strconv.Itoa(i), nil)
+		require.NoError(t, err)
+		req.Header.Set("User-Agent", "shop-crawler/1.0")
+		req.Header.Set("X-Forwarded-For", "192.0.2.7")
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+		assert.Equal(t, "hello from /page/"+strconv.Itoa(i), string(body))
+
+		seen := e.site.last()
+		p := e.proxyByEgress(seen.from)
+		assert.Equal(t, p.id(), resp.Header.Get(discovery.GatewayProxyHeader), "the answer names the proxy that carried it")
+		used[p.id()] = true
+		assert.Equal(t, "shop-crawler/1.0", seen.header.Get("User-Agent"), "the crawler's own headers go through")
+		for _, h := range []string{"Proxy-Authorization", "Via", "Forwarded", "X-Forwarded-For", "Proxy-Connection"} {
+			assert.Empty(t, seen.header.Get(h), "the site must not see %s", h)
+		}
+	}
+	assert.Len(t, used, 3, "consecutive requests rotate over the fleet, as leases do")
+	e.waitNoLeases()
+	assert.Equal(t, 6.0, e.metric("proxyfleet_gateway_requests_total", "client", gwClient, "kind", "http", "outcome", "ok"))
+}
+
+func TestGatewayTunnelsHoldALeaseWhileOpen(t *testing.T) {
+	e := newGatewayEnv(t, 2)
+	c := e.client(gwClient, gwToken)
+	resp, body := get(t, c, e.site.tlsSite.URL+"/secure")
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.Equal(t, "hello from /secure", body)
+	e.proxyByEgress(e.site.last().from)
+	assert.Empty(t, e.site.last().header.Get("Proxy-Authorization"))
+
+	// The client keeps its tunnel for the next request: its lease stays held.
+	assert.Equal(t, 1, e.leases(), "an open tunnel holds its lease")
+	assert.Equal(t, 1.0, e.metric("proxyfleet_gateway_tunnels_open"))
+	c.Transport.(*http.Transport).CloseIdleConnections()
+	e.waitNoLeases()
+	require.Eventually(t, func() bool { return e.metric("proxyfleet_gateway_tunnels_open") == 0 }, 5*time.Second, 5*time.Millisecond)
+	assert.Positive(t, e.metric("proxyfleet_gateway_tunnel_bytes_total", "direction", "upstream"))
+	assert.Positive(t, e.metric("proxyfleet_gateway_tunnel_bytes_total", "direction", "downstream"))
+}
+
+// connect opens a raw CONNECT tunnel through the gateway and returns the connection
+// and the gateway's answer.
+func (e *gatewayEnv) connect(user, password, hostport string) (net.Conn, *http.Response) {
+	e.t.Helper()
+	c, err := net.Dial("tcp", e.addr)
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { c.Close() })
+	head := "CONNECT " + hostport + " HTTP/1.1\r\nHost: " + hostport + "\r\n"
+	if user != "" {
+		head += "Proxy-Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+password)) + "\r\n"
+	}
+	_, err = io.WriteString(c, head+"\r\n")
+	require.NoError(e.t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+	require.NoError(e.t, err)
+	return c, resp
+}
+
+func TestGatewayTunnelsCountAgainstMaxLeases(t *testing.T) {
+	e := newGatewayEnv(t, 2, func(_ *discovery.Config, _ *discovery.GatewayConfig, fleet []discovery.Proxy) {
+		for i := range fleet {
+			fleet[i].MaxLeases = 1
+		}
+	})
+	host := strings.TrimPrefix(e.site.URL, "http://")
+	first, resp := e.connect(gwClient, gwToken, host)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	_, resp = e.connect(gwClient, gwToken, host)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	_, resp = e.connect(gwClient, gwToken, host)
+	body, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", body)
+	ae := gatewayError(t, resp, string(body))
+	assert.Equal(t, "no_match", ae.Code)
+	assert.Equal(t, 2, ae.AtCapacity, "both proxies hold a tunnel")
+	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
+
+	first.Close()
+	require.Eventually(t, func() bool { return e.leases() == 1 }, 5*time.Second, 5*time.Millisecond)
+	_, resp = e.connect(gwClient, gwToken, host)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "a closed tunnel frees its slot")
+}
+
+func TestGatewayRequiresClientCredentials(t *testing.T) {
+	e := newGatewayEnv(t, 1)
+	for _, tc := range []struct {
+		name, user, password string
+		want                 int
+		code                 string
+	}{
+		{"none", "", "", http.StatusProxyAuthRequired, "proxy_auth_required"},
+		{"wrong token", gwClient, "not-the-token-0123456789", http.StatusProxyAuthRequired, "proxy_auth_required"},
+		{"another client's token", gwClient, otherToken, http.StatusProxyAuthRequired, "proxy_auth_required"},
+		{"bad option", gwClient + ";session=a b", gwToken, http.StatusBadRequest, "invalid"},
+		{"bad selector", gwClient + ";Region=eu", gwToken, http.StatusBadRequest, "invalid"},
+		{"dash options uneven", gwClient + "-session", gwToken, http.StatusBadRequest, "invalid"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := get(t, e.client(tc.user, tc.password), e.site.URL+"/")
+			require.Equal(t, tc.want, resp.StatusCode, body)
+			ae := gatewayError(t, resp, body)
+			assert.Equal(t, tc.code, ae.Code)
+			if tc.want == http.StatusProxyAuthRequired {
+				assert.Equal(t, `Basic realm="proxyfleet"`, resp.Header.Get("Proxy-Authenticate"))
+			}
+			_, cresp := e.connect(tc.user, tc.password, strings.TrimPrefix(e.site.URL, "http://"))
+			assert.Equal(t, tc.want, cresp.StatusCode, "CONNECT")
+		})
+	}
+	assert.Equal(t, 0, e.leases(), "a refused request leases nothing")
+}
