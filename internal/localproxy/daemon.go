@@ -34,7 +34,7 @@ type DaemonOptions struct {
 	// one tells real proxies apart by their IPs: a site that bans one proxy can be
 	// tried on loopback. Linux only (other systems have 127.0.0.1 alone).
 	DistinctEgress bool
-	Log         *slog.Logger
+	Log            *slog.Logger
 	// OnChange, if set, is called (under the daemon's lock) after every create and delete
 	// with the number of instances left: tests use it to prove make-before-break.
 	OnChange func(op string, name string, live int)
