@@ -367,3 +367,206 @@ func TestGatewayRequiresClientCredentials(t *testing.T) {
 	}
 	assert.Equal(t, 0, e.leases(), "a refused request leases nothing")
 }
+
+func TestGatewayTriesAnotherProxyWhenOneRefuses(t *testing.T) {
+	for _, fault := range []struct {
+		name  string
+		kind  string
+		inject func(p *fleetProxy)
+	}{
+		{"down", "unreachable", func(p *fleetProxy) { p.ln.Close() }},
+		{"refuses its credentials", "auth", func(p *fleetProxy) { p.fp.SetFault(local.FaultAuth) }},
+	} {
+		t.Run(fault.name, func(t *testing.T) {
+			e := newGatewayEnv(t, 2)
+			fault.inject(e.proxies[0])
+			c := e.client(gwClient, gwToken)
+			for range 4 {
+				resp, body := get(t, c, e.site.URL+"/plain")
+				require.Equal(t, http.StatusOK, resp.StatusCode, body)
+				assert.Equal(t, e.proxies[1].id(), resp.Header.Get(discovery.GatewayProxyHeader))
+				resp, body = get(t, c, e.site.tlsSite.URL+"/tunnel")
+				require.Equal(t, http.StatusOK, resp.StatusCode, body)
+				assert.Equal(t, e.proxies[1].egress, e.site.last().from)
+				c.Transport.(*http.Transport).CloseIdleConnections()
+			}
+			assert.Positive(t, e.metric("proxyfleet_gateway_upstream_failures_total", "kind", fault.kind))
+			assert.Positive(t, e.metric("proxyfleet_gateway_retries_total"))
+			e.waitNoLeases()
+		})
+	}
+}
+
+func TestGatewaySaysWhyWhenNoProxyCarriesTheRequest(t *testing.T) {
+	e := newGatewayEnv(t, 2)
+	e.proxies[0].ln.Close()
+	e.proxies[1].fp.SetFault(local.FaultAuth)
+	c := e.client(gwClient, gwToken)
+
+	resp, body := get(t, c, e.site.URL+"/plain")
+	require.Equal(t, http.StatusBadGateway, resp.StatusCode, body)
+	ae := gatewayError(t, resp, body)
+	assert.Equal(t, "upstream_failed", ae.Code)
+	assert.Contains(t, ae.Message, "crawl/p0: connection refused")
+	assert.Contains(t, ae.Message, "crawl/p1: refused its credentials (407)")
+
+	_, cresp := e.connect(gwClient, gwToken, strings.TrimPrefix(e.site.URL, "http://"))
+	cbody, _ := io.ReadAll(cresp.Body)
+	require.Equal(t, http.StatusBadGateway, cresp.StatusCode, "%s", cbody)
+	assert.Equal(t, "upstream_failed", gatewayError(t, cresp, string(cbody)).Code)
+
+	// A request with a body is not sent twice: one proxy is tried, and the crawler told.
+	presp, err := c.Post(e.site.URL+"/form", "text/plain", strings.NewReader("q=1"))
+	require.NoError(t, err)
+	pbody, _ := io.ReadAll(presp.Body)
+	presp.Body.Close()
+	require.Equal(t, http.StatusBadGateway, presp.StatusCode)
+	assert.Equal(t, 1, strings.Count(gatewayError(t, presp, string(pbody)).Message, "crawl/p"), "%s", pbody)
+	e.waitNoLeases()
+	assert.NotContains(t, e.logs.String(), gwToken, "the crawler's token in the logs")
+	for _, p := range e.proxies {
+		assert.NotContains(t, e.logs.String(), p.creds.Password, "a fleet proxy's password in the logs")
+		assert.NotContains(t, body+string(cbody)+string(pbody), p.creds.Password)
+	}
+}
+
+func TestGatewayReportsStatusesAndMovesOn(t *testing.T) {
+	e := newGatewayEnv(t, 2)
+	e.site.ban(e.proxies[0].egress)
+	c := e.client(gwClient, gwToken)
+	var banned int
+	for range 6 {
+		resp, body := get(t, c, e.site.URL+"/item")
+		if resp.StatusCode == http.StatusForbidden {
+			// The site's answer itself goes to the crawler: it is the site's to give.
+			assert.Equal(t, "banned\n", body)
+			assert.Empty(t, resp.Header.Get(discovery.GatewayErrorHeader))
+			assert.Equal(t, e.proxies[0].id(), resp.Header.Get(discovery.GatewayProxyHeader))
+			banned++
+			continue
+		}
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	}
+	assert.Equal(t, 1, banned, "after its 403 the banned proxy rests for the site")
+	select {
+	case f := <-e.signals:
+		assert.Equal(t, "p0", f.name)
+		assert.Equal(t, contract.ReportBanned, f.sig.Result)
+		assert.Equal(t, "127.0.0.1", f.sig.Target, "the report is for the request's host")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the 403 was not reported to the proxy's workflow")
+	}
+	assert.Equal(t, 1.0, e.metric("proxyfleet_gateway_reports_total", "result", "banned"))
+	e.waitNoLeases()
+}
+
+func TestGatewaySessionsKeepTheirProxyUntilReported(t *testing.T) {
+	e := newGatewayEnv(t, 3)
+	for _, user := range []string{gwClient + ";session=cart-7", gwClient + "-session-cart8"} {
+		t.Run(user, func(t *testing.T) {
+			c := e.client(user, gwToken)
+			var first string
+			for i := range 4 {
+				resp, body := get(t, c, e.site.tlsSite.URL+"/step")
+				require.Equal(t, http.StatusOK, resp.StatusCode, body)
+				c.Transport.(*http.Transport).CloseIdleConnections()
+				if i == 0 {
+					first = e.site.last().from
+				}
+				assert.Equal(t, first, e.site.last().from, "a session keeps its proxy")
+			}
+			// The crawler learns inside the tunnel that the site banned it, and says so.
+			session := strings.TrimPrefix(strings.TrimPrefix(user, gwClient+";session="), gwClient+"-session-")
+			api := httptest.NewServer(e.srv.Handler())
+			defer api.Close()
+			req, err := http.NewRequest(http.MethodPost, api.URL+"/v1/sessions/"+session+"/report", strings.NewReader(`{"result":"banned"}`))
+			require.NoError(t, err)
+			req.Header.Set("Authorization", "Bearer "+gwToken)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusNoContent, resp.StatusCode)
+
+			resp, body := get(t, c, e.site.tlsSite.URL+"/step")
+			require.Equal(t, http.StatusOK, resp.StatusCode, body)
+			moved := e.site.last().from
+			assert.NotEqual(t, first, moved, "the session moves off the proxy it reported")
+			c.Transport.(*http.Transport).CloseIdleConnections()
+			resp, _ = get(t, c, e.site.tlsSite.URL+"/step")
+			assert.Equal(t, moved, e.site.last().from, "and stays on its new one")
+			resp.Body.Close()
+			select {
+			case f := <-e.signals:
+				assert.Equal(t, e.proxyByEgress(first).name, f.name)
+				assert.Equal(t, "127.0.0.1", f.sig.Target, "the report is for the session's site")
+			case <-time.After(5 * time.Second):
+				t.Fatal("the session's report was not forwarded")
+			}
+			// Another client's session of the same name is another session.
+			req, _ = http.NewRequest(http.MethodPost, api.URL+"/v1/sessions/"+session+"/report", strings.NewReader(`{"result":"banned"}`))
+			req.Header.Set("Authorization", "Bearer "+otherToken)
+			resp, err = http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+		})
+	}
+}
+
+func TestGatewaySelectsByAttributes(t *testing.T) {
+	e := newGatewayEnv(t, 3, func(_ *discovery.Config, _ *discovery.GatewayConfig, fleet []discovery.Proxy) {
+		fleet[2].Attributes = map[string]string{"region": "us", "tier": "residential"}
+	})
+	for _, user := range []string{gwClient + ";region=us;tier=residential", gwClient + "-region-us-tier-residential"} {
+		c := e.client(user, gwToken)
+		for range 3 {
+			resp, body := get(t, c, e.site.URL+"/")
+			require.Equal(t, http.StatusOK, resp.StatusCode, body)
+			assert.Equal(t, e.proxies[2].id(), resp.Header.Get(discovery.GatewayProxyHeader), user)
+		}
+	}
+	resp, body := get(t, e.client(gwClient+";region=ap", gwToken), e.site.URL+"/")
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, body)
+	ae := gatewayError(t, resp, body)
+	assert.Equal(t, "no_match", ae.Code)
+	assert.Equal(t, 0, ae.Considered)
+}
+
+func TestGatewayHoldsClientsToTheirLimits(t *testing.T) {
+	e := newGatewayEnv(t, 2, func(cfg *discovery.Config, _ *discovery.GatewayConfig, _ []discovery.Proxy) {
+		cfg.Clients = discovery.NewClients([]discovery.ClientConfig{{Name: gwClient, Token: gwToken, MaxLeases: 1},
+			{Name: otherClient, Token: otherToken, RequestsPerSecond: 0.001, Burst: 1}})
+	})
+	host := strings.TrimPrefix(e.site.URL, "http://")
+	_, resp := e.connect(gwClient, gwToken, host)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	_, resp = e.connect(gwClient, gwToken, host)
+	body, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "%s", body)
+	assert.Equal(t, "lease_limit", gatewayError(t, resp, string(body)).Code)
+	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
+
+	resp2, body2 := get(t, e.client(otherClient, otherToken), e.site.URL+"/")
+	require.Equal(t, http.StatusOK, resp2.StatusCode, body2)
+	resp2, body2 = get(t, e.client(otherClient, otherToken), e.site.URL+"/")
+	require.Equal(t, http.StatusTooManyRequests, resp2.StatusCode, body2)
+	assert.Equal(t, "too_many_requests", gatewayError(t, resp2, body2).Code)
+	assert.NotEmpty(t, resp2.Header.Get("Retry-After"))
+}
+
+func TestGatewayRefusesWhatIsNotAProxyRequest(t *testing.T) {
+	e := newGatewayEnv(t, 1)
+	req, err := http.NewRequest(http.MethodGet, "http://"+e.addr+"/", nil)
+	require.NoError(t, err)
+	req.Header.Set("Proxy-Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(gwClient+":"+gwToken)))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Contains(t, gatewayError(t, resp, string(body)).Message, "forward proxy")
+
+	_, cresp := e.connect(gwClient, gwToken, "127.0.0.1")
+	assert.Equal(t, http.StatusBadRequest, cresp.StatusCode, "CONNECT without a port")
+	assert.Equal(t, 0, e.leases())
+}
