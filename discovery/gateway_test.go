@@ -26,6 +26,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/discovery"
+	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
@@ -125,20 +126,7 @@ func newGatewayEnv(t *testing.T, n int, opts ...gatewayOption) *gatewayEnv {
 	t.Cleanup(e.site.tlsSite.Close)
 
 	var fleet []discovery.Proxy
-	for i := range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		port := ln.Addr().(*net.TCPAddr).Port
-		creds := proxyauth.Credentials{Username: "proxyfleet", Password: fmt.Sprintf("fleet-secret-%d-Zq8", i)}
-		p := &fleetProxy{name: fmt.Sprintf("p%d", i), ln: ln, creds: creds, egress: localproxy.EgressIP(port).String(),
-			fp: &localproxy.ForwardProxy{Auth: local.NewAuth(creds), SourceIP: localproxy.EgressIP(port)}}
-		hs := &http.Server{Handler: p.fp, ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = hs.Serve(ln) }()
-		t.Cleanup(func() { _ = hs.Close() })
-		e.proxies = append(e.proxies, p)
-		fleet = append(fleet, discovery.Proxy{Name: p.name, Namespace: "crawl", IP: "127.0.0.1", Port: int32(port),
-			Healthy: true, Phase: "Ready", MaxLeases: 8, Attributes: map[string]string{"region": "eu"}, Credentials: creds})
-	}
+	e.proxies, fleet = startFleet(t, n)
 	cfg := discovery.Config{Clients: discovery.NewClients([]discovery.ClientConfig{
 		{Name: gwClient, Token: gwToken}, {Name: otherClient, Token: otherToken}}),
 		CooldownBanned: 30 * time.Minute, CooldownRateLimited: 5 * time.Minute}
@@ -153,16 +141,48 @@ func newGatewayEnv(t *testing.T, n int, opts ...gatewayOption) *gatewayEnv {
 		return nil
 	}}
 	e.srv = discovery.NewServer(cfg, e.store, sig, slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})), e.reg)
-	gw := e.srv.NewGateway(gcfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	reported := make(chan struct{})
+	go func() { defer close(reported); e.srv.RunReports(ctx) }()
+	t.Cleanup(func() { cancel(); <-reported })
+	e.addr = serveGateway(t, e.srv, gcfg)
+	return e
+}
+
+// startFleet runs n real forward proxies on loopback, each leaving from an address of
+// its own, and returns them and the index's view of them.
+func startFleet(t *testing.T, n int) ([]*fleetProxy, []discovery.Proxy) {
+	t.Helper()
+	var proxies []*fleetProxy
+	var fleet []discovery.Proxy
+	for i := range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		port := ln.Addr().(*net.TCPAddr).Port
+		creds := proxyauth.Credentials{Username: "proxyfleet", Password: fmt.Sprintf("fleet-secret-%d-Zq8", i)}
+		p := &fleetProxy{name: fmt.Sprintf("p%d", i), ln: ln, creds: creds, egress: localproxy.EgressIP(port).String(),
+			fp: &localproxy.ForwardProxy{Auth: local.NewAuth(creds), SourceIP: localproxy.EgressIP(port)}}
+		hs := &http.Server{Handler: p.fp, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = hs.Serve(ln) }()
+		t.Cleanup(func() { _ = hs.Close() })
+		proxies = append(proxies, p)
+		fleet = append(fleet, discovery.Proxy{Name: p.name, Namespace: "crawl", IP: "127.0.0.1", Port: int32(port),
+			Healthy: true, Phase: "Ready", MaxLeases: 8, Attributes: map[string]string{"region": "eu"}, Credentials: creds})
+	}
+	return proxies, fleet
+}
+
+// serveGateway runs the gateway of srv on a loopback port until the test ends and
+// returns its address.
+func serveGateway(t *testing.T, srv *discovery.Server, cfg discovery.GatewayConfig) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	e.addr = ln.Addr().String()
 	ctx, cancel := context.WithCancel(context.Background())
-	served, reported := make(chan struct{}), make(chan struct{})
-	go func() { defer close(served); _ = gw.Serve(ctx, ln) }()
-	go func() { defer close(reported); e.srv.RunReports(ctx) }()
-	t.Cleanup(func() { cancel(); <-served; <-reported })
-	return e
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.NewGateway(cfg).Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-served })
+	return ln.Addr().String()
 }
 
 // client is an HTTP client whose proxy is the gateway, as a crawler sets it up.
@@ -569,4 +589,52 @@ func TestGatewayRefusesWhatIsNotAProxyRequest(t *testing.T) {
 	_, cresp := e.connect(gwClient, gwToken, "127.0.0.1")
 	assert.Equal(t, http.StatusBadRequest, cresp.StatusCode, "CONNECT without a port")
 	assert.Equal(t, 0, e.leases())
+}
+
+// TestGatewayInAReplicaSet runs the gateway on one replica of two: the proxies the other
+// owns are granted, released and reported by their owner, and both replicas count every
+// tunnel against maxLeases.
+func TestGatewayInAReplicaSet(t *testing.T) {
+	proxies, fleet := startFleet(t, 4)
+	for i := range fleet {
+		fleet[i].MaxLeases = 1
+	}
+	rs := newReplicaSet(t, 2, fleet)
+	e := &gatewayEnv{t: t, proxies: proxies, addr: serveGateway(t, rs.nodes[0].srv, discovery.GatewayConfig{})}
+	s := &site{banned: map[string]bool{}}
+	s.Server = httptest.NewServer(http.HandlerFunc(s.handle))
+	t.Cleanup(s.Close)
+	host := strings.TrimPrefix(s.URL, "http://")
+
+	user := discovery.DefaultClientName + ";session=basket"
+	var tunnels []net.Conn
+	for range 4 {
+		c, resp := e.connect(user, testToken, host)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		tunnels = append(tunnels, c)
+	}
+	_, resp := e.connect(discovery.DefaultClientName, testToken, host)
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "every proxy holds a tunnel")
+	for i := range 2 {
+		assert.Equal(t, 4, rs.nodes[i].store.Stats().Leases, "replica %d counts every tunnel", i)
+	}
+	_, err := rs.client(1).Acquire(context.Background(), dclient.AcquireRequest{})
+	require.Error(t, err, "the API on the other replica finds the fleet full too")
+
+	// The session's latest lease may be owned by either replica: the report goes to it.
+	req, err := http.NewRequest(http.MethodPost, rs.urls[1]+"/v1/sessions/basket/report", strings.NewReader(`{"result":"banned"}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	rresp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	rresp.Body.Close()
+	require.Equal(t, http.StatusNoContent, rresp.StatusCode)
+
+	for _, c := range tunnels {
+		c.Close()
+	}
+	for i := range 2 {
+		require.Eventually(t, func() bool { return rs.nodes[i].store.Stats().Leases == 0 }, 10*time.Second, 5*time.Millisecond,
+			"replica %d still counts tunnels that closed", i)
+	}
 }

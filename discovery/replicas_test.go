@@ -41,6 +41,7 @@ type replicaSet struct {
 
 type replicaNode struct {
 	store  *discovery.Store
+	srv    *discovery.Server
 	hs     *http.Server
 	cancel context.CancelFunc
 	logs   *testenv.LogBuffer
@@ -99,7 +100,7 @@ func (rs *replicaSet) startWith(i int, loaded bool) {
 	hs := &http.Server{Handler: srv.Handler()}
 	go func() { _ = hs.Serve(ln) }()
 	go srv.RunReplicas(ctx)
-	rs.nodes[i] = &replicaNode{store: store, hs: hs, cancel: cancel, logs: logs}
+	rs.nodes[i] = &replicaNode{store: store, srv: srv, hs: hs, cancel: cancel, logs: logs}
 }
 
 // kill stops replica i at once, as kill -9 does: no request is finished, nothing handed
