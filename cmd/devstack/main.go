@@ -13,7 +13,7 @@ import (
 
 func main() {
 	root, _ := os.Getwd()
-	cfg := devstack.Config{Root: root, Out: os.Stdout, TemporalPort: 7233, UIPort: 8233, DiscoveryPort: 8090, DaemonPort: 8089}
+	cfg := devstack.Config{Root: root, Out: os.Stdout, TemporalPort: 7233, UIPort: 8233, DiscoveryPort: 8090, GatewayPort: 8091, DaemonPort: 8089}
 	flag.StringVar(&cfg.StateDir, "state-dir", filepath.Join(root, ".state"), "where logs and the kubeconfig go")
 	flag.IntVar(&cfg.Proxies, "proxies", 3, "sample local Proxies to apply")
 	cmdline.Main("devstack", func(ctx context.Context, _ *cmdline.Process) error {

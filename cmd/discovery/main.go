@@ -38,6 +38,15 @@ func main() {
 	fleetKey := cmdline.FleetKeyVar()
 	cmdline.ListVar(&cfg.API.Replicas.Peers, "peers", cmdline.Env("DISCOVERY_PEERS", ""),
 		"comma-separated base URLs of every discovery replica, this one included, in replica-number order; empty runs alone, and leases do not survive a restart (env DISCOVERY_PEERS)")
+	gatewayListen := flag.String("gateway-listen", cmdline.Env("DISCOVERY_GATEWAY_LISTEN", "127.0.0.1:8091"),
+		"address of the gateway, the fleet as one forward proxy (HTTP and CONNECT) that crawlers set as HTTP_PROXY; empty turns it off (env DISCOVERY_GATEWAY_LISTEN)")
+	var reportStatuses []string
+	cmdline.ListVar(&reportStatuses, "gateway-report-statuses", "403,429",
+		"comma-separated statuses of plain HTTP answers through the gateway that report the proxy for the site: 429 as rate_limited, others as banned")
+	flag.IntVar(&cfg.Gateway.Attempts, "gateway-attempts", discovery.DefaultGatewayAttempts,
+		"fleet proxies one gateway request or tunnel tries when a proxy refuses before anything was sent")
+	flag.DurationVar(&cfg.Gateway.LeaseTTL, "gateway-lease-ttl", discovery.DefaultGatewayLeaseTTL,
+		"TTL of the lease each gateway request or tunnel holds, renewed while it lasts")
 	replica := flag.String("replica", cmdline.Env("DISCOVERY_REPLICA", "0"),
 		"this replica's number in --peers, or a StatefulSet pod name ending in it, such as discovery-2 (env DISCOVERY_REPLICA)")
 
@@ -45,6 +54,19 @@ func main() {
 		// The token comes from the environment only, so it never shows in a process listing.
 		cfg.API.Token = os.Getenv("DISCOVERY_TOKEN")
 		if err := checkAuth(cfg.API.Token, cfg.ClientsFile, *insecure, *listen); err != nil {
+			return err
+		}
+		if *gatewayListen != "" {
+			// Without authentication the gateway is an open proxy: loopback only, too.
+			if err := checkAuth(cfg.API.Token, cfg.ClientsFile, *insecure, *gatewayListen); err != nil {
+				return fmt.Errorf("--gateway-listen: %w", err)
+			}
+		}
+		var err error
+		if cfg.Gateway.ReportStatuses, err = parseStatuses(reportStatuses); err != nil {
+			return err
+		}
+		if err := cfg.Gateway.Validate(); err != nil {
 			return err
 		}
 		if cfg.ClientsFile != "" {
@@ -87,9 +109,29 @@ func main() {
 		if err != nil {
 			return fmt.Errorf("--listen: %w", err)
 		}
+		var gw net.Listener
+		if *gatewayListen != "" {
+			if gw, err = net.Listen("tcp", *gatewayListen); err != nil {
+				return fmt.Errorf("--gateway-listen: %w", err)
+			}
+			p.Log.Info("gateway listening", "addr", gw.Addr().String())
+		}
 		p.Log.Info("discovery listening", "addr", ln.Addr().String(), "temporal", temporal.Address, "fleetKeyIDs", kr.IDs())
-		return discovery.NewService(cfg, tc, p.Log, reg).Serve(ctx, ln)
+		return discovery.NewService(cfg, tc, p.Log, reg).ServeWithGateway(ctx, ln, gw)
 	})
+}
+
+// parseStatuses reads --gateway-report-statuses.
+func parseStatuses(list []string) ([]int, error) {
+	out := []int{}
+	for _, s := range list {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return nil, fmt.Errorf("--gateway-report-statuses: %q is not a status code", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 // replicaNumber reads --replica: a number, or a pod name whose last dash-separated part

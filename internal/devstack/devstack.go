@@ -43,7 +43,7 @@ type Config struct {
 	StateDir string // logs and kubeconfig
 	Out      io.Writer
 	// Fixed ports, so the printed commands stay the same from run to run.
-	TemporalPort, UIPort, DiscoveryPort, DaemonPort int
+	TemporalPort, UIPort, DiscoveryPort, GatewayPort, DaemonPort int
 	// Proxies is how many sample local Proxies to apply.
 	Proxies int
 }
@@ -89,7 +89,7 @@ func (s *stack) start(ctx context.Context) error {
 			return fmt.Errorf("%s is missing: run `make tools build` (make dev does)", b)
 		}
 	}
-	for _, p := range []int{cfg.TemporalPort, cfg.UIPort, cfg.DiscoveryPort, cfg.DaemonPort} {
+	for _, p := range []int{cfg.TemporalPort, cfg.UIPort, cfg.DiscoveryPort, cfg.GatewayPort, cfg.DaemonPort} {
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 		if err != nil {
 			return fmt.Errorf("port %d is taken (is another `make dev` running?): %w", p, err)
@@ -174,7 +174,8 @@ func (s *stack) start(ctx context.Context) error {
 	_, _ = rand.Read(tok)
 	s.token = hex.EncodeToString(tok)
 	if err := s.spawn("discovery", []string{"DISCOVERY_TOKEN=" + s.token}, "--temporal-address", s.temporal.FrontendHostPort(),
-		"--listen", fmt.Sprintf("127.0.0.1:%d", cfg.DiscoveryPort), "--fleet-key-path", keyPath); err != nil {
+		"--listen", fmt.Sprintf("127.0.0.1:%d", cfg.DiscoveryPort), "--gateway-listen", fmt.Sprintf("127.0.0.1:%d", cfg.GatewayPort),
+		"--fleet-key-path", keyPath); err != nil {
 		return err
 	}
 
@@ -293,13 +294,16 @@ proxyfleet is running. Logs: %s
   Proxies:            bin/kubectl get proxies        (kubeconfig: %s)
   Lease a proxy:      %s
   Fetch through it:   curl -sS -x %s http://127.0.0.1:%d/healthz
+  Or via the gateway: curl -sS -i -x http://%s:%s@127.0.0.1:%d http://127.0.0.1:%d/healthz
   Replace local-1:    bin/temporal workflow signal --address 127.0.0.1:%d --workflow-id %s --name replace --input '{"reason":"manual"}'
 
 (The fetch line uses local-1's address and credentials, derived from the fleet key in
-.state; a lease answers with the proxy's url, credentials included. Local proxies reach
-loopback targets only.) Press Ctrl-C to stop everything.
+.state; a lease answers with the proxy's url, credentials included. The gateway leases a
+proxy for each request itself; its answer names the proxy in Proxyfleet-Proxy. Local
+proxies reach loopback targets only.) Press Ctrl-C to stop everything.
 READY
-`, rel(s.logs), c.UIPort, rel(s.kubecfg), lease, s.firstURL, c.DaemonPort, c.TemporalPort, contract.ProxyWorkflowID("default", "local-1"))
+`, rel(s.logs), c.UIPort, rel(s.kubecfg), lease, s.firstURL, c.DaemonPort, "default", s.token, c.GatewayPort,
+		c.DaemonPort, c.TemporalPort, contract.ProxyWorkflowID("default", "local-1"))
 }
 
 // fleetKey returns the path of the dev stack's fleet key, generating it the first time. It

@@ -109,6 +109,20 @@ wait:
 	body := shell(fmt.Sprintf("curl -sS --fail -x %s http://127.0.0.1:8089/healthz", lease.Proxy.URL))
 	assert.Contains(t, body, `"status":"ok"`)
 	assert.Contains(t, shell(printed["Fetch through it"]), `"status":"ok"`)
+	// The printed gateway line: one address for the whole fleet, each request on a proxy
+	// of its own.
+	require.Contains(t, printed, "Or via the gateway")
+	through := map[string]bool{}
+	for range 3 {
+		out := shell(printed["Or via the gateway"])
+		assert.Contains(t, out, `"status":"ok"`)
+		for _, l := range strings.Split(out, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "Proxyfleet-Proxy: "); ok {
+				through[v] = true
+			}
+		}
+	}
+	assert.GreaterOrEqual(t, len(through), 2, "requests through the gateway rotate over the proxies")
 
 	// The printed CLI line replaces local-1, make-before-break; kubectl shows it.
 	assert.Contains(t, shell("bin/kubectl get proxies"), "local-1", "bin/kubectl talks to the dev stack")
@@ -139,7 +153,7 @@ wait:
 	assert.ErrorIs(t, syscall.Kill(-pgid, 0), syscall.ESRCH, "processes of make dev are still running")
 	left, _ := exec.Command("pgrep", "-fl", filepath.Join(root, "bin")).CombinedOutput()
 	assert.Empty(t, strings.TrimSpace(string(left)), "binaries of the stack still running")
-	for _, port := range []int{7233, 8233, 8089, 8090} {
+	for _, port := range []int{7233, 8233, 8089, 8090, 8091} {
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if assert.NoError(t, err, "port %d is still in use after Ctrl-C", port) {
 			ln.Close()

@@ -13,7 +13,9 @@ import (
 
 // Discovery is a running discovery server of the stack.
 type Discovery struct {
-	URL   string
+	URL string
+	// GatewayAddr is the gateway's host:port: the fleet as one forward proxy.
+	GatewayAddr string
 	Token string
 	Store *discovery.Store
 	stop  func()
@@ -43,11 +45,13 @@ func (s *Stack) StartDiscovery(t testing.TB, options ...func(*discovery.ServiceC
 	svc := discovery.NewService(cfg, s.Temporal.Client, s.logger(), nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	gw, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); _ = svc.Serve(ctx, ln) }()
+	go func() { defer close(done); _ = svc.ServeWithGateway(ctx, ln, gw) }()
 	stopped := false
-	d := &Discovery{URL: "http://" + ln.Addr().String(), Token: token, Store: svc.Store}
+	d := &Discovery{URL: "http://" + ln.Addr().String(), GatewayAddr: gw.Addr().String(), Token: token, Store: svc.Store}
 	d.stop = func() {
 		if stopped {
 			return
