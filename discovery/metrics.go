@@ -9,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // serverMetrics are registered explicitly on the Registerer the caller passes; with a nil
@@ -137,6 +139,17 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 			Name: "proxyfleet_gateway_leases_lost_total",
 			Help: "Leases of open gateway requests or tunnels that could not be renewed (their proxy was replaced, turned unhealthy or left); the connection goes on uncounted.",
 		}),
+	}
+	// The label values known in advance are exported at 0 from the start, so that a
+	// dashboard shows them and an alert can compare against 0.
+	for _, kind := range []string{failUnreachable, failTimeout, failReset, failAuth, failRefused} {
+		m.gatewayUpstreamFailures.WithLabelValues(kind)
+	}
+	for _, d := range []string{"upstream", "downstream"} {
+		m.gatewayBytes.WithLabelValues(d)
+	}
+	for _, r := range []string{contract.ReportBanned, contract.ReportRateLimited} {
+		m.gatewayReports.WithLabelValues(r)
 	}
 	if reg == nil {
 		return m

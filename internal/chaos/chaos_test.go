@@ -209,7 +209,8 @@ func (sys *system) fleetKeyEnv() string { return "PROXYFLEET_FLEET_KEY=" + sys.s
 // newDiscovery makes (without starting) a discovery process listening on addr, logged
 // under name; extra flags follow the common ones.
 func (sys *system) newDiscovery(t *testing.T, name, addr string, extra ...string) *process {
-	args := append(sys.temporalArgs(), "--listen", addr, "--refresh-interval", "200ms")
+	// The gateway is off: its fixed default port would clash between the suite's replicas.
+	args := append(sys.temporalArgs(), "--listen", addr, "--gateway-listen", "", "--refresh-interval", "200ms")
 	return &process{testenv.LoggedProcess(t, name, testenv.Command(t, "discovery"),
 		[]string{"DISCOVERY_TOKEN=" + token, sys.fleetKeyEnv()}, append(args, extra...)...)}
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -19,6 +20,7 @@ import (
 	"go.temporal.io/sdk/client"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
@@ -108,7 +110,7 @@ func TestEachBinaryExportsItsMetrics(t *testing.T) {
 	s := stack.Start(t, stack.Options{NoWorker: true, NoController: true})
 	ctx := context.Background()
 	kubeconfig := s.Kube.Kubeconfig(t)
-	opMetrics, workerHTTP, discoveryAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	opMetrics, workerHTTP, discoveryAddr, gatewayAddr := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
 	temporalFlags := []string{"--temporal-address", s.Temporal.HostPort, "--temporal-namespace", s.Temporal.Namespace,
 		"--task-queue", s.TaskQueue, "--installation", s.Installation}
 	env := []string{"KUBECONFIG=" + kubeconfig, "PROXYFLEET_FLEET_KEY=" + s.FleetKey}
@@ -116,7 +118,7 @@ func TestEachBinaryExportsItsMetrics(t *testing.T) {
 	process(t, "operator", env, append(temporalFlags, "--metrics-bind-address", opMetrics, "--health-probe-bind-address", freeAddr(t))...)
 	process(t, "worker", env, append(temporalFlags, "--providers", "local", "--local-daemon", s.DaemonURL, "--http-address", workerHTTP)...)
 	process(t, "discovery", []string{"DISCOVERY_TOKEN=secret-token", "PROXYFLEET_FLEET_KEY=" + s.FleetKey}, "--temporal-address", s.Temporal.HostPort,
-		"--temporal-namespace", s.Temporal.Namespace, "--listen", discoveryAddr, "--refresh-interval", "200ms")
+		"--temporal-namespace", s.Temporal.Namespace, "--listen", discoveryAddr, "--gateway-listen", gatewayAddr, "--refresh-interval", "200ms")
 	h := s.Temporal.Client.ScheduleClient().GetHandle(ctx, contract.GCScheduleID)
 	t.Cleanup(func() { _ = h.Delete(context.Background()) })
 
@@ -136,6 +138,13 @@ func TestEachBinaryExportsItsMetrics(t *testing.T) {
 	require.True(t, dclient.IsNoMatch(err), "%v", err)
 	require.NoError(t, dc.Report(ctx, lease.ID, dclient.ResultBanned, ""))
 	require.NoError(t, dc.Release(ctx, lease.ID))
+	// One request through the gateway, to the local proxies' own host.
+	gw := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http",
+		Host: gatewayAddr, User: url.UserPassword(discovery.DefaultClientName+";run="+ns, "secret-token")})}}
+	resp, err := gw.Get(s.DaemonURL + "/healthz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 
 	// An orphan for the worker's own schedule to sweep.
 	hoursAgo := time.Now().Add(-2 * time.Hour)
@@ -200,6 +209,7 @@ func TestEachBinaryExportsItsMetrics(t *testing.T) {
 	positive(disc, "proxyfleet_discovery_index_proxies", nil)
 	positive(disc, "proxyfleet_discovery_cooldowns_active", nil)
 	positive(disc, "proxyfleet_discovery_reports_total", map[string]string{"result": "banned"})
+	positive(disc, "proxyfleet_gateway_requests_total", map[string]string{"kind": "http", "outcome": "ok"})
 	age, ok := value(disc, "proxyfleet_discovery_index_age_seconds", nil)
 	assert.True(t, ok && age >= 0 && age < 30, "index age %v", age)
 
