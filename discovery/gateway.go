@@ -864,19 +864,8 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	// it, and a tunnel lives past its handler. The header timeout bounds a silent client.
 	hs := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)}
-	shutdown := make(chan error, 1)
-	go func() {
-		<-ctx.Done()
-		sctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
-		defer stop()
-		shutdown <- hs.Shutdown(sctx)
-	}()
-	err := hs.Serve(ln)
+	err, _ := serveUntil(ctx, hs, ln)
 	cancel()
-	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
-		<-shutdown
-	}
 	g.mu.Lock()
 	g.closed = true
 	open := make([]*tunnel, 0, len(g.tunnels))

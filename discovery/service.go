@@ -61,6 +61,24 @@ type Service struct {
 	clientsReload time.Duration
 }
 
+// serveUntil serves hs on ln until ctx ends, then stops accepting and gives the requests
+// in flight up to 10s. It returns the error of serving (nil for that stop) and the
+// shutdown's, which says requests were cut off.
+func serveUntil(ctx context.Context, hs *http.Server, ln net.Listener) (err, shutdownErr error) {
+	shutdown := make(chan error, 1)
+	go func() {
+		<-ctx.Done()
+		sctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		shutdown <- hs.Shutdown(sctx)
+	}()
+	err = hs.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil, <-shutdown
+	}
+	return err, nil
+}
+
 // MaxHeaderBytes bounds a request's headers: a bearer token and a traceparent need far less.
 const MaxHeaderBytes = 16 << 10
 
@@ -138,20 +156,10 @@ func (s *Service) ServeWithGateway(ctx context.Context, ln, gw net.Listener) err
 	// quick, so a minute to write one is generous.
 	hs := &http.Server{Handler: s.server.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: MaxHeaderBytes}
-	shutdown := make(chan error, 1)
-	go func() {
-		<-ctx.Done()
-		sctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
-		defer stop()
-		shutdown <- hs.Shutdown(sctx)
-	}()
-	err := hs.Serve(ln)
+	err, serr := serveUntil(ctx, hs, ln)
 	cancel()
-	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
-		if serr := <-shutdown; serr != nil {
-			s.log.Warn("requests still in flight when discovery stopped were cut off", "error", serr)
-		}
+	if serr != nil {
+		s.log.Warn("requests still in flight when discovery stopped were cut off", "error", serr)
 	}
 	<-gatewayDone
 	stopReports()
