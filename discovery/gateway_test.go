@@ -390,8 +390,8 @@ func TestGatewayRequiresClientCredentials(t *testing.T) {
 
 func TestGatewayTriesAnotherProxyWhenOneRefuses(t *testing.T) {
 	for _, fault := range []struct {
-		name  string
-		kind  string
+		name   string
+		kind   string
 		inject func(p *fleetProxy)
 	}{
 		{"down", "unreachable", func(p *fleetProxy) { p.ln.Close() }},
