@@ -638,3 +638,26 @@ func TestGatewayInAReplicaSet(t *testing.T) {
 			"replica %d still counts tunnels that closed", i)
 	}
 }
+
+func TestListingShowsCooldowns(t *testing.T) {
+	e := newGatewayEnv(t, 2)
+	e.site.ban(e.proxies[0].egress)
+	c := e.client(gwClient, gwToken)
+	for range 2 {
+		get(t, c, e.site.URL+"/x") // one of the two is the banned proxy's 403
+	}
+	api := httptest.NewServer(e.srv.Handler())
+	defer api.Close()
+	req, err := http.NewRequest(http.MethodGet, api.URL+"/v1/proxies", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+gwToken)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var list discovery.ProxyList
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&list))
+	require.Len(t, list.Proxies, 2)
+	assert.Contains(t, list.Proxies[0].Cooldowns, "127.0.0.1", "the banned proxy rests for the site")
+	assert.WithinDuration(t, time.Now().Add(30*time.Minute), list.Proxies[0].Cooldowns["127.0.0.1"], time.Minute)
+	assert.Empty(t, list.Proxies[1].Cooldowns)
+}

@@ -103,6 +103,9 @@ type ListedProxy struct {
 	Phase        string `json:"phase"`
 	ActiveLeases int    `json:"activeLeases"`
 	MaxLeases    int    `json:"maxLeases"`
+	// Cooldowns are the targets the proxy rests for now (after a rate_limited or banned
+	// report), with when each rest ends; "*" is every target.
+	Cooldowns map[string]time.Time `json:"cooldowns,omitempty"`
 }
 
 // ProxyList is the body of GET /v1/proxies.
@@ -137,8 +140,18 @@ func (s *Server) listProxies(c *gin.Context) {
 	list := s.store.List(sel, healthy)
 	out := ProxyList{Proxies: make([]ListedProxy, 0, len(list)), Count: len(list)}
 	for _, p := range list {
-		out.Proxies = append(out.Proxies, ListedProxy{ProxyInfo: info(p.Proxy), Healthy: p.Healthy, Phase: p.Phase,
-			ActiveLeases: p.ActiveLeases, MaxLeases: p.MaxLeases})
+		lp := ListedProxy{ProxyInfo: info(p.Proxy), Healthy: p.Healthy, Phase: p.Phase,
+			ActiveLeases: p.ActiveLeases, MaxLeases: p.MaxLeases}
+		for target, until := range p.Resting {
+			if lp.Cooldowns == nil {
+				lp.Cooldowns = map[string]time.Time{}
+			}
+			if target == "" {
+				target = "*"
+			}
+			lp.Cooldowns[target] = until.UTC()
+		}
+		out.Proxies = append(out.Proxies, lp)
 	}
 	c.JSON(http.StatusOK, out)
 }

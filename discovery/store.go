@@ -623,6 +623,9 @@ func (s *Store) Stats() Stats {
 type ProxyView struct {
 	Proxy
 	ActiveLeases int `json:"activeLeases"`
+	// Resting are the proxy's cooldowns in force, by target ("" for every target): from
+	// reports here and from its workflow, the later end of the two.
+	Resting map[string]time.Time `json:"resting,omitempty"`
 }
 
 // List returns the proxies matching sel (and, if healthy is set, of that health), by ID.
@@ -630,9 +633,25 @@ func (s *Store) List(sel Selector, healthy *bool) []ProxyView {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := []ProxyView{}
+	now := s.now()
 	s.forMatching(sel, func(e *entry) {
 		if healthy == nil || e.p.Healthy == *healthy {
-			out = append(out, ProxyView{Proxy: *e.p, ActiveLeases: e.leaseCount()})
+			v := ProxyView{Proxy: *e.p, ActiveLeases: e.leaseCount()}
+			rest := func(target string, until time.Time) {
+				if until.After(now) && until.After(v.Resting[target]) {
+					if v.Resting == nil {
+						v.Resting = map[string]time.Time{}
+					}
+					v.Resting[target] = until
+				}
+			}
+			for target, until := range e.p.Cooldowns {
+				rest(target, until)
+			}
+			for target, it := range s.cooldowns.byProxy[e.id] {
+				rest(target, it.val)
+			}
+			out = append(out, v)
 		}
 	})
 	sort.Slice(out, func(i, j int) bool { return out[i].ID() < out[j].ID() })
