@@ -295,6 +295,7 @@ proxyfleet is running. Logs: %s
   Lease a proxy:      %s
   Fetch through it:   curl -sS -x %s http://127.0.0.1:%d/healthz
   Or via the gateway: curl -sS -i -x http://%s:%s@127.0.0.1:%d http://127.0.0.1:%d/healthz
+  Crawl with Scrapy:  PYTHONPATH=discovery/client/python PROXYFLEET_TOKEN=%s /usr/bin/python3 -m scrapy runspider discovery/client/python/examples/tour_spider.py
   Replace local-1:    bin/temporal workflow signal --address 127.0.0.1:%d --workflow-id %s --name replace --input '{"reason":"manual"}'
 
 (The fetch line uses local-1's address and credentials, derived from the fleet key in
@@ -303,7 +304,7 @@ proxy for each request itself; its answer names the proxy in Proxyfleet-Proxy. L
 proxies reach loopback targets only.) Press Ctrl-C to stop everything.
 READY
 `, rel(s.logs), c.UIPort, rel(s.kubecfg), lease, s.firstURL, c.DaemonPort, "default", s.token, c.GatewayPort,
-		c.DaemonPort, c.TemporalPort, contract.ProxyWorkflowID("default", "local-1"))
+		c.DaemonPort, s.token, c.TemporalPort, contract.ProxyWorkflowID("default", "local-1"))
 }
 
 // fleetKey returns the path of the dev stack's fleet key, generating it the first time. It

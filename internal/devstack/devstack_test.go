@@ -123,6 +123,13 @@ wait:
 		}
 	}
 	assert.GreaterOrEqual(t, len(through), 2, "requests through the gateway rotate over the proxies")
+	// The printed Scrapy line: a real spider through the gateway (Debian's python3-scrapy,
+	// which make deps installs).
+	require.Contains(t, printed, "Crawl with Scrapy")
+	crawled := shell(printed["Crawl with Scrapy"])
+	for i := range 6 {
+		assert.Contains(t, crawled, fmt.Sprintf("page %d: 200 via default/local-", i), crawled)
+	}
 
 	// The printed CLI line replaces local-1, make-before-break; kubectl shows it.
 	assert.Contains(t, shell("bin/kubectl get proxies"), "local-1", "bin/kubectl talks to the dev stack")
