@@ -141,7 +141,7 @@ wait:
 	}, 2*time.Minute, 500*time.Millisecond, "local-1 was not replaced after the printed signal")
 	assert.Contains(t, printed["Web UI"], "http://127.0.0.1:8233")
 
-	// README tour step 5: kill local-2's instance; it is recreated and Ready again within
+	// README tour step 7: kill local-2's instance; it is recreated and Ready again within
 	// seconds. The drift check runs only every 2 minutes here (production timings): the
 	// unhealthy verdict itself asks the provider.
 	local2 := "bin/kubectl get proxy local-2 -o jsonpath='{.status.instanceName}/{.status.phase}'"

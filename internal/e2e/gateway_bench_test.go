@@ -1,0 +1,384 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/internal/localproxy"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
+)
+
+// The gateway's benchmarks: each figure against a baseline from the same run, the same
+// requests sent straight through the same fleet proxies. Everything runs on loopback in
+// this process (the memory benchmark puts the gateway and the fleet in processes of
+// their own, to read their memory alone).
+//
+//	go test ./internal/e2e -run '^$' -bench Gateway -benchtime 1x -timeout 30m
+
+// benchFleetProxies starts n local forward proxies in this process and returns the index's
+// view of them (maxLeases each).
+func benchFleetProxies(b testing.TB, n, maxLeases int) []discovery.Proxy {
+	var fleet []discovery.Proxy
+	for i := range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(b, err)
+		creds := proxyauth.Credentials{Username: "proxyfleet", Password: fmt.Sprintf("bench-%d-password", i)}
+		hs := &http.Server{Handler: &localproxy.ForwardProxy{Auth: local.NewAuth(creds)}, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = hs.Serve(ln) }()
+		b.Cleanup(func() { _ = hs.Close() })
+		fleet = append(fleet, discovery.Proxy{Name: fmt.Sprintf("bench-%d", i), Namespace: "bench", IP: "127.0.0.1",
+			Port: int32(ln.Addr().(*net.TCPAddr).Port), Healthy: true, Phase: "Ready", MaxLeases: maxLeases, Credentials: creds})
+	}
+	return fleet
+}
+
+// benchGateway serves a gateway without authentication over fleet and returns its address.
+func benchGateway(b testing.TB, fleet []discovery.Proxy) string {
+	st := discovery.NewStore(time.Hour)
+	st.ReplaceAll(fleet)
+	srv := discovery.NewServer(discovery.Config{}, st, nopSignaler{}, slog.New(slog.DiscardHandler), nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.NewGateway(discovery.GatewayConfig{}).Serve(ctx, ln) }()
+	b.Cleanup(func() { cancel(); <-done })
+	return ln.Addr().String()
+}
+
+type nopSignaler struct{}
+
+func (nopSignaler) Report(context.Context, string, string, contract.ReportSignal) error { return nil }
+
+// proxyURL is a fleet proxy's URL with its credentials.
+func proxyURL(p discovery.Proxy) *url.URL {
+	return &url.URL{Scheme: "http", Host: net.JoinHostPort(p.IP, strconv.Itoa(int(p.Port))),
+		User: url.UserPassword(p.Credentials.Username, p.Credentials.Password)}
+}
+
+// benchClient is a crawler's HTTP client through proxy, keeping its connections.
+func benchClient(proxy *url.URL, keepAlive bool) *http.Client {
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(proxy),
+		MaxIdleConnsPerHost: 4, DisableKeepAlives: !keepAlive, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a loopback test site's own certificate
+}
+
+// fetchLoad runs workers, each with its own client (clientFor(i)), fetching u for d, and
+// returns fetches per second and every latency.
+func fetchLoad(b testing.TB, workers int, d time.Duration, u string, clientFor func(i int) *http.Client) (float64, []time.Duration) {
+	var total atomic.Int64
+	var mu sync.Mutex
+	var lat []time.Duration
+	var failed atomic.Int64
+	stop := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for i := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := clientFor(i)
+			defer c.CloseIdleConnections()
+			var mine []time.Duration
+			for time.Now().Before(stop) {
+				t0 := time.Now()
+				resp, err := c.Get(u)
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					failed.Add(1)
+					continue
+				}
+				mine = append(mine, time.Since(t0))
+				total.Add(1)
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	require.Zero(b, failed.Load(), "fetches failed")
+	return float64(total.Load()) / d.Seconds(), lat
+}
+
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+func benchDuration() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("GATEWAY_BENCH_DURATION")); err == nil {
+		return d
+	}
+	return 10 * time.Second
+}
+
+// BenchmarkGatewayThroughput: fetches per second of 64 crawler connections through the
+// gateway, against the same 64 sent straight through the same 4 fleet proxies (16 each),
+// for plain HTTP and for HTTPS in tunnels (kept open, and one tunnel per fetch).
+func BenchmarkGatewayThroughput(b *testing.B) {
+	fleet := benchFleetProxies(b, 4, 64)
+	gw := &url.URL{Scheme: "http", Host: benchGateway(b, fleet)}
+	body := strings.Repeat("x", 1024)
+	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, body) }))
+	defer site.Close()
+	tlsSite := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, body) }))
+	defer tlsSite.Close()
+	d := benchDuration()
+	for _, tc := range []struct {
+		name      string
+		url       string
+		keepAlive bool
+	}{
+		{"http", site.URL + "/page", true},
+		{"https-tunnel-kept", tlsSite.URL + "/page", true},
+		{"https-tunnel-per-fetch", tlsSite.URL + "/page", false},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			direct, _ := fetchLoad(b, 64, d, tc.url, func(i int) *http.Client { return benchClient(proxyURL(fleet[i%len(fleet)]), tc.keepAlive) })
+			through, _ := fetchLoad(b, 64, d, tc.url, func(int) *http.Client { return benchClient(gw, tc.keepAlive) })
+			again, _ := fetchLoad(b, 64, d, tc.url, func(i int) *http.Client { return benchClient(proxyURL(fleet[i%len(fleet)]), tc.keepAlive) })
+			base := (direct + again) / 2
+			b.ReportMetric(base, "direct-fetches/s")
+			b.ReportMetric(through, "gateway-fetches/s")
+			b.ReportMetric(through/base, "ratio")
+			b.Logf("%s: direct %.0f and %.0f fetches/s, gateway %.0f fetches/s: %.2f of direct", tc.name, direct, again, through, through/base)
+		})
+	}
+}
+
+// BenchmarkGatewayLatency: what the gateway adds to one fetch, with one crawler
+// connection sending one request at a time, against the same fetches sent straight
+// through the fleet proxy.
+func BenchmarkGatewayLatency(b *testing.B) {
+	fleet := benchFleetProxies(b, 1, 4)
+	gw := &url.URL{Scheme: "http", Host: benchGateway(b, fleet)}
+	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	defer site.Close()
+	d := benchDuration()
+	_, direct := fetchLoad(b, 1, d, site.URL+"/", func(int) *http.Client { return benchClient(proxyURL(fleet[0]), true) })
+	_, through := fetchLoad(b, 1, d, site.URL+"/", func(int) *http.Client { return benchClient(gw, true) })
+	for _, q := range []struct {
+		name string
+		q    float64
+	}{{"p50", 0.5}, {"p99", 0.99}} {
+		dq, gq := quantile(direct, q.q), quantile(through, q.q)
+		b.ReportMetric(float64(dq.Microseconds()), "direct-"+q.name+"-µs")
+		b.ReportMetric(float64(gq.Microseconds()), "gateway-"+q.name+"-µs")
+		b.ReportMetric(float64((gq - dq).Microseconds()), "added-"+q.name+"-µs")
+		b.Logf("%s: direct %s, gateway %s: adds %s (%d and %d fetches)", q.name, dq, gq, gq-dq, len(direct), len(through))
+	}
+}
+
+// --- memory per tunnel: the gateway and the fleet in processes of their own ---------------
+
+// helperEnv switches a test binary re-run by the memory benchmark into one of its
+// helpers: "fleet" or "gateway".
+const helperEnv = "PROXYFLEET_GATEWAY_BENCH_HELPER"
+
+// TestGatewayBenchHelper is not a test: the memory benchmark runs the test binary again as
+// a fleet of forward proxies or as a gateway, each of which prints its addresses, answers
+// "stats" on stdin with its memory, and exits when stdin closes.
+func TestGatewayBenchHelper(t *testing.T) {
+	role := os.Getenv(helperEnv)
+	if role == "" {
+		t.Skip("run by BenchmarkGatewayTunnelMemory")
+	}
+	raiseFileLimit()
+	out := json.NewEncoder(os.Stdout)
+	switch role {
+	case "fleet":
+		n, _ := strconv.Atoi(os.Getenv("FLEET_SIZE"))
+		fleet := benchFleetProxies(t, n, 100_000)
+		_ = out.Encode(fleet)
+	case "gateway":
+		var fleet []discovery.Proxy
+		require.NoError(t, json.Unmarshal([]byte(os.Getenv("FLEET")), &fleet))
+		// The index's JSON has no credentials: the fleet's are known by construction.
+		for i := range fleet {
+			fleet[i].Credentials = proxyauth.Credentials{Username: "proxyfleet", Password: fmt.Sprintf("bench-%d-password", i)}
+			fleet[i].MaxLeases = 100_000
+		}
+		_ = out.Encode(benchGateway(t, fleet))
+	}
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		if sc.Text() == "stats" {
+			_ = out.Encode(selfStats())
+		}
+	}
+}
+
+// procStats is a process's memory as the memory benchmark reads it.
+type procStats struct {
+	RSSKiB      int64  `json:"rssKiB"`
+	HeapInuse   uint64 `json:"heapInuse"`
+	StackInuse  uint64 `json:"stackInuse"`
+	Goroutines  int    `json:"goroutines"`
+	OpenFiles   int    `json:"openFiles"`
+	GoSysMemory uint64 `json:"goSys"`
+}
+
+func selfStats() procStats {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	s := procStats{HeapInuse: m.HeapInuse, StackInuse: m.StackInuse, Goroutines: runtime.NumGoroutine(), GoSysMemory: m.Sys}
+	if fds, err := os.ReadDir("/proc/self/fd"); err == nil {
+		s.OpenFiles = len(fds)
+	}
+	if raw, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, l := range strings.Split(string(raw), "\n") {
+			if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+				s.RSSKiB, _ = strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			}
+		}
+	}
+	return s
+}
+
+// raiseFileLimit lifts the open files limit as far as the system allows: 10,000 tunnels
+// are 20,000 sockets in the gateway alone, and the kernel's splice pipes while they copy.
+func raiseFileLimit() {
+	want := uint64(400_000)
+	if raw, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
+		if n, err := strconv.ParseUint(strings.TrimSpace(string(raw)), 10, 64); err == nil && n < want {
+			want = n
+		}
+	}
+	_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: want, Max: want})
+}
+
+type helper struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *json.Decoder
+}
+
+func startHelper(b *testing.B, role string, env ...string) *helper {
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestGatewayBenchHelper$", "-test.v=false")
+	cmd.Env = append(os.Environ(), append(env, helperEnv+"="+role)...)
+	in, err := cmd.StdinPipe()
+	require.NoError(b, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(b, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(b, cmd.Start())
+	b.Cleanup(func() { in.Close(); _ = cmd.Wait() })
+	return &helper{cmd: cmd, in: in, out: json.NewDecoder(out)}
+}
+
+func (h *helper) stats(b *testing.B) procStats {
+	_, err := io.WriteString(h.in, "stats\n")
+	require.NoError(b, err)
+	var s procStats
+	require.NoError(b, h.out.Decode(&s))
+	return s
+}
+
+// BenchmarkGatewayTunnelMemory opens GATEWAY_TUNNELS (default 10,000) tunnels through the
+// gateway at once, each to an echo server through one of 8 fleet proxies, and reports
+// what each open tunnel costs the gateway process: resident memory, Go heap and stacks,
+// goroutines and open files. The fleet's process is reported beside it: a forward proxy
+// holding the same tunnels, the baseline.
+func BenchmarkGatewayTunnelMemory(b *testing.B) {
+	raiseFileLimit()
+	n := 10_000
+	if v, err := strconv.Atoi(os.Getenv("GATEWAY_TUNNELS")); err == nil {
+		n = v
+	}
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(b, err)
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(c, c); c.Close() }()
+		}
+	}()
+	fleetProc := startHelper(b, "fleet", "FLEET_SIZE=8")
+	var fleet []discovery.Proxy
+	require.NoError(b, fleetProc.out.Decode(&fleet))
+	raw, _ := json.Marshal(fleet)
+	gwProc := startHelper(b, "gateway", "FLEET="+string(raw))
+	var gwAddr string
+	require.NoError(b, gwProc.out.Decode(&gwAddr))
+
+	gwBefore, fleetBefore := gwProc.stats(b), fleetProc.stats(b)
+	conns := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	start := time.Now()
+	target := echo.Addr().String()
+	for range n {
+		c, err := net.Dial("tcp", gwAddr)
+		require.NoError(b, err)
+		_, err = io.WriteString(c, "CONNECT "+target+" HTTP/1.1\r\nHost: "+target+"\r\n\r\n")
+		require.NoError(b, err)
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+		require.NoError(b, err)
+		require.Equal(b, http.StatusOK, resp.StatusCode)
+		_, err = io.WriteString(c, "ping")
+		require.NoError(b, err)
+		buf := make([]byte, 4)
+		_, err = io.ReadFull(br, buf)
+		require.NoError(b, err)
+		conns = append(conns, c)
+	}
+	opened := time.Since(start)
+	gwAfter, fleetAfter := gwProc.stats(b), fleetProc.stats(b)
+	per := func(after, before int64) float64 { return float64(after-before) / float64(n) }
+	report := func(who string, a, bf procStats) {
+		rss := per(a.RSSKiB*1024, bf.RSSKiB*1024)
+		goMem := per(int64(a.HeapInuse+a.StackInuse), int64(bf.HeapInuse+bf.StackInuse))
+		b.ReportMetric(rss, who+"-rss-B/tunnel")
+		b.ReportMetric(goMem, who+"-go-B/tunnel")
+		b.ReportMetric(per(int64(a.Goroutines), int64(bf.Goroutines)), who+"-goroutines/tunnel")
+		b.ReportMetric(per(int64(a.OpenFiles), int64(bf.OpenFiles)), who+"-files/tunnel")
+		b.Logf("%s: %d tunnels: RSS %d → %d MiB (%.1f KiB each), Go heap+stacks %.1f KiB each, %.1f goroutines and %.1f open files each",
+			who, n, bf.RSSKiB>>10, a.RSSKiB>>10, rss/1024, goMem/1024, per(int64(a.Goroutines), int64(bf.Goroutines)),
+			per(int64(a.OpenFiles), int64(bf.OpenFiles)))
+	}
+	b.Logf("opened %d tunnels in %s", n, opened.Round(time.Millisecond))
+	report("gateway", gwAfter, gwBefore)
+	report("fleet", fleetAfter, fleetBefore)
+}
