@@ -69,12 +69,15 @@ fmt: ## gofmt the tree
 vet:
 	$(GO) vet $(PKGS)
 
-lint: tools check-generated vet ## gofmt, go vet, workflowcheck, staticcheck, generated files
+lint: tools check-generated vet ## gofmt, go vet, workflowcheck, staticcheck, generated files, the Python package compiles
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(BIN)/workflowcheck ./workflows/...
 	$(BIN)/staticcheck $(PKGS)
 	$(GO) vet -tags chaos,devstack ./internal/chaos/ ./internal/devstack/
 	$(BIN)/staticcheck -tags chaos,devstack ./internal/chaos/ ./internal/devstack/
+	@# The Python package: it must at least compile (Debian's python3, as its tests use).
+	python3 -m compileall -q discovery/client/python >/dev/null
+	@find discovery/client/python -name __pycache__ -type d -prune -exec rm -rf {} +
 
 E2E_PKG   ?= ./internal/e2e
 E2E_FLAGS ?= -count=1 -timeout 30m
