@@ -49,6 +49,11 @@ type GatewayConfig struct {
 	ConnectTimeout time.Duration
 	// ResponseHeaderTimeout bounds the wait for a plain answer's headers (default 1m).
 	ResponseHeaderTimeout time.Duration
+	// Wait is how long a request or tunnel waits for a proxy to free a slot when every
+	// one that could take it is at capacity or resting (default 10s; negative: not at
+	// all). A crawler's tool seldom honours Retry-After on a proxy's 503, and slots free
+	// up as other requests end, so a short wait here turns a refusal into a delay.
+	Wait time.Duration
 }
 
 // Defaults of GatewayConfig.
@@ -57,6 +62,7 @@ const (
 	DefaultGatewayLeaseTTL       = time.Minute
 	DefaultGatewayConnectTimeout = 10 * time.Second
 	DefaultGatewayHeaderTimeout  = time.Minute
+	DefaultGatewayWait           = 10 * time.Second
 )
 
 // DefaultReportStatuses are the plain HTTP statuses the gateway reports by default.
@@ -88,6 +94,9 @@ func (c *GatewayConfig) defaults() {
 	orDefault(&c.LeaseTTL, DefaultGatewayLeaseTTL)
 	orDefault(&c.ConnectTimeout, DefaultGatewayConnectTimeout)
 	orDefault(&c.ResponseHeaderTimeout, DefaultGatewayHeaderTimeout)
+	if c.Wait == 0 {
+		c.Wait = DefaultGatewayWait
+	}
 }
 
 // Headers of the gateway's answers to the crawler.
@@ -446,15 +455,46 @@ func (g *Gateway) failed(x *exchange, f upstreamFailure) {
 	g.log.Info("fleet proxy failed", "proxy", f.proxy, "kind", f.kind, "detail", f.detail, "client", x.clientName())
 }
 
-// leaseFor grants the next attempt's lease, on a proxy not tried yet.
+// leaseFor grants the next attempt's lease, on a proxy not tried yet. While every proxy
+// that could take it is full or resting (or the client holds its cap) it waits, up to
+// Wait, checking again every so often: slots free up as requests and tunnels end.
 func (g *Gateway) leaseFor(ctx context.Context, x *exchange) (*LeaseResponse, error) {
-	l, err := g.s.grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
-	if err != nil {
-		return nil, err
+	deadline := time.Now().Add(g.cfg.Wait)
+	pause := 20 * time.Millisecond
+	var l *LeaseResponse
+	for {
+		var err error
+		l, err = g.s.grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
+		if err == nil {
+			break
+		}
+		if !worthWaiting(err) || time.Now().Add(pause).After(deadline) {
+			return nil, err
+		}
+		if pause == 20*time.Millisecond {
+			g.s.metrics.gatewayWaits.Inc()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 250*time.Millisecond)
 	}
 	x.tried = append(x.tried, l.Proxy.Namespace+"/"+l.Proxy.Name)
 	g.hold(l.LeaseID, x.auth)
 	return l, nil
+}
+
+// worthWaiting says whether a refused grant may succeed soon by itself: some matching
+// proxy is full or resting (not when every one is unhealthy or none matches), or the
+// client is at its cap.
+func worthWaiting(err error) bool {
+	if nm, ok := errors.AsType[*NoMatch](err); ok {
+		return nm.AtCapacity > 0 || nm.InCooldown > 0
+	}
+	_, limited := errors.AsType[*LeaseLimit](err)
+	return limited
 }
 
 // --- tunnels -------------------------------------------------------------------------

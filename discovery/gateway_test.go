@@ -130,7 +130,8 @@ func newGatewayEnv(t *testing.T, n int, opts ...gatewayOption) *gatewayEnv {
 	cfg := discovery.Config{Clients: discovery.NewClients([]discovery.ClientConfig{
 		{Name: gwClient, Token: gwToken}, {Name: otherClient, Token: otherToken}}),
 		CooldownBanned: 30 * time.Minute, CooldownRateLimited: 5 * time.Minute}
-	var gcfg discovery.GatewayConfig
+	// No wait for a free slot unless a test asks: refusals are answered at once.
+	gcfg := discovery.GatewayConfig{Wait: -1}
 	for _, o := range opts {
 		o(&cfg, &gcfg, fleet)
 	}
@@ -600,7 +601,7 @@ func TestGatewayInAReplicaSet(t *testing.T) {
 		fleet[i].MaxLeases = 1
 	}
 	rs := newReplicaSet(t, 2, fleet)
-	e := &gatewayEnv{t: t, proxies: proxies, addr: serveGateway(t, rs.nodes[0].srv, discovery.GatewayConfig{})}
+	e := &gatewayEnv{t: t, proxies: proxies, addr: serveGateway(t, rs.nodes[0].srv, discovery.GatewayConfig{Wait: -1})}
 	s := &site{banned: map[string]bool{}}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.handle))
 	t.Cleanup(s.Close)
@@ -660,4 +661,41 @@ func TestListingShowsCooldowns(t *testing.T) {
 	assert.Contains(t, list.Proxies[0].Cooldowns, "127.0.0.1", "the banned proxy rests for the site")
 	assert.WithinDuration(t, time.Now().Add(30*time.Minute), list.Proxies[0].Cooldowns["127.0.0.1"], time.Minute)
 	assert.Empty(t, list.Proxies[1].Cooldowns)
+}
+
+func TestGatewayWaitsForAFreeSlot(t *testing.T) {
+	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *discovery.GatewayConfig, fleet []discovery.Proxy) {
+		fleet[0].MaxLeases = 1
+		g.Wait = 30 * time.Second
+	})
+	host := strings.TrimPrefix(e.site.URL, "http://")
+	first, resp := e.connect(gwClient, gwToken, host)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	got := make(chan int, 1)
+	go func() {
+		c, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			got <- 0
+			return
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, "CONNECT "+host+" HTTP/1.1\r\nHost: "+host+"\r\nProxy-Authorization: Basic "+
+			base64.StdEncoding.EncodeToString([]byte(gwClient+":"+gwToken))+"\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+		if err != nil {
+			got <- 0
+			return
+		}
+		got <- resp.StatusCode
+	}()
+	require.Eventually(t, func() bool { return e.metric("proxyfleet_gateway_waits_total") == 1 }, 10*time.Second, 5*time.Millisecond,
+		"the second tunnel should wait for the proxy's one slot")
+	first.Close()
+	select {
+	case status := <-got:
+		assert.Equal(t, http.StatusOK, status, "the slot the first tunnel freed goes to the one waiting")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiting tunnel was never opened")
+	}
 }

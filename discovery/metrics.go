@@ -39,6 +39,7 @@ type serverMetrics struct {
 	gatewayBytes            *prometheus.CounterVec
 	gatewayReports          *prometheus.CounterVec
 	gatewayLeasesLost       prometheus.Counter
+	gatewayWaits            prometheus.Counter
 	handler                 http.Handler
 	// lastRefresh is the unix nanosecond time of the last successful refresh.
 	lastRefresh atomic.Int64
@@ -135,6 +136,10 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 			Name: "proxyfleet_gateway_reports_total",
 			Help: "Reports the gateway made from plain answers' statuses, by result.",
 		}, []string{"result"}),
+		gatewayWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_waits_total",
+			Help: "Gateway requests and tunnels that waited for a proxy to free a slot (every one that could take them was full or resting): the fleet is saturated.",
+		}),
 		gatewayLeasesLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_leases_lost_total",
 			Help: "Leases of open gateway requests or tunnels that could not be renewed (their proxy was replaced, turned unhealthy or left); the connection goes on uncounted.",
@@ -161,7 +166,7 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 	reg.MustRegister(m.leaseRequests, m.acquireSeconds, m.reports, m.reportsCoalesced, m.reportSignalFailures,
 		m.requests, m.requestSeconds, m.refreshSeconds, m.refreshErrors, m.replicationFailures, m.forwarded,
 		m.clientRequests, m.throttled, m.clientsReloadErrors, m.gatewayRequests, m.gatewayUpstreamFailures, m.gatewayRetries,
-		m.gatewayConnectSeconds, m.gatewayTunnels, m.gatewayBytes, m.gatewayReports, m.gatewayLeasesLost, clientLeasesCollector{store: store, clients: clients,
+		m.gatewayConnectSeconds, m.gatewayTunnels, m.gatewayBytes, m.gatewayReports, m.gatewayLeasesLost, m.gatewayWaits, clientLeasesCollector{store: store, clients: clients,
 			desc: prometheus.NewDesc("proxyfleet_discovery_client_leases", "Live leases by client name.", []string{"client"}, nil)},
 		gauge("proxyfleet_discovery_leases_active", "Leases held right now (in a replica set, every replica counts all of them).", func(s Stats) int { return s.Leases }),
 		gauge("proxyfleet_discovery_cooldowns_active", "Per-target cooldowns known locally.", func(s Stats) int { return s.Cooldowns }),

@@ -45,6 +45,8 @@ func main() {
 		"comma-separated statuses of plain HTTP answers through the gateway that report the proxy for the site: 429 as rate_limited, others as banned")
 	flag.IntVar(&cfg.Gateway.Attempts, "gateway-attempts", discovery.DefaultGatewayAttempts,
 		"fleet proxies one gateway request or tunnel tries when a proxy refuses before anything was sent")
+	flag.DurationVar(&cfg.Gateway.Wait, "gateway-wait", discovery.DefaultGatewayWait,
+		"how long a gateway request or tunnel waits for a slot when every proxy that could take it is full or resting (0: the default; negative: answer 503 at once)")
 	flag.DurationVar(&cfg.Gateway.LeaseTTL, "gateway-lease-ttl", discovery.DefaultGatewayLeaseTTL,
 		"TTL of the lease each gateway request or tunnel holds, renewed while it lasts")
 	replica := flag.String("replica", cmdline.Env("DISCOVERY_REPLICA", "0"),

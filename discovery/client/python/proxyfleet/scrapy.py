@@ -44,6 +44,8 @@ META_KEY = "proxyfleet_key"
 META_LEASE = "proxyfleet_lease"
 META_SESSION = "proxyfleet_session"
 META_RETRIES = "proxyfleet_ban_retries"
+META_LANE = "proxyfleet_lane"
+META_BASE = "proxyfleet_session_base"
 
 
 class ProxyfleetMiddleware:
@@ -63,12 +65,22 @@ class ProxyfleetMiddleware:
         self.ban_statuses = set(settings.getlist("PROXYFLEET_BAN_STATUSES", [403, 429]))
         self.ban_statuses = {int(s) for s in self.ban_statuses}
         self.ban_retries = settings.getint("PROXYFLEET_BAN_RETRIES", 3)
+        self.keepalive = settings.getbool("PROXYFLEET_GATEWAY_KEEPALIVE", False)
         self.stats = stats
         self.api = Client(self.url, self.token) if self.url else None
         # Leases by key, and the acquires in flight, so that a slot's concurrent requests
         # share one acquire. Touched on the reactor thread only.
         self.leases: Dict[str, Lease] = {}
         self.pending: Dict[str, defer.Deferred] = {}
+        # Gateway sessions move to a new name after a ban: Scrapy pools tunnels by proxy
+        # URL, credentials included, so a new name is a new tunnel, not one kept open
+        # through the proxy the site banned.
+        self.generations: Dict[str, int] = {}
+        # The lanes of each key in use: a gateway session carries one request at a time,
+        # so that a report on the session names the proxy that request went through (a
+        # session with more requests in flight than its proxy has slots spills onto
+        # another proxy).
+        self.lanes: Dict[str, set] = {}
         self._renewer: Optional[task.LoopingCall] = None
         self._lock = threading.Lock()
 
@@ -145,13 +157,25 @@ class ProxyfleetMiddleware:
         key = self._key(request)
         host = urlparse_cached(request).hostname or ""
         if self.gateway:
-            session = request.meta.get(META_SESSION) or _session_name(key)
-            request.meta[META_SESSION] = session
+            busy = self.lanes.setdefault(key, set())
+            lane = 0
+            while lane in busy:
+                lane += 1
+            busy.add(lane)
+            request.meta[META_LANE] = lane
+            base = f"{_session_name(key)}-{lane}"
+            session = self._session_of(base)
+            request.meta[META_SESSION], request.meta[META_BASE] = session, base
             user = f"{self.client_name};session={session}"
             for k, v in sorted(self.selector.items()):
                 user += f";{k}={v}"
             request.meta["proxy"] = "http://{}:{}@{}".format(
                 urllib.parse.quote(user, safe=";="), urllib.parse.quote(self.token, safe=""), self.gateway)
+            if not self.keepalive and urlparse_cached(request).scheme == "https":
+                # A tunnel holds its proxy and a slot of it for as long as it is open, and
+                # Scrapy keeps tunnels open for minutes: one tunnel per request rotates as
+                # the gateway's plain requests do and frees the slot at once.
+                request.headers[b"Connection"] = b"close"
             return None
         lease = self.leases.get(key)
         if lease is not None:
@@ -191,12 +215,27 @@ class ProxyfleetMiddleware:
         request.meta[META_LEASE] = lease.id
         request.meta["proxy"] = lease.proxy_url
 
+    def _free_lane(self, request):
+        lane = request.meta.pop(META_LANE, None)
+        if lane is not None:
+            self.lanes.get(self._key(request), set()).discard(lane)
+
+    def process_exception(self, request, exception, spider):
+        self._free_lane(request)
+        return None
+
     def process_response(self, request, response, spider):
+        self._free_lane(request)
         banned = request.meta.get("proxyfleet_banned") or response.status in self.ban_statuses
         if not banned:
             return response
         result = "rate_limited" if response.status == 429 else "banned"
         reported = self.report(request, result)
+        base = request.meta.get(META_BASE)
+        if self.gateway and base and request.meta.get(META_SESSION) == self._session_of(base):
+            # This lane's next session has a new name: a new tunnel, never one Scrapy kept
+            # open through the proxy the site banned.
+            self.generations[base] = self.generations.get(base, 0) + 1
         retries = request.meta.get(META_RETRIES, 0)
         if retries >= self.ban_retries:
             return response
@@ -206,6 +245,7 @@ class ProxyfleetMiddleware:
         retry.meta[META_RETRIES] = retries + 1
         retry.meta.pop("proxyfleet_banned", None)
         retry.meta.pop("proxy", None)
+        retry.meta.pop(META_SESSION, None)
         retry.headers.pop(b"Proxy-Authorization", None)
         if reported is None:
             return retry
@@ -241,6 +281,10 @@ class ProxyfleetMiddleware:
         d.addErrback(lambda f: log.warning("proxyfleet: report not recorded: %s", f.value))
         return d
 
+    def _session_of(self, base: str) -> str:
+        gen = self.generations.get(base, 0)
+        return base + (f"~{gen}" if gen else "")
+
     def _api_for_gateway(self) -> Client:
         if self.api is None:
             self.api = Client(self.url, self.token)
@@ -249,5 +293,5 @@ class ProxyfleetMiddleware:
 
 def _session_name(key: str) -> str:
     """A session name from a slot key: the characters a session takes, at most 128."""
-    out = "".join(c if c.isalnum() or c in "._~:-" else "-" for c in key)[:128]
+    out = "".join(c if c.isalnum() or c in ".:-" else "-" for c in key)[:100]
     return out or "default"

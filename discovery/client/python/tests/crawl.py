@@ -42,7 +42,12 @@ def main():
     items = []
     process = CrawlerProcess(settings)
     crawler = process.create_crawler(Pages)
-    crawler.signals.connect(lambda item, **_: items.append(dict(item)), signal=signals.item_scraped)
+
+    def collect(item, **_):
+        items.append(dict(item))
+
+    # Signals hold their receivers weakly: collect lives as long as main.
+    crawler.signals.connect(collect, signal=signals.item_scraped)
     process.crawl(crawler, base=spec["base"], pages=spec["pages"])
     process.start()
     stats = {k: v for k, v in crawler.stats.get_stats().items() if isinstance(v, (int, float, str))}
