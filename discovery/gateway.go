@@ -666,10 +666,11 @@ func (g *Gateway) splice(t *tunnel, dst, src net.Conn, bytes prometheus.Counter)
 	}
 }
 
-// copyCounting copies src to dst until src ends, counting bytes as they pass. It copies
+// copyChunks copies src to dst until src ends, counting bytes as they pass. It copies
 // in chunks of 1 MiB so that the counter moves during a long transfer; between two TCP
-// connections each chunk is spliced by the kernel, never copied through user space.
-func copyCounting(dst, src net.Conn, bytes prometheus.Counter) error {
+// connections each chunk is spliced by the kernel, never copied through user space. It is
+// the portable copy; Linux's (copyCounting) also holds no pipe while a tunnel is idle.
+func copyChunks(dst, src net.Conn, bytes prometheus.Counter) error {
 	lr := &io.LimitedReader{R: src}
 	for {
 		lr.N = 1 << 20

@@ -43,11 +43,16 @@ import (
 // benchFleetProxies starts n local forward proxies in this process and returns the index's
 // view of them (maxLeases each).
 func benchFleetProxies(b testing.TB, n, maxLeases int) []discovery.Proxy {
+	return benchFleetFrom(b, 0, n, maxLeases)
+}
+
+// benchFleetFrom is benchFleetProxies numbered from first: bench-<first>, and on.
+func benchFleetFrom(b testing.TB, first, n, maxLeases int) []discovery.Proxy {
 	var fleet []discovery.Proxy
-	for i := range n {
+	for i := first; i < first+n; i++ {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(b, err)
-		creds := proxyauth.Credentials{Username: "proxyfleet", Password: fmt.Sprintf("bench-%d-password", i)}
+		creds := proxyauth.Credentials{Username: "proxyfleet", Password: fmt.Sprintf("bench-%d-password", i)} // its name's
 		hs := &http.Server{Handler: &localproxy.ForwardProxy{Auth: local.NewAuth(creds)}, ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = hs.Serve(ln) }()
 		b.Cleanup(func() { _ = hs.Close() })
@@ -220,18 +225,31 @@ func TestGatewayBenchHelper(t *testing.T) {
 	out := json.NewEncoder(os.Stdout)
 	switch role {
 	case "fleet":
-		n, _ := strconv.Atoi(os.Getenv("FLEET_SIZE"))
-		fleet := benchFleetProxies(t, n, 100_000)
-		_ = out.Encode(fleet)
+		first, _ := strconv.Atoi(os.Getenv("FLEET_FIRST"))
+		_ = out.Encode(benchFleetFrom(t, first, 1, 100_000))
 	case "gateway":
 		var fleet []discovery.Proxy
 		require.NoError(t, json.Unmarshal([]byte(os.Getenv("FLEET")), &fleet))
 		// The index's JSON has no credentials: the fleet's are known by construction.
 		for i := range fleet {
-			fleet[i].Credentials = proxyauth.Credentials{Username: "proxyfleet", Password: fmt.Sprintf("bench-%d-password", i)}
+			fleet[i].Credentials = proxyauth.Credentials{Username: "proxyfleet", Password: fleet[i].Name + "-password"}
 			fleet[i].MaxLeases = 100_000
 		}
 		_ = out.Encode(benchGateway(t, fleet))
+	case "echo":
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		defer ln.Close()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() { _, _ = io.Copy(c, c); c.Close() }()
+			}
+		}()
+		_ = out.Encode(ln.Addr().String())
 	}
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
@@ -308,38 +326,52 @@ func (h *helper) stats(b *testing.B) procStats {
 	return s
 }
 
-// BenchmarkGatewayTunnelMemory opens GATEWAY_TUNNELS (default 10,000) tunnels through the
-// gateway at once, each to an echo server through one of 8 fleet proxies, and reports
-// what each open tunnel costs the gateway process: resident memory, Go heap and stacks,
-// goroutines and open files. The fleet's process is reported beside it: a forward proxy
-// holding the same tunnels, the baseline.
+// BenchmarkGatewayTunnelMemory opens GATEWAY_TUNNELS (default 10,000) tunnels at once,
+// each to an echo server through the gateway and one of 8 fleet proxies, and reports what
+// each open tunnel costs a gateway process: resident memory, Go heap and stacks,
+// goroutines and open files. The fleet proxies (forward proxies holding the same tunnels
+// with Go's plain copy) are the baseline. Every part runs in processes of its own, and
+// the tunnels are spread over GATEWAY_PROCS gateways (default 2, as discovery replicas
+// share crawlers): a process may hold at most as many files as RLIMIT_NOFILE allows,
+// 20,000 on the machine the figures come from, and 10,000 tunnels are 20,000 sockets.
 func BenchmarkGatewayTunnelMemory(b *testing.B) {
-	raiseFileLimit()
-	n := 10_000
+	n, procs := 10_000, 2
 	if v, err := strconv.Atoi(os.Getenv("GATEWAY_TUNNELS")); err == nil {
 		n = v
 	}
-	echo, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(b, err)
-	defer echo.Close()
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(c, c); c.Close() }()
-		}
-	}()
-	fleetProc := startHelper(b, "fleet", "FLEET_SIZE=8")
+	if v, err := strconv.Atoi(os.Getenv("GATEWAY_PROCS")); err == nil && v > 0 {
+		procs = v
+	}
+	echoProc := startHelper(b, "echo")
+	var target string
+	require.NoError(b, echoProc.out.Decode(&target))
 	var fleet []discovery.Proxy
-	require.NoError(b, fleetProc.out.Decode(&fleet))
+	var fleetProcs []*helper
+	for i := range 8 {
+		h := startHelper(b, "fleet", "FLEET_FIRST="+strconv.Itoa(i))
+		var ps []discovery.Proxy
+		require.NoError(b, h.out.Decode(&ps))
+		fleet = append(fleet, ps...)
+		fleetProcs = append(fleetProcs, h)
+	}
 	raw, _ := json.Marshal(fleet)
-	gwProc := startHelper(b, "gateway", "FLEET="+string(raw))
-	var gwAddr string
-	require.NoError(b, gwProc.out.Decode(&gwAddr))
+	var gws []*helper
+	var gwAddrs []string
+	for range procs {
+		h := startHelper(b, "gateway", "FLEET="+string(raw))
+		var addr string
+		require.NoError(b, h.out.Decode(&addr))
+		gws, gwAddrs = append(gws, h), append(gwAddrs, addr)
+	}
+	statsOf := func(hs []*helper) []procStats {
+		var out []procStats
+		for _, h := range hs {
+			out = append(out, h.stats(b))
+		}
+		return out
+	}
+	gwBefore, fleetBefore := statsOf(gws), statsOf(fleetProcs)
 
-	gwBefore, fleetBefore := gwProc.stats(b), fleetProc.stats(b)
 	conns := make([]net.Conn, 0, n)
 	defer func() {
 		for _, c := range conns {
@@ -347,16 +379,15 @@ func BenchmarkGatewayTunnelMemory(b *testing.B) {
 		}
 	}()
 	start := time.Now()
-	target := echo.Addr().String()
-	for range n {
-		c, err := net.Dial("tcp", gwAddr)
+	for i := range n {
+		c, err := net.Dial("tcp", gwAddrs[i%len(gwAddrs)])
 		require.NoError(b, err)
 		_, err = io.WriteString(c, "CONNECT "+target+" HTTP/1.1\r\nHost: "+target+"\r\n\r\n")
 		require.NoError(b, err)
 		br := bufio.NewReader(c)
 		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
 		require.NoError(b, err)
-		require.Equal(b, http.StatusOK, resp.StatusCode)
+		require.Equal(b, http.StatusOK, resp.StatusCode, "tunnel %d", i)
 		_, err = io.WriteString(c, "ping")
 		require.NoError(b, err)
 		buf := make([]byte, 4)
@@ -365,7 +396,18 @@ func BenchmarkGatewayTunnelMemory(b *testing.B) {
 		conns = append(conns, c)
 	}
 	opened := time.Since(start)
-	gwAfter, fleetAfter := gwProc.stats(b), fleetProc.stats(b)
+	gwAfter, fleetAfter := statsOf(gws), statsOf(fleetProcs)
+	sum := func(ss []procStats) procStats {
+		var t procStats
+		for _, s := range ss {
+			t.RSSKiB += s.RSSKiB
+			t.HeapInuse += s.HeapInuse
+			t.StackInuse += s.StackInuse
+			t.Goroutines += s.Goroutines
+			t.OpenFiles += s.OpenFiles
+		}
+		return t
+	}
 	per := func(after, before int64) float64 { return float64(after-before) / float64(n) }
 	report := func(who string, a, bf procStats) {
 		rss := per(a.RSSKiB*1024, bf.RSSKiB*1024)
@@ -374,11 +416,11 @@ func BenchmarkGatewayTunnelMemory(b *testing.B) {
 		b.ReportMetric(goMem, who+"-go-B/tunnel")
 		b.ReportMetric(per(int64(a.Goroutines), int64(bf.Goroutines)), who+"-goroutines/tunnel")
 		b.ReportMetric(per(int64(a.OpenFiles), int64(bf.OpenFiles)), who+"-files/tunnel")
-		b.Logf("%s: %d tunnels: RSS %d → %d MiB (%.1f KiB each), Go heap+stacks %.1f KiB each, %.1f goroutines and %.1f open files each",
+		b.Logf("%s: %d tunnels: RSS %d → %d MiB (%.1f KiB each), Go heap+stacks %.1f KiB each, %.2f goroutines and %.2f open files each",
 			who, n, bf.RSSKiB>>10, a.RSSKiB>>10, rss/1024, goMem/1024, per(int64(a.Goroutines), int64(bf.Goroutines)),
 			per(int64(a.OpenFiles), int64(bf.OpenFiles)))
 	}
-	b.Logf("opened %d tunnels in %s", n, opened.Round(time.Millisecond))
-	report("gateway", gwAfter, gwBefore)
-	report("fleet", fleetAfter, fleetBefore)
+	b.Logf("opened %d tunnels through %d gateways in %s", n, procs, opened.Round(time.Millisecond))
+	report("gateway", sum(gwAfter), sum(gwBefore))
+	report("fleet", sum(fleetAfter), sum(fleetBefore))
 }
