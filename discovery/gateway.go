@@ -198,10 +198,11 @@ func (s *Server) NewGateway(cfg GatewayConfig) *Gateway {
 				pr.Out.Header.Del(h)
 			}
 		},
-		Transport:     gatewayRoundTripper{g},
-		FlushInterval: -1,
-		ErrorHandler:  g.forwardFailed,
-		ErrorLog:      slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		Transport: gatewayRoundTripper{g},
+		// The default flushes streamed answers (no length, or event streams) at once and
+		// buffers the rest: flushing every write cost a syscall per chunk for nothing.
+		ErrorHandler: g.forwardFailed,
+		ErrorLog:     slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
 	return g
 }
