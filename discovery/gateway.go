@@ -198,7 +198,8 @@ func (s *Server) NewGateway(cfg GatewayConfig) *Gateway {
 				pr.Out.Header.Del(h)
 			}
 		},
-		Transport: gatewayRoundTripper{g},
+		Transport:  gatewayRoundTripper{g},
+		BufferPool: copyBuffers{},
 		// The default flushes streamed answers (no length, or event streams) at once and
 		// buffers the rest: flushing every write cost a syscall per chunk for nothing.
 		ErrorHandler: g.forwardFailed,
@@ -796,6 +797,15 @@ func (g *Gateway) reportStatus(ctx context.Context, x *exchange, l *LeaseRespons
 			"result", result, "error", err)
 	}
 }
+
+// copyBuffers lends the reverse proxy its 32 KiB copy buffers: allocated per answer,
+// they were most of the gateway's garbage.
+type copyBuffers struct{}
+
+var responseBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (copyBuffers) Get() []byte  { return *responseBuffers.Get().(*[]byte) }
+func (copyBuffers) Put(b []byte) { responseBuffers.Put(&b) }
 
 // leaseBody releases a plain request's lease once its answer has been read or dropped.
 type leaseBody struct {

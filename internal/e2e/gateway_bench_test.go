@@ -152,36 +152,65 @@ func benchDuration() time.Duration {
 
 // BenchmarkGatewayThroughput: fetches per second of 64 crawler connections through the
 // gateway, against the same 64 sent straight through the same 4 fleet proxies (16 each),
-// for plain HTTP and for HTTPS in tunnels (kept open, and one tunnel per fetch).
+// for plain HTTP and for HTTPS in tunnels (kept open, and one tunnel per fetch). Two
+// settings: "shared", everything in this process on every core; and "own-core", the
+// crawlers, fleet and sites on core 0 in both runs and the gateway in a process of its
+// own on core 1, as a discovery replica has CPU of its own in a deployment (taskset).
 func BenchmarkGatewayThroughput(b *testing.B) {
 	fleet := benchFleetProxies(b, 4, 64)
-	gw := &url.URL{Scheme: "http", Host: benchGateway(b, fleet)}
 	body := strings.Repeat("x", 1024)
 	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, body) }))
 	defer site.Close()
 	tlsSite := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, body) }))
 	defer tlsSite.Close()
 	d := benchDuration()
-	for _, tc := range []struct {
-		name      string
-		url       string
-		keepAlive bool
-	}{
-		{"http", site.URL + "/page", true},
-		{"https-tunnel-kept", tlsSite.URL + "/page", true},
-		{"https-tunnel-per-fetch", tlsSite.URL + "/page", false},
-	} {
-		b.Run(tc.name, func(b *testing.B) {
-			direct, _ := fetchLoad(b, 64, d, tc.url, func(i int) *http.Client { return benchClient(proxyURL(fleet[i%len(fleet)]), tc.keepAlive) })
-			through, _ := fetchLoad(b, 64, d, tc.url, func(int) *http.Client { return benchClient(gw, tc.keepAlive) })
-			again, _ := fetchLoad(b, 64, d, tc.url, func(i int) *http.Client { return benchClient(proxyURL(fleet[i%len(fleet)]), tc.keepAlive) })
-			base := (direct + again) / 2
-			b.ReportMetric(base, "direct-fetches/s")
-			b.ReportMetric(through, "gateway-fetches/s")
-			b.ReportMetric(through/base, "ratio")
-			b.Logf("%s: direct %.0f and %.0f fetches/s, gateway %.0f fetches/s: %.2f of direct", tc.name, direct, again, through, through/base)
-		})
+	for _, setting := range []string{"shared", "own-core"} {
+		var gw *url.URL
+		switch setting {
+		case "shared":
+			gw = &url.URL{Scheme: "http", Host: benchGateway(b, fleet)}
+		case "own-core":
+			if _, err := exec.LookPath("taskset"); err != nil || runtime.NumCPU() < 2 {
+				b.Logf("own-core skipped: needs taskset and 2 cores")
+				continue
+			}
+			pin(b, "0")
+			raw, _ := json.Marshal(fleet)
+			h := startHelper(b, "gateway", "FLEET="+string(raw), "TASKSET=1")
+			var addr string
+			require.NoError(b, h.out.Decode(&addr))
+			gw = &url.URL{Scheme: "http", Host: addr}
+		}
+		for _, tc := range []struct {
+			name      string
+			url       string
+			keepAlive bool
+		}{
+			{"http", site.URL + "/page", true},
+			{"https-tunnel-kept", tlsSite.URL + "/page", true},
+			{"https-tunnel-per-fetch", tlsSite.URL + "/page", false},
+		} {
+			b.Run(setting+"/"+tc.name, func(b *testing.B) {
+				direct, _ := fetchLoad(b, 64, d, tc.url, func(i int) *http.Client { return benchClient(proxyURL(fleet[i%len(fleet)]), tc.keepAlive) })
+				through, _ := fetchLoad(b, 64, d, tc.url, func(int) *http.Client { return benchClient(gw, tc.keepAlive) })
+				again, _ := fetchLoad(b, 64, d, tc.url, func(i int) *http.Client { return benchClient(proxyURL(fleet[i%len(fleet)]), tc.keepAlive) })
+				base := (direct + again) / 2
+				b.ReportMetric(base, "direct-fetches/s")
+				b.ReportMetric(through, "gateway-fetches/s")
+				b.ReportMetric(through/base, "ratio")
+				b.Logf("%s/%s: direct %.0f and %.0f fetches/s, gateway %.0f fetches/s: %.2f of direct", setting, tc.name, direct, again, through, through/base)
+			})
+		}
 	}
+}
+
+// pin moves every thread of this process to the given cores until the benchmark ends.
+func pin(b *testing.B, cores string) {
+	out, err := exec.Command("taskset", "-a", "-p", "-c", cores, strconv.Itoa(os.Getpid())).CombinedOutput()
+	require.NoError(b, err, "%s", out)
+	b.Cleanup(func() {
+		_ = exec.Command("taskset", "-a", "-p", "-c", fmt.Sprintf("0-%d", runtime.NumCPU()-1), strconv.Itoa(os.Getpid())).Run()
+	})
 }
 
 // BenchmarkGatewayLatency: what the gateway adds to one fetch, with one crawler
@@ -311,7 +340,13 @@ type helper struct {
 }
 
 func startHelper(b *testing.B, role string, env ...string) *helper {
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestGatewayBenchHelper$", "-test.v=false")
+	args := []string{os.Args[0], "-test.run", "^TestGatewayBenchHelper$", "-test.v=false", "-test.timeout=0"}
+	for _, e := range env {
+		if cores, ok := strings.CutPrefix(e, "TASKSET="); ok {
+			args = append([]string{"taskset", "-c", cores}, args...)
+		}
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = append(os.Environ(), append(env, helperEnv+"="+role)...)
 	in, err := cmd.StdinPipe()
 	require.NoError(b, err)
