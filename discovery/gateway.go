@@ -543,8 +543,12 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 		return "unavailable"
 	}
 	head := "HTTP/1.1 200 Connection established\r\n" + GatewayProxyHeader + ": " + proxyID + "\r\n\r\n"
-	if _, err := io.WriteString(cc, head); err == nil && len(early) > 0 {
+	_, err = io.WriteString(cc, head)
+	if err == nil && len(early) > 0 {
 		_, err = cc.Write(early)
+	}
+	if err != nil {
+		t.close() // the crawler is gone: the splices below end at once and clean up
 	}
 	// What the crawler sent after its CONNECT head (a TLS hello, often) is buffered.
 	if n := brw.Reader.Buffered(); n > 0 {

@@ -16,9 +16,9 @@ type Discovery struct {
 	URL string
 	// GatewayAddr is the gateway's host:port: the fleet as one forward proxy.
 	GatewayAddr string
-	Token string
-	Store *discovery.Store
-	stop  func()
+	Token       string
+	Store       *discovery.Store
+	stop        func()
 }
 
 // Stop ends the server (tests that restart discovery call it before starting another).
