@@ -267,6 +267,18 @@ func gatewayError(t *testing.T, resp *http.Response, body string) discovery.APIE
 	return ae
 }
 
+// reportSession reports a ban on a session through the API at base, and returns the status.
+func reportSession(t *testing.T, base, token, session string) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/sessions/"+session+"/report", strings.NewReader(`{"result":"banned"}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
 func TestGatewayForwardsPlainRequestsThroughTheFleet(t *testing.T) {
 	e := newGatewayEnv(t, 3)
 	c := e.client(gwClient, gwToken)
@@ -500,13 +512,7 @@ func TestGatewaySessionsKeepTheirProxyUntilReported(t *testing.T) {
 			session := strings.TrimPrefix(strings.TrimPrefix(user, gwClient+";session="), gwClient+"-session-")
 			api := httptest.NewServer(e.srv.Handler())
 			defer api.Close()
-			req, err := http.NewRequest(http.MethodPost, api.URL+"/v1/sessions/"+session+"/report", strings.NewReader(`{"result":"banned"}`))
-			require.NoError(t, err)
-			req.Header.Set("Authorization", "Bearer "+gwToken)
-			resp, err := http.DefaultClient.Do(req)
-			require.NoError(t, err)
-			resp.Body.Close()
-			require.Equal(t, http.StatusNoContent, resp.StatusCode)
+			require.Equal(t, http.StatusNoContent, reportSession(t, api.URL, gwToken, session))
 
 			resp, body := get(t, c, e.site.tlsSite.URL+"/step")
 			require.Equal(t, http.StatusOK, resp.StatusCode, body)
@@ -524,12 +530,7 @@ func TestGatewaySessionsKeepTheirProxyUntilReported(t *testing.T) {
 				t.Fatal("the session's report was not forwarded")
 			}
 			// Another client's session of the same name is another session.
-			req, _ = http.NewRequest(http.MethodPost, api.URL+"/v1/sessions/"+session+"/report", strings.NewReader(`{"result":"banned"}`))
-			req.Header.Set("Authorization", "Bearer "+otherToken)
-			resp, err = http.DefaultClient.Do(req)
-			require.NoError(t, err)
-			resp.Body.Close()
-			assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+			assert.Equal(t, http.StatusNotFound, reportSession(t, api.URL, otherToken, session))
 		})
 	}
 }
@@ -623,13 +624,7 @@ func TestGatewayInAReplicaSet(t *testing.T) {
 	require.Error(t, err, "the API on the other replica finds the fleet full too")
 
 	// The session's latest lease may be owned by either replica: the report goes to it.
-	req, err := http.NewRequest(http.MethodPost, rs.urls[1]+"/v1/sessions/basket/report", strings.NewReader(`{"result":"banned"}`))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer "+testToken)
-	rresp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	rresp.Body.Close()
-	require.Equal(t, http.StatusNoContent, rresp.StatusCode)
+	require.Equal(t, http.StatusNoContent, reportSession(t, rs.urls[1], testToken, "basket"))
 
 	for _, c := range tunnels {
 		c.Close()
