@@ -355,8 +355,10 @@ stringData:
 
 			var svc corev1.Service
 			find(t, objs, "Service", "proxyfleet-discovery", &svc)
-			require.Len(t, svc.Spec.Ports, 1)
+			// The API and the gateway.
+			require.Len(t, svc.Spec.Ports, 2)
 			assert.Equal(t, int32(8090), svc.Spec.Ports[0].Port)
+			assert.Equal(t, int32(8091), svc.Spec.Ports[1].Port)
 			assertSelectsOnly(t, objs, "Service proxyfleet-discovery", labels.SelectorFromValidatedSet(svc.Spec.Selector), "proxyfleet-discovery")
 			checkDiscoveryReplicas(t, objs)
 

@@ -132,6 +132,9 @@ type ListedProxy struct {
 	Phase        string `json:"phase"`
 	ActiveLeases int    `json:"activeLeases"`
 	MaxLeases    int    `json:"maxLeases"`
+	// Cooldowns are the sites the proxy rests for now, after rate_limited or banned
+	// reports, with when each rest ends; "*" is every site.
+	Cooldowns map[string]time.Time `json:"cooldowns,omitempty"`
 }
 
 // ProxyList is the answer of ListProxies.

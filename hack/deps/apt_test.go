@@ -70,11 +70,13 @@ func (w *world) calls(t *testing.T) []string {
 	return strings.Split(strings.TrimSpace(string(b)), "\n")
 }
 
-const install = "apt-get install -y --no-install-recommends squid"
+const install = "apt-get install -y --no-install-recommends squid python3-scrapy python3-pytest"
 
 func TestNothingMissing(t *testing.T) {
 	w := newWorld(t)
-	w.touch(t, "installed-squid")
+	for _, p := range []string{"squid", "python3-scrapy", "python3-pytest"} {
+		w.touch(t, "installed-"+p)
+	}
 	out, err := w.run(t, "FAKE_UID=1000")
 	require.NoError(t, err, out)
 	assert.Empty(t, w.calls(t))
