@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -154,24 +155,20 @@ type Gateway struct {
 	forward   *httputil.ReverseProxy
 
 	mu sync.Mutex
-	// held are the leases of requests and tunnels in progress, renewed every LeaseTTL/3.
-	held map[string]*heldLease
+	// held are the leases of requests and tunnels in progress, renewed every LeaseTTL/3:
+	// lease ID → the crawler's Authorization, for the lease's owner when it is another
+	// replica.
+	held map[string]string
 	// tunnels are the open tunnels, closed when the gateway stops.
 	tunnels map[*tunnel]struct{}
 	closed  bool
-}
-
-// heldLease is a lease the gateway holds for a crawler: auth is the crawler's
-// Authorization, for the lease's owner when it is another replica.
-type heldLease struct {
-	id, auth string
 }
 
 // NewGateway builds the gateway over the API server's leases.
 func (s *Server) NewGateway(cfg GatewayConfig) *Gateway {
 	cfg.defaults()
 	g := &Gateway{s: s, cfg: cfg, log: s.log.With("component", "gateway"), tracer: otel.Tracer("proxyfleet-gateway"),
-		report: map[int]string{}, held: map[string]*heldLease{}, tunnels: map[*tunnel]struct{}{}}
+		report: map[int]string{}, held: map[string]string{}, tunnels: map[*tunnel]struct{}{}}
 	for _, st := range cfg.ReportStatuses {
 		g.report[st] = contract.ReportBanned
 		if st == http.StatusTooManyRequests {
@@ -279,9 +276,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange, kin
 		return g.fail(w, ae)
 	}
 	if !g.s.store.Loaded() {
-		e := apiErr(codeIndexLoading, "the proxy index is still loading from Temporal; retry shortly")
-		e.RetryAfterSeconds = 1
-		return g.fail(w, e)
+		return g.fail(w, errIndexLoading())
 	}
 	var hostport string
 	switch {
@@ -342,18 +337,7 @@ func (g *Gateway) authenticate(r *http.Request, x *exchange) *APIError {
 		return apiErr(codeInvalid, "%v", err)
 	}
 	x.client, x.user, x.auth = cl, u, "Bearer "+password
-	if cl.limiter != nil {
-		now := time.Now()
-		res := cl.limiter.ReserveN(now, 1)
-		if d := res.DelayFrom(now); d > 0 || !res.OK() {
-			res.CancelAt(now)
-			g.s.metrics.throttled.WithLabelValues(cl.name, "requests").Inc()
-			e := apiErr(codeTooManyRequests, "client %q is over its limit of %g requests per second", cl.name, float64(cl.limiter.Limit()))
-			e.RetryAfterSeconds = int(max(1, (d+time.Second-1)/time.Second))
-			return e
-		}
-	}
-	return nil
+	return g.s.throttle(cl)
 }
 
 // proxyCredentials reads Basic credentials from Proxy-Authorization (the scheme in any
@@ -866,7 +850,7 @@ func (g *Gateway) forwardFailed(w http.ResponseWriter, r *http.Request, err erro
 func (g *Gateway) hold(id, auth string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.held[id] = &heldLease{id: id, auth: auth}
+	g.held[id] = auth
 }
 
 // release ends a lease the gateway held.
@@ -888,13 +872,10 @@ func (g *Gateway) release(auth, id string) {
 func (g *Gateway) renewHeld(ctx context.Context) {
 	every(ctx, g.cfg.LeaseTTL/3, func() {
 		g.mu.Lock()
-		list := make([]*heldLease, 0, len(g.held))
-		for _, h := range g.held {
-			list = append(list, h)
-		}
+		held := maps.Clone(g.held)
 		g.mu.Unlock()
-		for _, h := range list {
-			_, err := g.s.renewLease(ctx, h.auth, h.id, g.cfg.LeaseTTL)
+		for id, auth := range held {
+			_, err := g.s.renewLease(ctx, auth, id, g.cfg.LeaseTTL)
 			if err == nil {
 				continue
 			}
@@ -902,7 +883,7 @@ func (g *Gateway) renewHeld(ctx context.Context) {
 				continue // the owner will answer again; the lease has LeaseTTL/3*2 left
 			}
 			g.mu.Lock()
-			delete(g.held, h.id)
+			delete(g.held, id)
 			g.mu.Unlock()
 			g.s.metrics.gatewayLeasesLost.Inc()
 		}

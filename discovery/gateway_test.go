@@ -694,3 +694,22 @@ func TestGatewayWaitsForAFreeSlot(t *testing.T) {
 		t.Fatal("the waiting tunnel was never opened")
 	}
 }
+
+func TestGatewayRenewsTheLeaseOfAnOpenTunnel(t *testing.T) {
+	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *discovery.GatewayConfig, _ []discovery.Proxy) {
+		g.LeaseTTL = 600 * time.Millisecond
+	})
+	_, resp := e.connect(gwClient, gwToken, strings.TrimPrefix(e.site.URL, "http://"))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	expires := func() time.Time {
+		recs := e.store.Snapshot(0)
+		require.Len(t, recs, 1)
+		return recs[0].Expires
+	}
+	first := expires()
+	require.Eventually(t, func() bool { return expires().After(first.Add(time.Second)) }, 10*time.Second, 20*time.Millisecond,
+		"the open tunnel's lease was not renewed past several of its TTLs")
+	e.store.Sweep()
+	assert.Equal(t, 1, e.leases(), "an open tunnel keeps its lease for as long as it lasts")
+	assert.Zero(t, e.metric("proxyfleet_gateway_leases_lost_total"))
+}

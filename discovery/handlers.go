@@ -374,11 +374,9 @@ func (s *Server) reportSession(c *gin.Context) {
 		return
 	}
 	err := s.reportLease(c.Request.Context(), c.GetHeader("Authorization"), id, req.Result, req.Target)
-	if errors.Is(err, ErrUnknownLease) {
-		unknown()
-		return
-	}
-	if ae, ok := err.(*APIError); ok && ae.Code == codeUnknownLease {
+	if ae, _ := toAPIError(err); err != nil && ae.Code == codeUnknownLease {
+		// Here (ErrUnknownLease) or at the owner (its answer): the lease is past its
+		// report window, and the session with it.
 		unknown()
 		return
 	}

@@ -68,9 +68,14 @@ func (s *Server) requireIndex(c *gin.Context) {
 	c.Next()
 }
 
-func (s *Server) indexLoading(c *gin.Context) {
-	c.Header("Retry-After", retryIndexAfter)
-	s.fail(c, apiErr(codeIndexLoading, "the proxy index is still loading from Temporal; retry shortly"))
+func (s *Server) indexLoading(c *gin.Context) { s.fail(c, errIndexLoading()) }
+
+// errIndexLoading is the answer while the index has not been loaded in full, with its
+// Retry-After.
+func errIndexLoading() *APIError {
+	e := apiErr(codeIndexLoading, "the proxy index is still loading from Temporal; retry shortly")
+	e.RetryAfterSeconds = 1
+	return e
 }
 
 // readyz serves GET and HEAD /readyz: 200 once the index is loaded (and, in a replica
@@ -132,19 +137,32 @@ func (s *Server) authenticate(c *gin.Context) {
 		return
 	}
 	c.Set(clientKey, cl)
-	if cl.limiter != nil && !s.fromPeer(c) {
-		now := time.Now()
-		r := cl.limiter.ReserveN(now, 1)
-		if d := r.DelayFrom(now); d > 0 || !r.OK() {
-			r.CancelAt(now)
-			s.metrics.throttled.WithLabelValues(cl.name, "requests").Inc()
-			e := apiErr(codeTooManyRequests, "client %q is over its limit of %g requests per second", cl.name, float64(cl.limiter.Limit()))
-			e.RetryAfterSeconds = int(max(1, (d+time.Second-1)/time.Second))
+	if !s.fromPeer(c) {
+		if e := s.throttle(cl); e != nil {
 			s.fail(c, e)
 			return
 		}
 	}
 	c.Next()
+}
+
+// throttle holds a client to its requests per second, through the API or the gateway:
+// nil when the request may go on, else the 429 to answer.
+func (s *Server) throttle(cl *client) *APIError {
+	if cl.limiter == nil {
+		return nil
+	}
+	now := time.Now()
+	r := cl.limiter.ReserveN(now, 1)
+	d := r.DelayFrom(now)
+	if d == 0 && r.OK() {
+		return nil
+	}
+	r.CancelAt(now)
+	s.metrics.throttled.WithLabelValues(cl.name, "requests").Inc()
+	e := apiErr(codeTooManyRequests, "client %q is over its limit of %g requests per second", cl.name, float64(cl.limiter.Limit()))
+	e.RetryAfterSeconds = int(max(1, (d+time.Second-1)/time.Second))
+	return e
 }
 
 // clientOf is the client authenticate found (nil when authentication is off).

@@ -27,9 +27,8 @@ Enable it before HttpProxyMiddleware (750)::
 from __future__ import annotations
 
 import logging
-import threading
 import urllib.parse
-from typing import Any, Dict, Optional
+from typing import Dict, Optional
 
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
@@ -82,7 +81,6 @@ class ProxyfleetMiddleware:
         # another proxy).
         self.lanes: Dict[str, set] = {}
         self._renewer: Optional[task.LoopingCall] = None
-        self._lock = threading.Lock()
 
     @classmethod
     def from_crawler(cls, crawler):
