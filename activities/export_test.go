@@ -15,8 +15,9 @@ func NewMembers(a *Activities, signal WorkflowSignaller, name string) Members {
 	return Members{ms}
 }
 
-func (m Members) Sync(ctx context.Context, id string, memo *MonitorMemo, resumed bool) {
-	m.ms.sync(ctx, id, memo, resumed)
+// Sync makes the watch of workflow id follow memo, as published by its run run.
+func (m Members) Sync(ctx context.Context, id, run string, memo *MonitorMemo, resumed bool) {
+	m.ms.sync(ctx, id, watch{memo, run}, resumed)
 }
 func (m Members) IDs() []string        { return m.ms.ids() }
 func (m Members) Ended(id string) bool { return m.ms.ended(id) }

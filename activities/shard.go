@@ -89,25 +89,41 @@ type members struct {
 }
 
 type member struct {
-	epoch  string
+	epoch string
+	// run is the run that published the watch: the run the member's reports were meant
+	// for, though they reach whichever run of the workflow ID is current.
+	run    string
 	cancel context.CancelFunc
 	done   chan struct{}
+}
+
+// A watch is a MonitorMemo as one run of a workflow published it.
+type watch struct {
+	memo *MonitorMemo // nil: nothing to watch
+	run  string
 }
 
 func newMembers(a *Activities, signal WorkflowSignaller, name string) *members {
 	return &members{a: a, signal: signal, name: name, retry: time.Second, byID: map[string]*member{}}
 }
 
-// sync makes the watch of workflowID follow memo: started if new, restarted if its epoch
-// changed, stopped if memo is nil (the workflow ended or no longer wants a shard's watch).
-// resumed says the watch takes over from another process (a shard that moved workers), so
-// overdue probes are spread over the interval rather than all sent at once.
-func (ms *members) sync(ctx context.Context, workflowID string, memo *MonitorMemo, resumed bool) {
+// sync makes the watch of workflowID follow w: started if new, restarted if its epoch
+// changed, stopped if w has no memo (the workflow ended or no longer wants a shard's
+// watch). resumed says the watch takes over from another process (a shard that moved
+// workers), so overdue probes are spread over the interval rather than all sent at once.
+func (ms *members) sync(ctx context.Context, workflowID string, w watch, resumed bool) {
+	memo := w.memo
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	m := ms.byID[workflowID]
-	if m != nil && memo != nil && m.epoch == memo.Epoch {
-		// Running, or ended (a lost instance, a workflow gone): only a new epoch restarts it.
+	if m != nil && memo != nil && m.epoch == memo.Epoch && (m.run == w.run || memo.Input.Last.Known) {
+		// Running, or ended (a lost instance, a workflow gone): only a new epoch restarts
+		// it. The same epoch from another run is the same watch when that run knows a
+		// verdict (it continued as new, carrying it on). One that knows none (a run
+		// started again after a terminate, which adopts the instance) must be told one,
+		// and the member may have told it to the run before, which ended before it
+		// published anything else: the new run would wait for a report that never comes.
+		m.run = w.run
 		return
 	}
 	if m != nil {
@@ -119,7 +135,7 @@ func (ms *members) sync(ctx context.Context, workflowID string, memo *MonitorMem
 		return
 	}
 	mctx, cancel := context.WithCancel(ctx)
-	m = &member{epoch: memo.Epoch, cancel: cancel, done: make(chan struct{})}
+	m = &member{epoch: memo.Epoch, run: w.run, cancel: cancel, done: make(chan struct{})}
 	ms.byID[workflowID] = m
 	ms.wg.Add(1)
 	go func() {
@@ -278,7 +294,7 @@ type feed struct {
 	subs map[*feedSub]bool
 	// known is every running ProxyWorkflow with a watch, as last read; read says a full
 	// read has completed since the feed started.
-	known     map[string]*MonitorMemo
+	known     map[string]watch
 	read      bool
 	watermark time.Time
 	lastFull  time.Time
@@ -317,7 +333,7 @@ func subscribe(ctx context.Context, a *Activities, queue string, in ShardInput, 
 	f := feeds.m[k]
 	if f == nil {
 		fctx, cancel := context.WithCancel(context.Background())
-		f = &feed{a: a, key: k, in: in, queue: queue, subs: map[*feedSub]bool{}, known: map[string]*MonitorMemo{},
+		f = &feed{a: a, key: k, in: in, queue: queue, subs: map[*feedSub]bool{}, known: map[string]watch{},
 			stop: cancel, done: make(chan struct{})}
 		feeds.m[k] = f
 		go f.run(fctx)
@@ -351,9 +367,9 @@ func (f *feed) unsubscribe(sub *feedSub) {
 
 // handOver gives a fresh subscriber every known proxy it owns. f.mu is held.
 func (f *feed) handOver(sub *feedSub) {
-	for id, memo := range f.known {
+	for id, w := range f.known {
 		if sub.owns(id) {
-			sub.ms.sync(sub.ctx, id, memo, true)
+			sub.ms.sync(sub.ctx, id, w, true)
 		}
 	}
 	sub.fresh = false
@@ -391,18 +407,24 @@ func (f *feed) run(ctx context.Context) {
 // restarted for a new epoch, stopped for a workflow gone or no longer watched by shards.
 func (f *feed) full(ctx context.Context) error {
 	start := time.Now()
-	want := map[string]*MonitorMemo{}
+	latest := map[string]listed{}
 	high := f.watermark
-	err := f.list(ctx, contract.RunningProxiesQuery, func(id string, running bool, memo *MonitorMemo, changed time.Time) {
-		if changed.After(high) {
-			high = changed
+	err := f.list(ctx, contract.RunningProxiesQuery, func(r listed) {
+		if r.changed.After(high) {
+			high = r.changed
 		}
-		if running && memo != nil {
-			want[id] = memo
+		if prev, ok := latest[r.id]; !ok || r.supersedes(prev) {
+			latest[r.id] = r
 		}
 	})
 	if err != nil {
 		return err
+	}
+	want := map[string]watch{}
+	for id, r := range latest {
+		if r.running && r.memo != nil {
+			want[id] = watch{r.memo, r.run}
+		}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -410,20 +432,20 @@ func (f *feed) full(ctx context.Context) error {
 		if sub.fresh {
 			continue
 		}
-		for id := range f.known {
-			if want[id] == nil && sub.owns(id) {
-				sub.ms.sync(sub.ctx, id, nil, false)
+		for id, w := range f.known {
+			if _, ok := want[id]; !ok && sub.owns(id) {
+				sub.ms.sync(sub.ctx, id, watch{run: w.run}, false)
 			}
 		}
-		for id, memo := range want {
+		for id, w := range want {
 			if sub.owns(id) {
-				sub.ms.sync(sub.ctx, id, memo, false)
+				sub.ms.sync(sub.ctx, id, w, false)
 			}
 		}
 	}
 	changed := !f.read || len(want) != len(f.known)
-	for id, memo := range want {
-		changed = changed || !sameWatch(f.known[id], memo)
+	for id, w := range want {
+		changed = changed || !sameWatch(f.known[id], w)
 	}
 	if changed {
 		f.lastChange = time.Now()
@@ -439,20 +461,17 @@ func (f *feed) full(ctx context.Context) error {
 
 // changed reads the ProxyWorkflows whose memo changed (or that closed) since the last read.
 // One workflow ID can have a closed run and a running one (continue-as-new, a Proxy made
-// again): the running run wins; a run that continued as new is left to its successor.
+// again, a run started again after a terminate): the latest run wins; a run that continued
+// as new is left to its successor.
 func (f *feed) changed(ctx context.Context) error {
-	type seen struct {
-		memo    *MonitorMemo
-		running bool
-	}
-	byID := map[string]seen{}
+	latest := map[string]listed{}
 	high := f.watermark
-	err := f.list(ctx, contract.ProxiesUpdatedSinceQuery(f.watermark.Add(-f.in.Overlap)), func(id string, running bool, memo *MonitorMemo, changed time.Time) {
-		if changed.After(high) {
-			high = changed
+	err := f.list(ctx, contract.ProxiesUpdatedSinceQuery(f.watermark.Add(-f.in.Overlap)), func(r listed) {
+		if r.changed.After(high) {
+			high = r.changed
 		}
-		if prev, ok := byID[id]; !ok || running || !prev.running {
-			byID[id] = seen{memo, running}
+		if prev, ok := latest[r.id]; !ok || r.supersedes(prev) {
+			latest[r.id] = r
 		}
 	})
 	if err != nil {
@@ -460,24 +479,24 @@ func (f *feed) changed(ctx context.Context) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for id, s := range byID {
-		var memo *MonitorMemo
-		if s.running {
-			memo = s.memo
+	for id, r := range latest {
+		w := watch{run: r.run}
+		if r.running {
+			w.memo = r.memo
 		}
-		if !sameWatch(f.known[id], memo) {
+		if !sameWatch(f.known[id], w) {
 			// Not every row is news: each read reaches back Overlap, so the last
 			// changes are read again, unchanged.
 			f.lastChange = time.Now()
 		}
-		if memo != nil {
-			f.known[id] = memo
+		if w.memo != nil {
+			f.known[id] = w
 		} else {
 			delete(f.known, id)
 		}
 		for sub := range f.subs {
 			if !sub.fresh && sub.owns(id) {
-				sub.ms.sync(sub.ctx, id, memo, false)
+				sub.ms.sync(sub.ctx, id, w, false)
 			}
 		}
 	}
@@ -485,18 +504,39 @@ func (f *feed) changed(ctx context.Context) error {
 	return nil
 }
 
-// sameWatch reports whether two watches (nil: none) are the same epoch.
-func sameWatch(x, y *MonitorMemo) bool {
-	if x == nil || y == nil {
-		return x == y
+// sameWatch reports whether two watches (no memo: none) are the same epoch of the same run.
+func sameWatch(x, y watch) bool {
+	if x.memo == nil || y.memo == nil {
+		return x.memo == y.memo
 	}
-	return x.Epoch == y.Epoch
+	return x.memo.Epoch == y.memo.Epoch && x.run == y.run
 }
 
-// list calls fn for each workflow query selects: its ID, whether it runs, its MonitorMemo
-// (nil without one), and when it last changed (its memo's update time, or its close time if
-// later). A run that continued as new is skipped: its successor carries its watch.
-func (f *feed) list(ctx context.Context, query string, fn func(id string, running bool, memo *MonitorMemo, changed time.Time)) error {
+// listed is one run as visibility lists it: its workflow ID and run ID, whether it runs,
+// when it started, its MonitorMemo (nil without one), and when it last changed (its memo's
+// update time, or its close time if later).
+type listed struct {
+	id, run string
+	running bool
+	started time.Time
+	memo    *MonitorMemo
+	changed time.Time
+}
+
+// supersedes reports whether r, listed with prev for the same workflow ID, is the one to
+// follow: a running run before a closed one, else the one started later. Visibility is
+// written after the fact, so a run's close may still be missing when its successor is
+// listed: both show as running, and the older one's watch is not the workflow's.
+func (r listed) supersedes(prev listed) bool {
+	if r.running != prev.running {
+		return r.running
+	}
+	return r.started.After(prev.started)
+}
+
+// list calls fn for each workflow query selects. A run that continued as new is skipped:
+// its successor carries its watch.
+func (f *feed) list(ctx context.Context, query string, fn func(listed)) error {
 	dc := converter.GetDefaultDataConverter()
 	var token []byte
 	for {
@@ -536,7 +576,9 @@ func (f *feed) list(ctx context.Context, query string, fn func(id string, runnin
 					}
 				}
 			}
-			fn(ex.GetExecution().GetWorkflowId(), ex.GetStatus() == enums.WORKFLOW_EXECUTION_STATUS_RUNNING, memo, changed)
+			fn(listed{id: ex.GetExecution().GetWorkflowId(), run: ex.GetExecution().GetRunId(),
+				running: ex.GetStatus() == enums.WORKFLOW_EXECUTION_STATUS_RUNNING, started: ex.GetStartTime().AsTime(),
+				memo: memo, changed: changed})
 		}
 		if token = resp.GetNextPageToken(); len(token) == 0 {
 			return nil

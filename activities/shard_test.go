@@ -3,6 +3,8 @@ package activities_test
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -84,7 +86,7 @@ func TestShardMembersReportEachChange(t *testing.T) {
 	defer ms.StopAll()
 	ctx := t.Context()
 
-	ms.Sync(ctx, "wf-1", &activities.MonitorMemo{Epoch: "e1", Input: in}, false)
+	ms.Sync(ctx, "wf-1", "run", &activities.MonitorMemo{Epoch: "e1", Input: in}, false)
 	fw.mu.Lock()
 	fw.failNext = 2
 	fw.mu.Unlock()
@@ -100,16 +102,16 @@ func TestShardMembersReportEachChange(t *testing.T) {
 	got = fw.waitReports(t, "wf-1", 2)
 	assert.True(t, got[1].Result.Health.Healthy, "the watch carried on after the first change")
 
-	ms.Sync(ctx, "wf-1", &activities.MonitorMemo{Epoch: "e1", Input: in}, false) // the same epoch: no restart
+	ms.Sync(ctx, "wf-1", "run", &activities.MonitorMemo{Epoch: "e1", Input: in}, false) // the same epoch: no restart
 	in.Last = got[1].Result.Health
-	ms.Sync(ctx, "wf-1", &activities.MonitorMemo{Epoch: "e2", Input: in}, false)
+	ms.Sync(ctx, "wf-1", "run", &activities.MonitorMemo{Epoch: "e2", Input: in}, false)
 	_, _, err = m.daemon.SetFault("px-shard-1", local.FaultAuth)
 	require.NoError(t, err)
 	got = fw.waitReports(t, "wf-1", 3)
 	assert.Equal(t, "e2", got[2].Epoch)
 	assert.False(t, got[2].Result.Health.Healthy)
 
-	ms.Sync(ctx, "wf-1", nil, false)
+	ms.Sync(ctx, "wf-1", "run", nil, false)
 	assert.Empty(t, ms.IDs())
 }
 
@@ -125,7 +127,7 @@ func TestShardMembersReportALostInstance(t *testing.T) {
 	ms := activities.NewMembers(m.acts, fw, "monitor")
 	defer ms.StopAll()
 
-	ms.Sync(t.Context(), "wf-2", &activities.MonitorMemo{Epoch: "e1", Input: in}, false)
+	ms.Sync(t.Context(), "wf-2", "run", &activities.MonitorMemo{Epoch: "e1", Input: in}, false)
 	_, _, err := m.daemon.Kill("px-shard-2")
 	require.NoError(t, err)
 	got := fw.waitReports(t, "wf-2", 2)
@@ -144,7 +146,7 @@ func TestShardMembersStopForAGoneWorkflow(t *testing.T) {
 	defer ms.StopAll()
 
 	// No verdict yet: the first one (healthy) comes after two probes and finds nobody.
-	ms.Sync(t.Context(), "wf-3", &activities.MonitorMemo{Epoch: "e1", Input: m.input(inst, activities.Health{})}, false)
+	ms.Sync(t.Context(), "wf-3", "run", &activities.MonitorMemo{Epoch: "e1", Input: m.input(inst, activities.Health{})}, false)
 	require.Eventually(t, func() bool { return ms.Ended("wf-3") }, 30*time.Second, 20*time.Millisecond,
 		"the watch of a gone workflow went on")
 	fw.mu.Lock()
@@ -164,20 +166,29 @@ func TestShardOfSpreadsAndAgrees(t *testing.T) {
 	assert.Zero(t, activities.ShardOf("proxy/ns/p", 1))
 }
 
-// fakeVisibility answers every list with the workflows it holds, as visibility would list
-// them (memo, status); a full pass and a pass of changes see the same, which the shard
-// must take alike.
+// fakeVisibility answers every list with the runs it holds, as visibility would list them
+// (memo, status, start time), in the order of their keys; a full pass and a pass of
+// changes see the same, which the shard must take alike.
 type fakeVisibility struct {
-	mu  sync.Mutex
+	mu sync.Mutex
+	// wfs holds the runs by workflow ID, then (for a run other than "run") "#" and run ID.
 	wfs map[string]*workflowpb.WorkflowExecutionInfo
 	// lists counts the lists asked for.
 	lists int
 }
 
+// set publishes memo as workflow id's (its run "run") in a list's answers.
 func (f *fakeVisibility) set(t *testing.T, id string, running bool, memo *activities.MonitorMemo) {
 	t.Helper()
-	info := &workflowpb.WorkflowExecutionInfo{Execution: &commonpb.WorkflowExecution{WorkflowId: id, RunId: "run"},
-		Status: enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING, Memo: &commonpb.Memo{Fields: map[string]*commonpb.Payload{}}}
+	f.setRun(t, id, "run", time.Time{}, running, memo)
+}
+
+// setRun publishes memo as run run's of workflow id, started at started.
+func (f *fakeVisibility) setRun(t *testing.T, id, run string, started time.Time, running bool, memo *activities.MonitorMemo) {
+	t.Helper()
+	info := &workflowpb.WorkflowExecutionInfo{Execution: &commonpb.WorkflowExecution{WorkflowId: id, RunId: run},
+		StartTime: timestamppb.New(started),
+		Status:    enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING, Memo: &commonpb.Memo{Fields: map[string]*commonpb.Payload{}}}
 	if !running {
 		info.Status = enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED
 		info.CloseTime = timestamppb.Now()
@@ -187,9 +198,13 @@ func (f *fakeVisibility) set(t *testing.T, id string, running bool, memo *activi
 		require.NoError(t, err)
 		info.Memo.Fields[activities.MonitorMemoKey] = p
 	}
+	key := id
+	if run != "run" {
+		key += "#" + run
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.wfs[id] = info
+	f.wfs[key] = info
 }
 
 // setVerdict publishes a workflow's current verdict beside its watch.
@@ -207,8 +222,8 @@ func (f *fakeVisibility) ListWorkflow(context.Context, *workflowservice.ListWork
 	defer f.mu.Unlock()
 	f.lists++
 	resp := &workflowservice.ListWorkflowExecutionsResponse{}
-	for _, info := range f.wfs {
-		resp.Executions = append(resp.Executions, proto.CloneOf(info))
+	for _, key := range slices.Sorted(maps.Keys(f.wfs)) {
+		resp.Executions = append(resp.Executions, proto.CloneOf(f.wfs[key]))
 	}
 	return resp, nil
 }
@@ -413,4 +428,55 @@ func TestShardStartsFromTheWorkflowsVerdict(t *testing.T) {
 	got = fw.waitReports(t, "proxy/ns/other", 1)
 	assert.True(t, got[0].Result.Health.Healthy, "a verdict of another epoch was taken for the watch's")
 	assert.Equal(t, "e2", got[0].Epoch)
+}
+
+// TestShardTellsARestartedRunItsVerdict: a workflow terminated just after its shard's first
+// verdict, before it published anything else, is started again; the new run adopts the
+// instance and publishes the very watch the old one did (no verdict known), and must be
+// told the verdict the old run was given. It waited for ever when the shard took the
+// same epoch for the same watch whatever run published it.
+func TestShardTellsARestartedRunItsVerdict(t *testing.T) {
+	m := newMonitorEnv(t)
+	vis := &fakeVisibility{wfs: map[string]*workflowpb.WorkflowExecutionInfo{}}
+	const id = "proxy/ns/restarted"
+	inst, ii := m.instance(t, "px-restarted")
+	in := m.input(inst, activities.Health{})
+	in.Instance = &ii
+	watch := &activities.MonitorMemo{Epoch: "unknown", Input: in}
+	t0 := time.Now().Add(-time.Minute)
+	vis.setRun(t, id, "run-1", t0, true, watch)
+	fw := newFakeWorkflows()
+	startShard(t, m.shardActivities(vis, fw), activities.ShardInput{Index: 0, Count: 1, Refresh: 50 * time.Millisecond})
+	got := fw.waitReports(t, id, 1)
+	require.True(t, got[0].Result.Health.Healthy)
+
+	vis.setRun(t, id, "run-1", t0, false, watch)
+	vis.setRun(t, id, "run-2", t0.Add(time.Second), true, watch)
+	got = fw.waitReports(t, id, 2)
+	assert.Equal(t, activities.MonitorVerdict, got[1].Result.Reason)
+	assert.True(t, got[1].Result.Health.Healthy)
+	assert.Equal(t, "unknown", got[1].Epoch)
+}
+
+// TestShardFollowsTheLatestRun: visibility writes a run's close after the fact, so a run
+// and its successor can both be listed as running; the shard watches what the one started
+// later published, whichever is listed last.
+func TestShardFollowsTheLatestRun(t *testing.T) {
+	m := newMonitorEnv(t)
+	vis := &fakeVisibility{wfs: map[string]*workflowpb.WorkflowExecutionInfo{}}
+	const id = "proxy/ns/twice"
+	inst, ii := m.instance(t, "px-twice")
+	in := m.input(inst, activities.Health{Known: true, Healthy: true})
+	in.Instance = &ii
+	t0 := time.Now().Add(-time.Minute)
+	// Listed in key order: the new run ("a") before the old one ("b").
+	vis.setRun(t, id, "b-old", t0, true, &activities.MonitorMemo{Epoch: "old", Input: in})
+	vis.setRun(t, id, "a-new", t0.Add(time.Second), true, &activities.MonitorMemo{Epoch: "new", Input: in})
+	fw := newFakeWorkflows()
+	startShard(t, m.shardActivities(vis, fw), activities.ShardInput{Index: 0, Count: 1, Refresh: 50 * time.Millisecond})
+	_, _, err := m.daemon.SetFault("px-twice", local.FaultAuth)
+	require.NoError(t, err)
+	got := fw.waitReports(t, id, 1)
+	assert.False(t, got[0].Result.Health.Healthy)
+	assert.Equal(t, "new", got[0].Epoch, "the shard watched for a run that has ended")
 }
