@@ -524,14 +524,15 @@ type listed struct {
 }
 
 // supersedes reports whether r, listed with prev for the same workflow ID, is the one to
-// follow: a running run before a closed one, else the one started later. Visibility is
-// written after the fact, so a run's close may still be missing when its successor is
-// listed: both show as running, and the older one's watch is not the workflow's.
+// follow: a running run before a closed one, else the one started later (or listed
+// later). Visibility is written after the fact, so a run's close may still be missing when
+// its successor is listed: both show as running, and the older one's watch is not the
+// workflow's.
 func (r listed) supersedes(prev listed) bool {
 	if r.running != prev.running {
 		return r.running
 	}
-	return r.started.After(prev.started)
+	return !r.started.Before(prev.started)
 }
 
 // list calls fn for each workflow query selects. A run that continued as new is skipped:

@@ -96,13 +96,26 @@ func (r *Refresher) Full(ctx context.Context) error {
 	start := time.Now()
 	query := contract.RunningProxiesQuery
 	var all []Proxy
+	// A run's close reaches visibility after the fact, so the run a Proxy's workflow was
+	// started again after (a terminate) can still be listed as running beside it: the one
+	// started later is the workflow.
+	at := map[string]int{}
+	var started []time.Time
 	var high time.Time
-	n, err := r.list(ctx, query, func(p Proxy, status enums.WorkflowExecutionStatus, updated time.Time) {
-		if status == enums.WORKFLOW_EXECUTION_STATUS_RUNNING {
-			all = append(all, p)
-		}
+	n, err := r.list(ctx, query, func(p Proxy, status enums.WorkflowExecutionStatus, updated, began time.Time) {
 		if updated.After(high) {
 			high = updated
+		}
+		if status != enums.WORKFLOW_EXECUTION_STATUS_RUNNING {
+			return
+		}
+		i, ok := at[p.ID()]
+		switch {
+		case !ok:
+			at[p.ID()] = len(all)
+			all, started = append(all, p), append(started, began)
+		case !began.Before(started[i]):
+			all[i], started[i] = p, began
 		}
 	})
 	r.observe("full", start, n, err)
@@ -140,14 +153,16 @@ func (r *Refresher) Incremental(ctx context.Context) error {
 	query := contract.ProxiesUpdatedSinceQuery(since)
 	high := r.watermark
 	// One workflow ID can have a closed run and a running one (a Proxy deleted and created
-	// again, or continue-as-new): the running run wins, whatever order they are listed in.
+	// again, or continue-as-new): the running run wins, whatever order they are listed in;
+	// of two listed alike (a run's close not yet visible), the one started later.
 	type seen struct {
 		p       Proxy
 		running bool
+		started time.Time
 	}
 	byID := map[string]seen{}
 	var order []string
-	n, err := r.list(ctx, query, func(p Proxy, status enums.WorkflowExecutionStatus, updated time.Time) {
+	n, err := r.list(ctx, query, func(p Proxy, status enums.WorkflowExecutionStatus, updated, started time.Time) {
 		if updated.After(high) {
 			high = updated
 		}
@@ -160,8 +175,8 @@ func (r *Refresher) Incremental(ctx context.Context) error {
 		if !ok {
 			order = append(order, p.ID())
 		}
-		if !ok || running || !prev.running {
-			byID[p.ID()] = seen{p, running}
+		if !ok || running != prev.running && running || running == prev.running && !started.Before(prev.started) {
+			byID[p.ID()] = seen{p, running, started}
 		}
 	})
 	r.observe("incremental", start, n, err)
@@ -187,9 +202,9 @@ func (r *Refresher) observe(kind string, start time.Time, n int, err error) {
 	}
 }
 
-// list calls fn for every workflow query selects, with its status and when it last changed:
-// its memo's update time, or its close time if later.
-func (r *Refresher) list(ctx context.Context, query string, fn func(p Proxy, status enums.WorkflowExecutionStatus, changed time.Time)) (int, error) {
+// list calls fn for every workflow query selects, with its status, when it last changed
+// (its memo's update time, or its close time if later) and when it started.
+func (r *Refresher) list(ctx context.Context, query string, fn func(p Proxy, status enums.WorkflowExecutionStatus, changed, started time.Time)) (int, error) {
 	var token []byte
 	read := 0
 	for {
@@ -211,7 +226,7 @@ func (r *Refresher) list(ctx context.Context, query string, fn func(p Proxy, sta
 			if closed := ex.GetCloseTime(); closed != nil && closed.AsTime().After(updated) {
 				updated = closed.AsTime()
 			}
-			fn(p, ex.GetStatus(), updated)
+			fn(p, ex.GetStatus(), updated, ex.GetStartTime().AsTime())
 		}
 		token = resp.NextPageToken
 		if len(token) == 0 {

@@ -88,6 +88,7 @@ type listedRun struct {
 	status  enums.WorkflowExecutionStatus
 	updated time.Time
 	closed  time.Time
+	started time.Time
 }
 
 // scriptedLister answers every ListWorkflow with runs, as the visibility store would list
@@ -125,6 +126,9 @@ func (l *scriptedLister) ListWorkflow(context.Context, *workflowservice.ListWork
 		if !r.closed.IsZero() {
 			ex.CloseTime = timestamppb.New(r.closed)
 		}
+		if !r.started.IsZero() {
+			ex.StartTime = timestamppb.New(r.started)
+		}
 		resp.Executions = append(resp.Executions, ex)
 	}
 	return resp, nil
@@ -160,4 +164,31 @@ func TestIncrementalDropsClosedRuns(t *testing.T) {
 	assert.Equal(t, 1, store.Len(), "the terminated and the failed run are gone")
 	_, err := store.Acquire(nil, "", time.Minute)
 	require.NoError(t, err, "the continued run's proxy is still leased")
+}
+
+// TestTheLatestRunIsTheProxy: a run's close reaches visibility after the fact, so the run
+// terminated by hand and the run the operator started again after it can both be listed
+// as running; the index holds what the later one published (here: not Ready yet), in a
+// full pass and in an incremental one alike, whatever order they are listed in.
+func TestTheLatestRunIsTheProxy(t *testing.T) {
+	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	provisioning := readyMemo("a")
+	provisioning.Phase, provisioning.Healthy = contract.PhasePending, false
+	old := listedRun{memo: readyMemo("a"), status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base, started: base.Add(-time.Hour)}
+	next := listedRun{memo: provisioning, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base.Add(time.Second), started: base}
+	for _, order := range [][]listedRun{{old, next}, {next, old}} {
+		lister := &scriptedLister{}
+		store := discovery.NewStore(time.Minute)
+		r := &discovery.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
+		lister.set(order...)
+		require.NoError(t, r.Full(t.Context()))
+		require.Len(t, store.List(discovery.Selector{}, nil), 1)
+		assert.Equal(t, contract.PhasePending, store.List(discovery.Selector{}, nil)[0].Phase, "full pass: the ended run's Ready memo was taken")
+
+		store = discovery.NewStore(time.Minute)
+		r = &discovery.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
+		require.NoError(t, r.Incremental(t.Context()))
+		require.Len(t, store.List(discovery.Selector{}, nil), 1)
+		assert.Equal(t, contract.PhasePending, store.List(discovery.Selector{}, nil)[0].Phase, "incremental pass: the ended run's Ready memo was taken")
+	}
 }
