@@ -96,9 +96,9 @@ func (r *Refresher) Full(ctx context.Context) error {
 	start := time.Now()
 	query := contract.RunningProxiesQuery
 	var all []Proxy
-	// A run's close reaches visibility after the fact, so the run a Proxy's workflow was
-	// started again after (a terminate) can still be listed as running beside it: the one
-	// started later is the workflow.
+	// A run's close reaches visibility after the fact, so a run terminated by hand can
+	// still be listed as running beside the run started after it: the one started later
+	// is the workflow.
 	at := map[string]int{}
 	var started []time.Time
 	var high time.Time
