@@ -511,7 +511,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 	if up == nil {
 		return g.fail(w, x.upstreamError())
 	}
-	proxyID := l.Proxy.Namespace + "/" + l.Proxy.Name
+	proxyID := l.Proxy.ID()
 	cc, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		up.Close()
@@ -554,7 +554,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 // within ConnectTimeout. It returns the connection, any bytes the proxy sent after its
 // 200, or what went wrong.
 func (g *Gateway) dialTunnel(ctx context.Context, l *LeaseResponse, hostport string) (net.Conn, []byte, *upstreamFailure) {
-	id := l.Proxy.Namespace + "/" + l.Proxy.Name
+	id := l.Proxy.ID()
 	deadline := time.Now().Add(g.cfg.ConnectTimeout)
 	dctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -727,7 +727,7 @@ func (rt gatewayRoundTripper) RoundTrip(req *http.Request) (*http.Response, erro
 		if err != nil {
 			return nil, noLease{err}
 		}
-		id := l.Proxy.Namespace + "/" + l.Proxy.Name
+		id := l.Proxy.ID()
 		pu, err := url.Parse(l.Proxy.URL)
 		if err != nil {
 			g.release(x.auth, l.LeaseID)

@@ -72,9 +72,12 @@ func leased(p Proxy) LeasedProxy {
 	return lp
 }
 
+// ID is the proxy's namespace/name, as the index and the metrics name it.
+func (p ProxyInfo) ID() string { return p.Namespace + "/" + p.Name }
+
 // String shows the proxy with its password redacted.
 func (p LeasedProxy) String() string {
-	return p.Namespace + "/" + p.Name + " at " + redactURL(p.URL)
+	return p.ID() + " at " + redactURL(p.URL)
 }
 
 // GoString shows the proxy with its password redacted, for %#v.
