@@ -413,7 +413,7 @@ func (f *feed) full(ctx context.Context) error {
 		if r.changed.After(high) {
 			high = r.changed
 		}
-		if prev, ok := latest[r.id]; !ok || r.supersedes(prev) {
+		if prev, ok := latest[r.id]; !ok || r.Supersedes(prev.ListedRun) {
 			latest[r.id] = r
 		}
 	})
@@ -422,7 +422,7 @@ func (f *feed) full(ctx context.Context) error {
 	}
 	want := map[string]watch{}
 	for id, r := range latest {
-		if r.running && r.memo != nil {
+		if r.Running && r.memo != nil {
 			want[id] = watch{r.memo, r.run}
 		}
 	}
@@ -470,7 +470,7 @@ func (f *feed) changed(ctx context.Context) error {
 		if r.changed.After(high) {
 			high = r.changed
 		}
-		if prev, ok := latest[r.id]; !ok || r.supersedes(prev) {
+		if prev, ok := latest[r.id]; !ok || r.Supersedes(prev.ListedRun) {
 			latest[r.id] = r
 		}
 	})
@@ -481,7 +481,7 @@ func (f *feed) changed(ctx context.Context) error {
 	defer f.mu.Unlock()
 	for id, r := range latest {
 		w := watch{run: r.run}
-		if r.running {
+		if r.Running {
 			w.memo = r.memo
 		}
 		if !sameWatch(f.known[id], w) {
@@ -512,27 +512,14 @@ func sameWatch(x, y watch) bool {
 	return x.memo.Epoch == y.memo.Epoch && x.run == y.run
 }
 
-// listed is one run as visibility lists it: its workflow ID and run ID, whether it runs,
-// when it started, its MonitorMemo (nil without one), and when it last changed (its memo's
-// update time, or its close time if later).
+// listed is one run as visibility lists it: its workflow ID and run ID, whether it runs
+// and when it started, its MonitorMemo (nil without one), and when it last changed (its
+// memo's update time, or its close time if later).
 type listed struct {
 	id, run string
-	running bool
-	started time.Time
+	contract.ListedRun
 	memo    *MonitorMemo
 	changed time.Time
-}
-
-// supersedes reports whether r, listed with prev for the same workflow ID, is the one to
-// follow: a running run before a closed one, else the one started later (or listed
-// later). Visibility is written after the fact, so a run's close may still be missing when
-// its successor is listed: both show as running, and the older one's watch is not the
-// workflow's.
-func (r listed) supersedes(prev listed) bool {
-	if r.running != prev.running {
-		return r.running
-	}
-	return !r.started.Before(prev.started)
 }
 
 // list calls fn for each workflow query selects. A run that continued as new is skipped:
@@ -577,9 +564,8 @@ func (f *feed) list(ctx context.Context, query string, fn func(listed)) error {
 					}
 				}
 			}
-			fn(listed{id: ex.GetExecution().GetWorkflowId(), run: ex.GetExecution().GetRunId(),
-				running: ex.GetStatus() == enums.WORKFLOW_EXECUTION_STATUS_RUNNING, started: ex.GetStartTime().AsTime(),
-				memo: memo, changed: changed})
+			run := contract.ListedRun{Running: ex.GetStatus() == enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Started: ex.GetStartTime().AsTime()}
+			fn(listed{id: ex.GetExecution().GetWorkflowId(), run: ex.GetExecution().GetRunId(), ListedRun: run, memo: memo, changed: changed})
 		}
 		if token = resp.GetNextPageToken(); len(token) == 0 {
 			return nil

@@ -171,7 +171,7 @@ func TestShardOfSpreadsAndAgrees(t *testing.T) {
 // changes see the same, which the shard must take alike.
 type fakeVisibility struct {
 	mu sync.Mutex
-	// wfs holds the runs by workflow ID, then (for a run other than "run") "#" and run ID.
+	// wfs holds the runs by workflow ID, "#" and run ID.
 	wfs map[string]*workflowpb.WorkflowExecutionInfo
 	// lists counts the lists asked for.
 	lists int
@@ -198,13 +198,9 @@ func (f *fakeVisibility) setRun(t *testing.T, id, run string, started time.Time,
 		require.NoError(t, err)
 		info.Memo.Fields[activities.MonitorMemoKey] = p
 	}
-	key := id
-	if run != "run" {
-		key += "#" + run
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.wfs[key] = info
+	f.wfs[id+"#"+run] = info
 }
 
 // setVerdict publishes a workflow's current verdict beside its watch.
@@ -214,7 +210,7 @@ func (f *fakeVisibility) setVerdict(t *testing.T, id string, v activities.Verdic
 	require.NoError(t, err)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.wfs[id].Memo.Fields[activities.VerdictMemoKey] = p
+	f.wfs[id+"#run"].Memo.Fields[activities.VerdictMemoKey] = p
 }
 
 func (f *fakeVisibility) ListWorkflow(context.Context, *workflowservice.ListWorkflowExecutionsRequest) (*workflowservice.ListWorkflowExecutionsResponse, error) {
@@ -248,10 +244,18 @@ func runShard(acts *activities.Activities, in activities.ShardInput) (cancel con
 // from last, as workflow id's memo in vis. It returns the watch's input.
 func (m *monitorEnv) watchedProxy(t *testing.T, vis *fakeVisibility, name, id, epoch string, last activities.Health) activities.MonitorInput {
 	t.Helper()
+	in := m.watchInput(t, name, last)
+	vis.set(t, id, true, &activities.MonitorMemo{Epoch: epoch, Input: in})
+	return in
+}
+
+// watchInput creates a loopback proxy and returns the input of a watch of it starting from
+// last.
+func (m *monitorEnv) watchInput(t *testing.T, name string, last activities.Health) activities.MonitorInput {
+	t.Helper()
 	inst, ii := m.instance(t, name)
 	in := m.input(inst, last)
 	in.Instance = &ii
-	vis.set(t, id, true, &activities.MonitorMemo{Epoch: epoch, Input: in})
 	return in
 }
 
@@ -439,10 +443,7 @@ func TestShardTellsARestartedRunItsVerdict(t *testing.T) {
 	m := newMonitorEnv(t)
 	vis := &fakeVisibility{wfs: map[string]*workflowpb.WorkflowExecutionInfo{}}
 	const id = "proxy/ns/restarted"
-	inst, ii := m.instance(t, "px-restarted")
-	in := m.input(inst, activities.Health{})
-	in.Instance = &ii
-	watch := &activities.MonitorMemo{Epoch: "unknown", Input: in}
+	watch := &activities.MonitorMemo{Epoch: "unknown", Input: m.watchInput(t, "px-restarted", activities.Health{})}
 	t0 := time.Now().Add(-time.Minute)
 	vis.setRun(t, id, "run-1", t0, true, watch)
 	fw := newFakeWorkflows()
@@ -465,9 +466,7 @@ func TestShardFollowsTheLatestRun(t *testing.T) {
 	m := newMonitorEnv(t)
 	vis := &fakeVisibility{wfs: map[string]*workflowpb.WorkflowExecutionInfo{}}
 	const id = "proxy/ns/twice"
-	inst, ii := m.instance(t, "px-twice")
-	in := m.input(inst, activities.Health{Known: true, Healthy: true})
-	in.Instance = &ii
+	in := m.watchInput(t, "px-twice", activities.Health{Known: true, Healthy: true})
 	t0 := time.Now().Add(-time.Minute)
 	// Listed in key order: the new run ("a") before the old one ("b").
 	vis.setRun(t, id, "b-old", t0, true, &activities.MonitorMemo{Epoch: "old", Input: in})

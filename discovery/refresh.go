@@ -94,33 +94,16 @@ func (r *Refresher) Run(ctx context.Context) error {
 func (r *Refresher) Full(ctx context.Context) error {
 	r.defaults()
 	start := time.Now()
-	query := contract.RunningProxiesQuery
-	var all []Proxy
-	// A run's close reaches visibility after the fact, so a run terminated by hand can
-	// still be listed as running beside the run started after it: the one started later
-	// is the workflow.
-	at := map[string]int{}
-	var started []time.Time
-	var high time.Time
-	n, err := r.list(ctx, query, func(p Proxy, status enums.WorkflowExecutionStatus, updated, began time.Time) {
-		if updated.After(high) {
-			high = updated
-		}
-		if status != enums.WORKFLOW_EXECUTION_STATUS_RUNNING {
-			return
-		}
-		i, ok := at[p.ID()]
-		switch {
-		case !ok:
-			at[p.ID()] = len(all)
-			all, started = append(all, p), append(started, began)
-		case !began.Before(started[i]):
-			all[i], started[i] = p, began
-		}
-	})
+	runs, high, n, err := r.latestRuns(ctx, contract.RunningProxiesQuery)
 	r.observe("full", start, n, err)
 	if err != nil {
 		return err
+	}
+	var all []Proxy
+	for _, run := range runs {
+		if run.Running {
+			all = append(all, run.p)
+		}
 	}
 	first := !r.Store.Loaded()
 	r.Store.ReplaceAll(all)
@@ -149,51 +132,60 @@ func (r *Refresher) Full(ctx context.Context) error {
 func (r *Refresher) Incremental(ctx context.Context) error {
 	r.defaults()
 	start := time.Now()
-	since := r.watermark.Add(-r.Overlap)
-	query := contract.ProxiesUpdatedSinceQuery(since)
-	high := r.watermark
-	// One workflow ID can have a closed run and a running one (a Proxy deleted and created
-	// again, or continue-as-new): the running run wins, whatever order they are listed in;
-	// of two listed alike (a run's close not yet visible), the one started later.
-	type seen struct {
-		p       Proxy
-		running bool
-		started time.Time
-	}
-	byID := map[string]seen{}
-	var order []string
-	n, err := r.list(ctx, query, func(p Proxy, status enums.WorkflowExecutionStatus, updated, started time.Time) {
-		if updated.After(high) {
-			high = updated
-		}
-		if status == enums.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
-			// Its next run carries on; until that run's memo is visible, the last one holds.
-			return
-		}
-		running := status == enums.WORKFLOW_EXECUTION_STATUS_RUNNING
-		prev, ok := byID[p.ID()]
-		if !ok {
-			order = append(order, p.ID())
-		}
-		if !ok || running != prev.running && running || running == prev.running && !started.Before(prev.started) {
-			byID[p.ID()] = seen{p, running, started}
-		}
-	})
+	runs, high, n, err := r.latestRuns(ctx, contract.ProxiesUpdatedSinceQuery(r.watermark.Add(-r.Overlap)))
 	r.observe("incremental", start, n, err)
 	if err != nil {
 		return err
 	}
-	for _, id := range order {
-		if x := byID[id]; x.running {
-			r.Store.Upsert(x.p)
-			r.noteCredentials(&x.p)
+	for _, run := range runs {
+		if run.Running {
+			r.Store.Upsert(run.p)
+			r.noteCredentials(&run.p)
 		} else {
+			id := run.p.ID()
 			r.Store.Remove(id)
 			delete(r.warned, id)
 		}
 	}
-	r.watermark = high
+	if high.After(r.watermark) {
+		r.watermark = high
+	}
 	return nil
+}
+
+// A listedProxy is a run's proxy, and what decides whether that run is the workflow.
+type listedProxy struct {
+	p Proxy
+	contract.ListedRun
+}
+
+// latestRuns lists query and returns, for each workflow ID listed, the run that is the
+// workflow (contract.ListedRun.Supersedes), in the order the IDs were first listed: one ID
+// can have a closed run and a running one (a Proxy deleted and created again,
+// continue-as-new, a run terminated by hand whose close is not yet visible beside the run
+// started after it). A run that continued as new is left out: its next run carries on,
+// and until that run's memo is visible the last one holds. high is the latest change
+// among all listed, n how many were read.
+func (r *Refresher) latestRuns(ctx context.Context, query string) (runs []listedProxy, high time.Time, n int, err error) {
+	at := map[string]int{}
+	n, err = r.list(ctx, query, func(p Proxy, status enums.WorkflowExecutionStatus, updated, started time.Time) {
+		if updated.After(high) {
+			high = updated
+		}
+		if status == enums.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
+			return
+		}
+		run := listedProxy{p, contract.ListedRun{Running: status == enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Started: started}}
+		i, ok := at[p.ID()]
+		switch {
+		case !ok:
+			at[p.ID()] = len(runs)
+			runs = append(runs, run)
+		case run.Supersedes(runs[i].ListedRun):
+			runs[i] = run
+		}
+	})
+	return runs, high, n, err
 }
 
 func (r *Refresher) observe(kind string, start time.Time, n int, err error) {

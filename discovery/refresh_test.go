@@ -176,19 +176,18 @@ func TestTheLatestRunIsTheProxy(t *testing.T) {
 	provisioning.Phase, provisioning.Healthy = contract.PhasePending, false
 	old := listedRun{memo: readyMemo("a"), status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base, started: base.Add(-time.Hour)}
 	next := listedRun{memo: provisioning, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base.Add(time.Second), started: base}
+	lister := &scriptedLister{}
 	for _, order := range [][]listedRun{{old, next}, {next, old}} {
-		lister := &scriptedLister{}
-		store := discovery.NewStore(time.Minute)
-		r := &discovery.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
 		lister.set(order...)
-		require.NoError(t, r.Full(t.Context()))
-		require.Len(t, store.List(discovery.Selector{}, nil), 1)
-		assert.Equal(t, contract.PhasePending, store.List(discovery.Selector{}, nil)[0].Phase, "full pass: the ended run's Ready memo was taken")
-
-		store = discovery.NewStore(time.Minute)
-		r = &discovery.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
-		require.NoError(t, r.Incremental(t.Context()))
-		require.Len(t, store.List(discovery.Selector{}, nil), 1)
-		assert.Equal(t, contract.PhasePending, store.List(discovery.Selector{}, nil)[0].Phase, "incremental pass: the ended run's Ready memo was taken")
+		for pass, run := range map[string]func(*discovery.Refresher, context.Context) error{
+			"full": (*discovery.Refresher).Full, "incremental": (*discovery.Refresher).Incremental,
+		} {
+			store := discovery.NewStore(time.Minute)
+			r := &discovery.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
+			require.NoError(t, run(r, t.Context()))
+			list := store.List(discovery.Selector{}, nil)
+			require.Len(t, list, 1, pass)
+			assert.Equal(t, contract.PhasePending, list[0].Phase, "%s pass: the ended run's Ready memo was taken", pass)
+		}
 	}
 }

@@ -112,6 +112,25 @@ func ProxiesUpdatedSinceQuery(since time.Time) string {
 		ProxyWorkflowIDPrefix, SearchAttrUpdatedAt.GetName(), t, t)
 }
 
+// ListedRun is what decides, among the runs of one ProxyWorkflow ID that a visibility
+// list returns, which one is the workflow: whether it runs, and when it started.
+type ListedRun struct {
+	Running bool
+	Started time.Time
+}
+
+// Supersedes reports whether r, listed after prev for the same workflow ID, is the
+// workflow rather than prev: a running run before a closed one, else the one started
+// later (or, started at once, listed later). Visibility writes a run's close after the
+// fact, so a run terminated by hand can still be listed as running beside the run started
+// after it. Monitor shards and discovery both follow this rule, so they agree on it.
+func (r ListedRun) Supersedes(prev ListedRun) bool {
+	if r.Running != prev.Running {
+		return r.Running
+	}
+	return !r.Started.Before(prev.Started)
+}
+
 // MonitorShardWorkflowID is the ID of monitor shard index of count for the workers of
 // taskQueue. The queue is part of it because shards watch the proxies of their queue only
 // (installations may share a namespace); the count, so that shards of another count are
