@@ -497,6 +497,9 @@ func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time
 	case activities.MonitorCredentials:
 		// The memo carries the new sealed credentials to discovery at the next publish.
 		s.Sealed = res.Sealed
+		if s.Sealed == "" {
+			return effect{publish: true, note: "the credentials Secret may not be used; the proxy is not leased until it may"}
+		}
 		return effect{publish: true, note: "the credentials Secret changed; leases now hand out the new credentials"}
 	case activities.MonitorGone, activities.MonitorStopped:
 		if s.Instance != nil {
@@ -504,7 +507,7 @@ func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time
 			if res.Instance.Preempted {
 				why = LostPreempted
 			}
-			s.Instance.Lost = why
+			s.Instance.Lost, s.Instance.LostReason = true, why
 			s.retire(name)
 			s.Health = activities.Health{Known: true, Healthy: false, Since: now, LastFailure: "instance " + why}
 			return effect{note: "instance lost; recreating: " + name + " (" + why + ")", warn: true}
@@ -516,7 +519,7 @@ func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time
 // monitorFailed records a monitor that could not run (a bug or a config the schema should
 // have refused).
 func (s *ProxyState) monitorFailed(msg string) {
-	s.Health.LastFailure = msg
+	s.Health.LastFailure, s.Health.FailureReason = msg, ""
 }
 
 // Reasons the steady step wakes up by itself.

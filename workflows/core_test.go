@@ -515,7 +515,8 @@ func TestMonitorTransitions(t *testing.T) {
 		s.monitorReturned(activities.MonitorResult{Reason: activities.MonitorStopped, Health: s.Health,
 			Instance: provider.Instance{State: provider.StateStopped, Preempted: true}}, t0)
 		require.Len(t, s.Retiring, 1)
-		assert.Equal(t, LostPreempted, s.Retiring[0].Lost)
+		assert.True(t, s.Retiring[0].Lost)
+		assert.Equal(t, LostPreempted, s.Retiring[0].LostReason)
 		assert.Equal(t, "instance "+LostPreempted, s.Health.LastFailure)
 		assert.Equal(t, stepCreate, plan(&s, t0))
 		s.RetryAt = t0.Add(time.Minute) // a create that must wait leaves the delete to go first

@@ -77,7 +77,7 @@ func plan(s *ProxyState, now time.Time) step {
 // allLost reports whether every retiring instance was lost behind the workflow's back.
 func allLost(refs []InstanceRef) bool {
 	for _, r := range refs {
-		if r.Lost == "" {
+		if !r.Lost {
 			return false
 		}
 	}
@@ -243,6 +243,9 @@ func status(s *ProxyState, workflowID string) v1alpha1.ProxyStatus {
 				msg = string(k) + ": " + msg
 			}
 			reason := v1alpha1.ReasonProbeFailed
+			if r := s.Health.FailureReason; r != "" {
+				reason = r
+			}
 			if msg == "instance "+LostPreempted {
 				reason, msg = v1alpha1.ReasonPreempted, "the provider took the instance back (preempted); a new one is being created"
 			}

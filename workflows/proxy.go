@@ -1,6 +1,7 @@
 package workflows
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -413,9 +414,9 @@ func (w *proxyWorkflow) create(ctx workflow.Context, name string) error {
 	ref := w.state.find(name)
 	text := fmt.Sprintf("creating instance %s (%s)", name, ref.Provider)
 	for _, r := range w.state.Retiring {
-		if r.Lost != "" {
+		if r.Lost {
 			// The Web UI says why a Proxy is being rebuilt: e.g. its Spot VM was preempted.
-			text += fmt.Sprintf("; %s was lost (%s)", r.Name, r.Lost)
+			text += fmt.Sprintf("; %s was lost (%s)", r.Name, cmp.Or(r.LostReason, "gone"))
 		}
 	}
 	w.details(ctx, text)

@@ -125,10 +125,12 @@ type InstanceRef struct {
 	State   provider.State `json:"state,omitempty"`
 	IP      string         `json:"ip,omitempty"`
 	Port    int32          `json:"port,omitempty"`
-	// Lost says how the instance was lost behind the workflow's back (gone, stopped or
-	// preempted); such an instance serves nobody, so its replacement need not wait for
-	// its deletion.
-	Lost string `json:"lost,omitempty"`
+	// Lost is set when the instance was lost behind the workflow's back (gone, stopped or
+	// preempted): it serves nobody, so its replacement need not wait for its deletion.
+	// LostReason says how. Lost keeps the type it was first carried with; see
+	// UnmarshalJSON for the runs that carried the reason under its key.
+	Lost       bool   `json:"lost,omitempty"`
+	LostReason string `json:"lostReason,omitempty"`
 	// Hash is the spec hash the instance was built from; a different desired hash means
 	// it must be replaced.
 	Hash string `json:"hash"`
@@ -143,6 +145,40 @@ type InstanceRef struct {
 	// KeyID is the fleet key the instance's credentials are derived from (with Name); empty
 	// for an instance built before instances had credentials.
 	KeyID string `json:"keyID,omitempty"`
+}
+
+// UnmarshalJSON reads an InstanceRef as every version carried it. What a run carries
+// across continue-as-new is a versioned schema whose fields never change type (see
+// carried_test.go); one did: for a day, runs carried the reason an instance was lost
+// as a string under "lost", where runs before and since carry a bool and the reason
+// under "lostReason". Both decode.
+func (r *InstanceRef) UnmarshalJSON(b []byte) error {
+	type plain InstanceRef // without this method
+	v := struct {
+		*plain
+		Lost json.RawMessage `json:"lost,omitempty"` // shadows plain's Lost
+	}{plain: (*plain)(r)}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	r.Lost = false
+	switch raw := strings.TrimSpace(string(v.Lost)); {
+	case raw == "" || raw == "null":
+	case raw[0] == '"':
+		var why string
+		if err := json.Unmarshal(v.Lost, &why); err != nil {
+			return fmt.Errorf("instance %s: lost: %w", r.Name, err)
+		}
+		r.Lost = why != ""
+		if r.LostReason == "" {
+			r.LostReason = why
+		}
+	default:
+		if err := json.Unmarshal(v.Lost, &r.Lost); err != nil {
+			return fmt.Errorf("instance %s: lost: %w", r.Name, err)
+		}
+	}
+	return nil
 }
 
 // Running reports whether the instance can carry traffic.
