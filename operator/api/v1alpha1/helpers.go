@@ -11,6 +11,13 @@ const (
 	// this label set to "true" are cached, so the operator never holds every Secret.
 	LabelCloudInit = "crawl.example.com/cloud-init"
 
+	// LabelProxyCredentials marks Secrets the worker may read as an External proxy's
+	// credentials (spec.endpoint.credentialsSecretRef) and send to the endpoint the Proxy
+	// names. Only Secrets with this label set to "true" are read: without it, whoever may
+	// create a Proxy could have any Secret with username and password keys sent to an
+	// address of their choosing.
+	LabelProxyCredentials = "crawl.example.com/proxy-credentials"
+
 	// Finalizer keeps a Proxy until its workflow has deleted the instance.
 	Finalizer = "crawl.example.com/instance"
 )

@@ -445,6 +445,9 @@ const (
 	ReasonQuotaAvailable   = "QuotaAvailable"
 	ReasonProbeSucceeded   = "ProbeSucceeded"
 	ReasonProbeFailed      = "ProbeFailed"
+	// ReasonCredentialsNotLabelled: an External proxy's credentials Secret lacks the label
+	// LabelProxyCredentials=true, so it is not read and nothing is sent to the endpoint.
+	ReasonCredentialsNotLabelled = "CredentialsNotLabelled"
 	// ReasonPreempted: the cloud took the instance back (a Spot VM); it is being replaced.
 	ReasonPreempted = "Preempted"
 	ReasonNotProbed = "NotProbed"
