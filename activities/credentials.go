@@ -2,11 +2,13 @@ package activities
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
@@ -38,6 +40,9 @@ type probeCredentials struct {
 	// problem, when set, fails the probe without sending it: a proxy whose credentials
 	// cannot be had is unhealthy for the same reason a proxy refusing them is.
 	problem string
+	// reason is the Healthy condition's reason for problem when ProbeFailed would not say
+	// it (a v1alpha1.Reason* constant).
+	reason string
 }
 
 // probeCredentials resolves auth. A Secret that cannot be read for a passing reason (the API
@@ -60,13 +65,21 @@ func (a *Activities) probeCredentials(ctx context.Context, auth *ProbeAuth, rese
 		}
 		c, err := a.readCredentials(ctx, auth.Namespace, auth.Secret)
 		if err != nil {
-			if transient(err) && auth.Sealed != "" {
+			var cerr *credentialsError
+			if !errors.As(err, &cerr) && auth.Sealed != "" {
 				if old, oerr := a.Keyring.Open(auth.Sealed, auth.UID); oerr == nil {
 					a.log().WarnContext(ctx, "credentials Secret unreadable; probing with the last ones read", "secret", auth.Namespace+"/"+auth.Secret, "error", err)
 					return probeCredentials{creds: old, sealed: auth.Sealed}
 				}
 			}
-			return probeCredentials{problem: err.Error(), sealed: auth.Sealed}
+			pc := probeCredentials{problem: err.Error(), sealed: auth.Sealed}
+			if cerr != nil && cerr.reason == v1alpha1.ReasonCredentialsNotLabelled {
+				// What was sealed from it before (by a worker that did not ask for the
+				// label, or before the label was removed) goes too: discovery must not
+				// hand out what the probes may not send.
+				pc.reason, pc.sealed = cerr.reason, ""
+			}
+			return pc
 		}
 		if auth.Sealed != "" {
 			if old, err := a.Keyring.Open(auth.Sealed, auth.UID); err == nil && old == c &&
@@ -89,40 +102,65 @@ func (a *Activities) probeCredentials(ctx context.Context, auth *ProbeAuth, rese
 	return probeCredentials{}
 }
 
-// credentialsError is a credentials Secret that cannot serve: missing, or without its keys.
-// Retrying the read will not fix it; the user must.
-type credentialsError struct{ msg string }
+// credentialsError is a credentials Secret that cannot serve: missing, not labelled for
+// use, or without its keys. Retrying the read will not fix it; the user must.
+type credentialsError struct {
+	msg string
+	// reason is the Healthy condition's reason when ProbeFailed would not say it.
+	reason string
+}
 
 func (e *credentialsError) Error() string { return e.msg }
 
-func transient(err error) bool {
-	_, ok := err.(*credentialsError)
-	return !ok
-}
-
 // readCredentials reads an External proxy's credentials Secret. Errors name the Secret and
 // what is wrong with it, never its data.
+//
+// The Secret must carry v1alpha1.LabelProxyCredentials: whoever may create a Proxy may
+// name any Secret of its namespace, and the credentials go to the endpoint the Proxy
+// names. The label is read first, from the Secret's metadata alone, so the data of a
+// Secret that may not be used is never fetched; and again on the Secret read, in case it
+// was removed in between.
 func (a *Activities) readCredentials(ctx context.Context, namespace, name string) (proxyauth.Credentials, error) {
 	cctx, cancel := a.callContext(ctx)
 	defer cancel()
-	var s corev1.Secret
-	err := a.Kube.Get(cctx, types.NamespacedName{Namespace: namespace, Name: name}, &s)
+	key := types.NamespacedName{Namespace: namespace, Name: name}
+	notFound := &credentialsError{msg: fmt.Sprintf("credentials Secret %s/%s not found", namespace, name)}
+	notLabelled := &credentialsError{
+		msg: fmt.Sprintf("credentials Secret %s/%s lacks the label %s=true that allows its credentials to be sent to the proxy; add it to use them",
+			namespace, name, v1alpha1.LabelProxyCredentials),
+		reason: v1alpha1.ReasonCredentialsNotLabelled,
+	}
+	var m metav1.PartialObjectMetadata
+	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+	err := a.Kube.Get(cctx, key, &m)
 	switch {
 	case apierrors.IsNotFound(err):
-		return proxyauth.Credentials{}, &credentialsError{fmt.Sprintf("credentials Secret %s/%s not found", namespace, name)}
+		return proxyauth.Credentials{}, notFound
 	case err != nil:
 		return proxyauth.Credentials{}, fmt.Errorf("read credentials Secret %s/%s: %w", namespace, name, err)
+	case m.Labels[v1alpha1.LabelProxyCredentials] != "true":
+		return proxyauth.Credentials{}, notLabelled
+	}
+	var s corev1.Secret
+	err = a.Kube.Get(cctx, key, &s)
+	switch {
+	case apierrors.IsNotFound(err):
+		return proxyauth.Credentials{}, notFound
+	case err != nil:
+		return proxyauth.Credentials{}, fmt.Errorf("read credentials Secret %s/%s: %w", namespace, name, err)
+	case s.Labels[v1alpha1.LabelProxyCredentials] != "true":
+		return proxyauth.Credentials{}, notLabelled
 	}
 	user, okUser := s.Data[v1alpha1.CredentialsUsernameKey]
 	pass, okPass := s.Data[v1alpha1.CredentialsPasswordKey]
 	if !okUser || !okPass {
-		return proxyauth.Credentials{}, &credentialsError{fmt.Sprintf("credentials Secret %s/%s needs the keys %q and %q",
+		return proxyauth.Credentials{}, &credentialsError{msg: fmt.Sprintf("credentials Secret %s/%s needs the keys %q and %q",
 			namespace, name, v1alpha1.CredentialsUsernameKey, v1alpha1.CredentialsPasswordKey)}
 	}
 	if strings.ContainsAny(string(user), ":\r\n") || strings.ContainsAny(string(pass), "\r\n") {
 		// Basic authentication joins them with a colon: one in the user name would move
 		// the split, and a line break would end the header.
-		return proxyauth.Credentials{}, &credentialsError{fmt.Sprintf("credentials Secret %s/%s: the username may not contain ':' or line breaks, the password no line breaks", namespace, name)}
+		return proxyauth.Credentials{}, &credentialsError{msg: fmt.Sprintf("credentials Secret %s/%s: the username may not contain ':' or line breaks, the password no line breaks", namespace, name)}
 	}
 	return proxyauth.Credentials{Username: string(user), Password: string(pass)}, nil
 }

@@ -3,11 +3,15 @@ package activities_test
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/probe"
@@ -43,7 +48,7 @@ func TestMonitorReadsAnExternalProxysCredentials(t *testing.T) {
 	proxy := httptest.NewServer(&localproxy.ForwardProxy{Auth: local.NewAuth(first)})
 	t.Cleanup(proxy.Close)
 
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "partner-credentials"},
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "partner-credentials", Labels: credentialsLabel},
 		Data: map[string][]byte{"username": []byte(first.Username), "password": []byte(first.Password)}}
 	require.NoError(t, kube.Create(ctx, secret))
 
@@ -112,6 +117,111 @@ func TestMonitorReadsAnExternalProxysCredentials(t *testing.T) {
 	assert.Contains(t, res.Health.LastFailure, "credentials Secret "+f.ns+"/partner-credentials not found")
 }
 
+// credentialsLabel is the label that lets a Secret serve as an External proxy's credentials.
+var credentialsLabel = map[string]string{v1alpha1.LabelProxyCredentials: "true"}
+
+// secretGets is the activities' Kubernetes client, noting the type of every object it
+// gets.
+type secretGets struct {
+	client.Client
+	mu   sync.Mutex
+	gets []string
+}
+
+func (c *secretGets) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	c.mu.Lock()
+	c.gets = append(c.gets, fmt.Sprintf("%T", obj))
+	c.mu.Unlock()
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+func (c *secretGets) took() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.gets)
+}
+
+// TestMonitorUsesOnlyALabelledCredentialsSecret: a Secret without the label
+// crawl.example.com/proxy-credentials=true is never read beyond its metadata and nothing
+// is sent to the endpoint; the verdict says why, with its own condition reason, and drops
+// credentials sealed from it before. Once the label is there, the next read takes them.
+func TestMonitorUsesOnlyALabelledCredentialsSecret(t *testing.T) {
+	f := newFixture(t)
+	f.acts.Keyring = testKeys(t)
+	kube := &secretGets{Client: testenv.Kube(t).Client}
+	f.acts.Kube = kube
+	ctx := context.Background()
+	const uid = "uid-unlabelled"
+	creds := proxyauth.Credentials{Username: "partner", Password: "unlabelled-canary-password"}
+
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	t.Cleanup(target.Close)
+	var asked, withCreds atomic.Int32
+	fwd := &localproxy.ForwardProxy{Auth: local.NewAuth(creds)}
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		if r.Header.Get("Proxy-Authorization") != "" {
+			withCreds.Add(1)
+		}
+		fwd.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "exfiltrate-me"},
+		Data: map[string][]byte{"username": []byte(creds.Username), "password": []byte(creds.Password)}}
+	require.NoError(t, kube.Create(ctx, secret))
+	input := func(sealed string, last activities.Health) activities.MonitorInput {
+		return activities.MonitorInput{
+			Target: proxy.Listener.Addr().String(),
+			HealthCheck: v1alpha1.HealthCheck{URL: target.URL + "/", Interval: "1s", Timeout: "500ms",
+				SuccessThreshold: 1, FailureThreshold: 1, ExpectedStatus: 200},
+			Last: last, DriftInterval: time.Second,
+			Auth: &activities.ProbeAuth{Namespace: f.ns, Secret: secret.Name, UID: uid, Sealed: sealed},
+		}
+	}
+	run := func(in activities.MonitorInput) activities.MonitorResult {
+		t.Helper()
+		v, err := f.env.ExecuteActivity(f.acts.Monitor, in)
+		require.NoError(t, err)
+		var res activities.MonitorResult
+		require.NoError(t, v.Get(&res))
+		return res
+	}
+
+	// A new Proxy naming the unlabelled Secret: unhealthy, saying which label to add.
+	res := run(input("", activities.Health{}))
+	require.Equal(t, activities.MonitorVerdict, res.Reason)
+	assert.False(t, res.Health.Healthy)
+	assert.Equal(t, v1alpha1.ReasonCredentialsNotLabelled, res.Health.FailureReason)
+	assert.Contains(t, res.Health.LastFailure, "credentials Secret "+f.ns+"/exfiltrate-me lacks the label crawl.example.com/proxy-credentials=true")
+	assert.Empty(t, res.Sealed)
+	assert.Zero(t, asked.Load(), "nothing is sent to the endpoint")
+	assert.NotContains(t, kube.took(), "*v1.Secret", "only the Secret's metadata is read")
+
+	// Credentials sealed from it before the label was required are dropped at once.
+	sealed, err := f.acts.Keyring.Seal(creds, uid)
+	require.NoError(t, err)
+	res = run(input(sealed, activities.Health{Known: true, Healthy: true}))
+	require.Equal(t, activities.MonitorCredentials, res.Reason)
+	assert.Empty(t, res.Sealed)
+	assert.Zero(t, asked.Load())
+
+	// Labelled, it serves: the next read hands the credentials back, and probes pass.
+	unhealthy := activities.Health{Known: true, LastFailure: "lacks the label", FailureReason: v1alpha1.ReasonCredentialsNotLabelled}
+	secret.Labels = credentialsLabel
+	require.NoError(t, kube.Update(ctx, secret))
+	res = run(input("", unhealthy))
+	require.Equal(t, activities.MonitorCredentials, res.Reason)
+	got, err := f.acts.Keyring.Open(res.Sealed, uid)
+	require.NoError(t, err)
+	assert.Equal(t, creds, got)
+	res = run(input(res.Sealed, unhealthy))
+	require.Equal(t, activities.MonitorVerdict, res.Reason)
+	assert.True(t, res.Health.Healthy, "%+v", res.Health)
+	assert.Empty(t, res.Health.FailureReason)
+	assert.Positive(t, withCreds.Load())
+}
+
 // TestCreateGivesTheInstanceCredentials: the instance requires the credentials derived from
 // the primary fleet key and its name, and the result names the key. A worker without a
 // fleet key creates nothing: an instance without credentials would be an open proxy.
@@ -170,7 +280,7 @@ func TestRotatedFleetKeyResealsOnlyAtTheDriftInterval(t *testing.T) {
 	kube := testenv.Kube(t).Client
 	ctx := context.Background()
 	creds := proxyauth.Credentials{Username: "partner", Password: "rotation-password"}
-	require.NoError(t, kube.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "partner"},
+	require.NoError(t, kube.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "partner", Labels: credentialsLabel},
 		Data: map[string][]byte{"username": []byte(creds.Username), "password": []byte(creds.Password)}}))
 	sealedOld, err := old.Seal(creds, "uid-r")
 	require.NoError(t, err)

@@ -26,6 +26,10 @@ type Health struct {
 	Since       time.Time  `json:"since,omitempty"`
 	LastFailure string     `json:"lastFailure,omitempty"`
 	FailureKind probe.Kind `json:"failureKind,omitempty"`
+	// FailureReason is the Healthy condition's reason for LastFailure when ProbeFailed
+	// would not say it (a v1alpha1.Reason* constant): the probe was not sent because the
+	// credentials Secret may not be used.
+	FailureReason string `json:"failureReason,omitempty"`
 }
 
 // Why a Monitor returned.
@@ -173,6 +177,9 @@ func (a *Activities) watch(ctx context.Context, in MonitorInput, st *monitorProg
 		a.Metrics.probed(res)
 		now := time.Now()
 		reason, changed := th.record(st, res, now)
+		if !res.OK {
+			st.Health.FailureReason = creds.reason
+		}
 		// A change is returned before any provider call; the next Monitor of a proxy that
 		// turned unhealthy checks the provider first thing.
 		if changed {
@@ -276,7 +283,7 @@ func (th thresholds) record(st *monitorProgress, res probe.Result, now time.Time
 	switch {
 	case (!h.Known || !h.Healthy) && st.ConsecOK >= th.success:
 		h.Known, h.Healthy, h.Since, h.LatencyMillis = true, true, now, latency
-		h.LastFailure, h.FailureKind = "", ""
+		h.LastFailure, h.FailureKind, h.FailureReason = "", "", ""
 		st.LastReport = now
 		return MonitorVerdict, true
 	case (!h.Known || h.Healthy) && st.ConsecFail >= th.failure:

@@ -560,7 +560,7 @@ func (f *feed) list(ctx context.Context, query string, fn func(listed)) error {
 					last := &memo.Input.Last
 					last.Known, last.Healthy, last.Since, last.LatencyMillis = true, v.Healthy, v.Since, v.LatencyMillis
 					if v.Healthy {
-						last.LastFailure, last.FailureKind = "", ""
+						last.LastFailure, last.FailureKind, last.FailureReason = "", "", ""
 					}
 				}
 			}
