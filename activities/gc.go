@@ -126,6 +126,10 @@ type OrphanInput struct {
 // DeleteOrphan deletes one orphaned instance, loudly: every kill is logged with what it
 // was and whose.
 func (a *Activities) DeleteOrphan(ctx context.Context, in OrphanInput) error {
+	return a.deleteOrphan(ctx, in)
+}
+
+func (a *Activities) deleteOrphan(ctx context.Context, in OrphanInput) error {
 	p, err := a.Providers.Get(in.Provider)
 	if err != nil {
 		return classify("delete orphan", err)

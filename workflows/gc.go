@@ -2,6 +2,7 @@ package workflows
 
 import (
 	"fmt"
+	"maps"
 	"sort"
 	"time"
 
@@ -40,16 +41,13 @@ type GCInput struct {
 }
 
 // GCItem is one instance the sweep looked at.
-type GCItem struct {
-	Provider   v1alpha1.Provider `json:"provider"`
-	Name       string            `json:"name"`
-	ProviderID string            `json:"providerID"`
-	UID        string            `json:"uid,omitempty"`
-	Age        time.Duration     `json:"age"`
-	Reason     string            `json:"reason"`
-}
+type GCItem = activities.GCItem
 
-// GCResult says what the sweep did and why.
+// GCResult says what the sweep did and why. Its lists are samples, so that it stays far
+// below Temporal's payload limit whatever the fleet size: DeletedCount, SparedCount and
+// SparedBy count everything, Deleted and Spared name at most activities.SweepSampleSize
+// instances per provider, and Errors keeps the first few messages (ErrorCount counts all).
+// Sweeps recorded before the counts existed listed every instance and leave them zero.
 type GCResult struct {
 	Skipped    bool     `json:"skipped,omitempty"`
 	SkipReason string   `json:"skipReason,omitempty"`
@@ -57,60 +55,46 @@ type GCResult struct {
 	Deleted    []GCItem `json:"deleted"`
 	Spared     []GCItem `json:"spared"`
 	// Errors are per-provider list or delete failures; the other providers went on.
-	Errors []string `json:"errors,omitempty"`
+	Errors       []string       `json:"errors,omitempty"`
+	DeletedCount int            `json:"deletedCount,omitempty"`
+	SparedCount  int            `json:"sparedCount,omitempty"`
+	SparedBy     map[string]int `json:"sparedBy,omitempty"`
+	ErrorCount   int            `json:"errorCount,omitempty"`
 }
 
 // Reasons an instance is spared or deleted.
 const (
-	GCReasonNoOwner     = "no ownership label"
-	GCReasonOther       = "another installation"
-	GCReasonTooYoung    = "younger than the minimum age"
-	GCReasonLiveProxy   = "its Proxy exists"
-	GCReasonLiveRunning = "its workflow is running"
-	GCReasonOrphan      = "orphan: no Proxy and no running workflow"
+	GCReasonNoOwner     = activities.GCReasonNoOwner
+	GCReasonOther       = activities.GCReasonOther
+	GCReasonTooYoung    = activities.GCReasonTooYoung
+	GCReasonLiveProxy   = activities.GCReasonLiveProxy
+	GCReasonLiveRunning = activities.GCReasonLiveRunning
+	GCReasonOrphan      = activities.GCReasonOrphan
 )
 
-// decideGC is the sweeper's whole judgement, as a pure function: delete only instances that
-// prove they are ours and orphaned. Anything uncertain is spared.
+// decideGC is activities.DecideOrphans, which sweeps of version gcVersionPaged run inside
+// their activity; the sweeps recorded before it decide here.
 func decideGC(instances []provider.Instance, prov v1alpha1.Provider, live activities.LiveUIDs,
 	installation string, minAge time.Duration, now time.Time) (del, spare []GCItem) {
-	proxies := toSet(live.Proxies)
-	running := toSet(live.Workflows)
-	for _, inst := range instances {
-		it := GCItem{Provider: prov, Name: inst.Name, ProviderID: inst.ProviderID, UID: inst.ProxyUID(), Age: now.Sub(inst.CreatedAt)}
-		switch {
-		case it.UID == "" || inst.Labels[provider.LabelInstallation] == "":
-			it.Reason = GCReasonNoOwner
-		case inst.Labels[provider.LabelInstallation] != installation:
-			it.Reason = GCReasonOther
-		case inst.CreatedAt.IsZero() || it.Age < minAge:
-			it.Reason = GCReasonTooYoung
-		case proxies[it.UID]:
-			it.Reason = GCReasonLiveProxy
-		case running[it.UID]:
-			it.Reason = GCReasonLiveRunning
-		default:
-			it.Reason = GCReasonOrphan
-			del = append(del, it)
-			continue
-		}
-		spare = append(spare, it)
-	}
-	return del, spare
+	return activities.DecideOrphans(instances, prov, live, installation, minAge, now)
 }
 
-func toSet(xs []string) map[string]bool {
-	m := make(map[string]bool, len(xs))
-	for _, x := range xs {
-		m[x] = true
-	}
-	return m
-}
+// GC workflow versions (change ID gcVersionChange). Sweeps are short, so the code of an
+// older version can go once no sweep started before the deploy is still open.
+const (
+	gcVersionChange = "gc-sweep"
+	// gcVersionPaged: each provider is swept by one SweepProvider activity that decides and
+	// deletes inside, a page at a time, and returns counts and a sample, rather than the
+	// workflow taking the whole live set and listing as activity results (which outgrew
+	// Temporal's 2 MiB payload limit at about 5,000 instances).
+	gcVersionPaged workflow.Version = 1
+)
 
 // GCWorkflow deletes instances that carry this installation's ownership labels but belong to
 // no live Proxy. It runs from the Schedule "proxy-gc" (overlap: skip), so the schedule never
 // runs two sweeps at a time.
 func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
+	version := workflow.GetVersion(ctx, gcVersionChange, workflow.DefaultVersion, gcVersionPaged)
 	res := GCResult{DryRun: in.DryRun, Deleted: []GCItem{}, Spared: []GCItem{}}
 	defer recordGC(ctx, &res)
 	minAge := in.MinAge
@@ -123,24 +107,81 @@ func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 		workflow.GetLogger(ctx).Warn("GC skipped", "reason", res.SkipReason)
 		return res, nil
 	}
-	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
-		StartToCloseTimeout: 2 * time.Minute,
-		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second, MaximumAttempts: 3},
-	})
-
-	workflow.SetCurrentDetails(ctx, "listing live Proxies and running workflows")
-	var live activities.LiveUIDs
 	liveIn := activities.LiveInput{
 		Namespaces:    in.Namespaces,
 		WorkflowQuery: contract.RunningProxiesQuery,
 		MemoKey:       contract.MemoKey,
 	}
+	if version < gcVersionPaged {
+		return res, gcWholeListings(ctx, in, liveIn, minAge, &res)
+	}
+
+	// A provider's sweep lists and deletes for as long as its fleet takes; the heartbeat
+	// tells a dead worker from a long sweep, and a retry carries on from the last one.
+	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		StartToCloseTimeout: time.Hour,
+		HeartbeatTimeout:    time.Minute,
+		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second, MaximumAttempts: 3},
+	})
+	for _, prov := range in.Providers {
+		workflow.SetCurrentDetails(ctx, fmt.Sprintf("sweeping %s instances of installation %s", prov, in.Installation))
+		var pr activities.SweepResult
+		err := workflow.ExecuteActivity(actx, a.SweepProvider, activities.SweepInput{
+			Provider: prov, Installation: in.Installation, MinAge: minAge, DryRun: in.DryRun, Live: liveIn,
+		}).Get(ctx, &pr)
+		switch {
+		case activities.IsSweepError(err, activities.ErrTypeLiveUnavailable):
+			// Without a complete live set every instance looks orphaned: never guess.
+			res.Skipped = true
+			res.SkipReason = "could not list live proxies: " + errorMessage(err)
+			workflow.GetLogger(ctx).Warn("GC skipped", "reason", res.SkipReason)
+			return res, nil
+		case err != nil:
+			res.ErrorCount++
+			if len(res.Errors) < activities.SweepMaxErrors {
+				res.Errors = append(res.Errors, fmt.Sprintf("%s: %s", prov, errorMessage(err)))
+			}
+			continue
+		}
+		res.Deleted = append(res.Deleted, pr.Deleted...)
+		res.Spared = append(res.Spared, pr.Spared...)
+		res.DeletedCount += pr.DeletedCount
+		res.SparedCount += pr.SparedCount
+		for reason, n := range pr.SparedBy {
+			if res.SparedBy == nil {
+				res.SparedBy = map[string]int{}
+			}
+			res.SparedBy[reason] += n
+		}
+		res.ErrorCount += pr.ErrorCount
+		for _, e := range pr.Errors {
+			if len(res.Errors) < activities.SweepMaxErrors {
+				res.Errors = append(res.Errors, e)
+			}
+		}
+	}
+	verb := "deleted"
+	if in.DryRun {
+		verb = "would delete"
+	}
+	workflow.SetCurrentDetails(ctx, fmt.Sprintf("%s %d orphans, spared %d, %d errors", verb, res.DeletedCount, res.SparedCount, res.ErrorCount))
+	return res, nil
+}
+
+// gcWholeListings is the sweep of runs recorded before gcVersionPaged: the live set and
+// each provider's listing come back as activity results, and the workflow decides.
+func gcWholeListings(ctx workflow.Context, in GCInput, liveIn activities.LiveInput, minAge time.Duration, res *GCResult) error {
+	actx := workflow.WithActivityOptions(ctx, workflow.ActivityOptions{
+		StartToCloseTimeout: 2 * time.Minute,
+		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second, MaximumAttempts: 3},
+	})
+	workflow.SetCurrentDetails(ctx, "listing live Proxies and running workflows")
+	var live activities.LiveUIDs
 	if err := workflow.ExecuteActivity(actx, a.ListLiveUIDs, liveIn).Get(ctx, &live); err != nil {
-		// Without a complete live set every instance looks orphaned: never guess.
 		res.Skipped = true
 		res.SkipReason = "could not list live proxies: " + errorMessage(err)
 		workflow.GetLogger(ctx).Warn("GC skipped", "reason", res.SkipReason)
-		return res, nil
+		return nil
 	}
 	now := workflow.Now(ctx)
 	for _, prov := range in.Providers {
@@ -173,7 +214,7 @@ func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 		verb = "would delete"
 	}
 	workflow.SetCurrentDetails(ctx, fmt.Sprintf("%s %d orphans, spared %d, %d errors", verb, len(res.Deleted), len(res.Spared), len(res.Errors)))
-	return res, nil
+	return nil
 }
 
 // recordGC counts the run in the worker's metrics through a local activity: it runs once,
@@ -183,8 +224,12 @@ func recordGC(ctx workflow.Context, res *GCResult) {
 	if res.Skipped {
 		sum.Outcome = "skipped"
 	}
-	for _, it := range res.Spared {
-		sum.Spared[it.Reason]++
+	if res.SparedBy != nil {
+		maps.Copy(sum.Spared, res.SparedBy)
+	} else {
+		for _, it := range res.Spared { // a sweep of before gcVersionPaged lists everything
+			sum.Spared[it.Reason]++
+		}
 	}
 	lctx := workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{StartToCloseTimeout: 10 * time.Second})
 	_ = workflow.ExecuteLocalActivity(lctx, a.RecordGC, sum).Get(ctx, nil)

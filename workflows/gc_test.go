@@ -2,13 +2,15 @@ package workflows
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/mock"
 	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/temporal"
 	"go.temporal.io/sdk/testsuite"
 
 	"github.com/proxyfleet/proxyfleet/activities"
@@ -89,13 +91,13 @@ func gcResult(t *testing.T, env *testsuite.TestWorkflowEnvironment) GCResult {
 
 func TestGCSkipsWhenLiveListFails(t *testing.T) {
 	env, acts := gcEnv(t)
-	env.OnActivity(acts.ListLiveUIDs, mock.Anything, mock.Anything).Return(activities.LiveUIDs{}, errors.New("forbidden"))
-	env.ExecuteWorkflow(GCWorkflow, GCInput{Installation: "mine", Providers: []v1alpha1.Provider{"local"}})
+	env.OnActivity(acts.SweepProvider, mock.Anything, mock.Anything).
+		Return(activities.SweepResult{}, temporal.NewApplicationError("list proxies: forbidden", activities.ErrTypeLiveUnavailable))
+	env.ExecuteWorkflow(GCWorkflow, GCInput{Installation: "mine", Providers: []v1alpha1.Provider{"gcp", "local"}})
 	res := gcResult(t, env)
 	assert.True(t, res.Skipped)
 	assert.Contains(t, res.SkipReason, "forbidden")
-	env.AssertNotCalled(t, "ListInstances", mock.Anything, mock.Anything)
-	env.AssertNotCalled(t, "DeleteOrphan", mock.Anything, mock.Anything)
+	env.AssertNumberOfCalls(t, "SweepProvider", 3) // one provider, its three attempts: then nothing else is swept
 }
 
 func TestGCRefusesAPartialView(t *testing.T) {
@@ -106,37 +108,67 @@ func TestGCRefusesAPartialView(t *testing.T) {
 	assert.Contains(t, res.SkipReason, "team-a")
 }
 
+// TestGCProviderErrorDoesNotStopTheOthers: one provider's failure is an error in the
+// result; the others' counts and samples add up.
 func TestGCProviderErrorDoesNotStopTheOthers(t *testing.T) {
 	env, acts := gcEnv(t)
-	env.OnActivity(acts.ListLiveUIDs, mock.Anything, mock.Anything).Return(activities.LiveUIDs{Proxies: []string{"live"}}, nil)
-	env.OnActivity(acts.ListInstances, mock.Anything, activities.ListInput{Provider: "gcp", Installation: "mine"}).
-		Return(nil, errors.New("gcp is down"))
-	env.OnActivity(acts.ListInstances, mock.Anything, activities.ListInput{Provider: "local", Installation: "mine"}).
-		Return([]provider.Instance{orphanAt("o1", "gone"), orphanAt("l1", "live")}, nil)
-	var deleted []string
-	env.OnActivity(acts.DeleteOrphan, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.OrphanInput) error {
-		deleted = append(deleted, in.ProviderID)
-		return nil
-	})
+	env.OnActivity(acts.SweepProvider, mock.Anything, mock.MatchedBy(func(in activities.SweepInput) bool { return in.Provider == "gcp" })).
+		Return(activities.SweepResult{}, temporal.NewApplicationError("list gcp: 503", activities.ErrTypeListFailed))
+	env.OnActivity(acts.SweepProvider, mock.Anything, mock.MatchedBy(func(in activities.SweepInput) bool { return in.Provider == "local" })).
+		Return(func(_ context.Context, in activities.SweepInput) (activities.SweepResult, error) {
+			assert.Equal(t, time.Minute, in.MinAge)
+			assert.Equal(t, "mine", in.Installation)
+			assert.NotEmpty(t, in.Live.WorkflowQuery)
+			return activities.SweepResult{Listed: 3, DeletedCount: 1, Deleted: []GCItem{{Name: "o1", UID: "gone", Reason: GCReasonOrphan}},
+				SparedCount: 2, SparedBy: map[string]int{GCReasonLiveProxy: 2}, Spared: []GCItem{{Name: "l1", Reason: GCReasonLiveProxy}}}, nil
+		})
 	env.ExecuteWorkflow(GCWorkflow, GCInput{Installation: "mine", Providers: []v1alpha1.Provider{"gcp", "local"}, MinAge: time.Minute})
 	res := gcResult(t, env)
 	assert.False(t, res.Skipped)
-	assert.Equal(t, []string{"id/o1"}, deleted)
+	assert.Equal(t, 1, res.DeletedCount)
 	require.Len(t, res.Deleted, 1)
 	assert.Equal(t, "gone", res.Deleted[0].UID)
-	require.Len(t, res.Spared, 1)
-	assert.Equal(t, GCReasonLiveProxy, res.Spared[0].Reason)
+	assert.Equal(t, 2, res.SparedCount)
+	assert.Equal(t, map[string]int{GCReasonLiveProxy: 2}, res.SparedBy)
 	require.Len(t, res.Errors, 1)
-	assert.Contains(t, res.Errors[0], "gcp is down")
+	assert.Contains(t, res.Errors[0], "503")
+	assert.Equal(t, 1, res.ErrorCount)
 }
 
-func TestGCDryRunDeletesNothing(t *testing.T) {
+func TestGCDryRunIsPassedOn(t *testing.T) {
 	env, acts := gcEnv(t)
-	env.OnActivity(acts.ListLiveUIDs, mock.Anything, mock.Anything).Return(activities.LiveUIDs{}, nil)
-	env.OnActivity(acts.ListInstances, mock.Anything, mock.Anything).Return([]provider.Instance{orphanAt("o1", "gone")}, nil)
+	env.OnActivity(acts.SweepProvider, mock.Anything, mock.Anything).Return(func(_ context.Context, in activities.SweepInput) (activities.SweepResult, error) {
+		assert.True(t, in.DryRun)
+		return activities.SweepResult{DeletedCount: 1, Deleted: []GCItem{{Name: "o1"}}}, nil
+	})
 	env.ExecuteWorkflow(GCWorkflow, GCInput{Installation: "mine", Providers: []v1alpha1.Provider{"local"}, DryRun: true, MinAge: time.Minute})
 	res := gcResult(t, env)
 	assert.True(t, res.DryRun)
-	require.Len(t, res.Deleted, 1, "reported as would-delete")
-	env.AssertNotCalled(t, "DeleteOrphan", mock.Anything, mock.Anything)
+	assert.Equal(t, 1, res.DeletedCount, "reported as would-delete")
+}
+
+// TestGCResultIsBoundedWhateverTheFleet: counts grow with the fleet, the result does not.
+func TestGCResultIsBoundedWhateverTheFleet(t *testing.T) {
+	env, acts := gcEnv(t)
+	sample := make([]GCItem, activities.SweepSampleSize)
+	for i := range sample {
+		sample[i] = GCItem{Name: strings.Repeat("x", 63), ProviderID: strings.Repeat("y", 200), UID: strings.Repeat("z", 36), Reason: GCReasonOrphan}
+	}
+	errs := make([]string, activities.SweepMaxErrors)
+	for i := range errs {
+		errs[i] = strings.Repeat("e", 500)
+	}
+	env.OnActivity(acts.SweepProvider, mock.Anything, mock.Anything).Return(activities.SweepResult{
+		Listed: 20000, DeletedCount: 10000, Deleted: sample, SparedCount: 10000, Spared: sample,
+		SparedBy: map[string]int{GCReasonTooYoung: 10000}, ErrorCount: 500, Errors: errs,
+	}, nil)
+	providers := []v1alpha1.Provider{"gcp", "kubernetes", "local"}
+	env.ExecuteWorkflow(GCWorkflow, GCInput{Installation: "mine", Providers: providers})
+	res := gcResult(t, env)
+	assert.Equal(t, 30000, res.DeletedCount)
+	assert.Equal(t, 1500, res.ErrorCount)
+	assert.LessOrEqual(t, len(res.Errors), activities.SweepMaxErrors)
+	b, err := json.Marshal(res)
+	require.NoError(t, err)
+	assert.Less(t, len(b), 64<<10, "the result is far below the payload limit")
 }

@@ -88,7 +88,7 @@ func TestCorpusCoversEveryPath(t *testing.T) {
 		"workflow " + contract.ProxyWorkflowType, "workflow " + contract.GCWorkflowType,
 		"activity FindInstances", "activity CreateInstance", "activity WaitRunning", "activity DeleteInstance",
 		"workflow " + contract.MonitorShardWorkflowType, "activity MonitorShard", "signal " + contract.SignalMonitor,
-		"activity ListLiveUIDs", "activity ListInstances", "activity DeleteOrphan",
+		"activity SweepProvider",
 		"local activity PublishStatus", "local activity ReleaseFinalizer", "local activity HashCloudInit",
 		"timer " + wakeMaxAge, "timer " + wakeUnhealthy, "timer " + wakeRetry, "timer " + wakeRunAge,
 		"signal " + contract.SignalSpec, "signal " + contract.SignalDelete, "signal " + contract.SignalReport,

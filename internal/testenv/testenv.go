@@ -33,6 +33,9 @@ type Options struct {
 	// (TemporalEnv.StartServer).
 	TemporalRestartable bool
 	Kube                bool
+	// TemporalArgs are added to the dev server's command line (with Temporal), e.g. a
+	// --dynamic-config-value that lowers a limit for the package's tests.
+	TemporalArgs []string
 }
 
 // TemporalEnv is a running Temporal dev server.
@@ -120,7 +123,7 @@ func run(m *testing.M, opts Options) (code int, err error) {
 			err = errors.Join(err, env.dev.proc.Stop(10*time.Second), os.RemoveAll(env.dev.dir))
 		}()
 	} else if opts.Temporal {
-		srv, env, err := startTemporal(root)
+		srv, env, err := startTemporal(root, opts.TemporalArgs)
 		if err != nil {
 			return 0, err
 		}
@@ -180,7 +183,7 @@ func TemporalBinary(root string) (string, error) {
 	return Binary(root, "temporal")
 }
 
-func startTemporal(root string) (*testsuite.DevServer, *TemporalEnv, error) {
+func startTemporal(root string, extra []string) (*testsuite.DevServer, *TemporalEnv, error) {
 	bin, err := TemporalBinary(root)
 	if err != nil {
 		return nil, nil, err
@@ -197,7 +200,7 @@ func startTemporal(root string) (*testsuite.DevServer, *TemporalEnv, error) {
 	}
 	const namespace = "default"
 	srv, err := testsuite.StartDevServer(ctx, testsuite.DevServerOptions{
-		ExtraArgs:    []string{"--metrics-port", strconv.Itoa(ports[0])},
+		ExtraArgs:    append([]string{"--metrics-port", strconv.Itoa(ports[0])}, extra...),
 		ExistingPath: bin,
 		ClientOptions: &client.Options{
 			Namespace: namespace,
