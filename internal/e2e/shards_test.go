@@ -3,9 +3,12 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/workflowservice/v1"
@@ -123,4 +126,71 @@ func TestWorkerRestartsATerminatedShard(t *testing.T) {
 		r, st := run()
 		return r != first && st == enumspb.WORKFLOW_EXECUTION_STATUS_RUNNING
 	}, 30*time.Second, 100*time.Millisecond, "the terminated shard was not started again")
+}
+
+// TestShardCountRolloutConverges: during a rollout that changes --monitor-shards, workers
+// of both counts check the shards every 200ms. They settle on the count of the worker that
+// started last and then leave its shards alone: no run is terminated or started again
+// over many checks. A shard of that count that ends is started again by the older worker
+// too, once the newer one is gone.
+func TestShardCountRolloutConverges(t *testing.T) {
+	s := stack.Start(t, stack.Options{NoWorker: true, NoController: true})
+	ctx := context.Background()
+	queue := s.TaskQueue + "-rollout"
+	t.Cleanup(func() {
+		for n := 2; n <= 3; n++ {
+			for k := range n {
+				_ = s.Temporal.Client.TerminateWorkflow(context.Background(), contract.MonitorShardWorkflowID(queue, k, n), "", "test done")
+			}
+		}
+	})
+	const every = 200 * time.Millisecond
+	old := s.NewWorker(t, queue, func(c *worker.Config) { c.MonitorShards, c.ShardCheckEvery = 2, every })
+	t.Cleanup(old.Stop)
+	require.NoError(t, old.Start(ctx))
+	newer := s.NewWorker(t, queue, func(c *worker.Config) { c.MonitorShards, c.ShardCheckEvery = 3, every })
+	t.Cleanup(newer.Stop)
+	require.NoError(t, newer.Start(ctx))
+
+	// runs is the run ID of every running shard of the queue, by workflow ID.
+	runs := func() map[string]string {
+		resp, err := s.Temporal.Client.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{
+			Query: contract.OnTaskQueue(fmt.Sprintf("WorkflowType = %q AND ExecutionStatus = 'Running'", contract.MonitorShardWorkflowType), queue),
+		})
+		require.NoError(t, err)
+		out := map[string]string{}
+		for _, ex := range resp.GetExecutions() {
+			out[ex.GetExecution().GetWorkflowId()] = ex.GetExecution().GetRunId()
+		}
+		return out
+	}
+	wantIDs := func(n int) []string {
+		var ids []string
+		for k := range n {
+			ids = append(ids, contract.MonitorShardWorkflowID(queue, k, n))
+		}
+		return ids
+	}
+	var settled map[string]string
+	require.Eventually(t, func() bool {
+		settled = runs()
+		return assert.ObjectsAreEqual(wantIDs(3), slices.Sorted(maps.Keys(settled)))
+	}, time.Minute, 50*time.Millisecond, "the newest worker's count runs alone")
+	// Twenty checks of each worker later, the same runs go on: neither worker retires the
+	// other's shards.
+	deadline := time.Now().Add(20 * every)
+	for time.Now().Before(deadline) {
+		require.Equal(t, settled, runs(), "the shards were restarted while the workers disagreed on the count")
+		time.Sleep(every / 2) // the pace of the check, not a synchronisation
+	}
+
+	// The newer worker goes (the rollout is rolled back); a shard of its count ends. The
+	// older worker keeps that count whole rather than leave its proxies unwatched.
+	newer.Stop()
+	gone := contract.MonitorShardWorkflowID(queue, 1, 3)
+	require.NoError(t, s.Temporal.Client.TerminateWorkflow(ctx, gone, "", "an operator's mistake"))
+	require.Eventually(t, func() bool {
+		r := runs()
+		return r[gone] != "" && r[gone] != settled[gone] && len(r) == 3
+	}, time.Minute, 50*time.Millisecond, "the older worker started the ended shard of the newer count again")
 }

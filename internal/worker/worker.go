@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -107,6 +108,10 @@ type Worker struct {
 	// cancel stops the shard check Start began; done is closed when it has stopped.
 	cancel context.CancelFunc
 	done   chan struct{}
+	// started is when Start began; deferredTo is the shard count the last check kept (a
+	// newer worker's, or ours), see ensureShards.
+	started    time.Time
+	deferredTo int
 }
 
 // New builds the worker: the providers cfg enables, the activities over them, and a
@@ -148,6 +153,7 @@ func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Clie
 // Start starts polling, makes sure the monitor shards run, then
 // creates or updates the proxy-gc schedule (when GC.Every is set).
 func (w *Worker) Start(ctx context.Context) error {
+	w.started = time.Now()
 	if err := w.sdk.Start(); err != nil {
 		return err
 	}
@@ -169,16 +175,38 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
-// ensureShards starts each monitor shard of the configured count that is not running (one
-// that runs is left as it is; asking costs one DescribeWorkflowExecution, which Temporal
-// does not bill), then terminates the shards of any other count on its task queue, which
-// would watch the same proxies twice.
+// ensureShards keeps the monitor shards of one count running on the task queue: it starts
+// each shard of its count that is not running (asking costs one DescribeWorkflowExecution,
+// which Temporal does not bill) and terminates the shards of any other count, which would
+// watch the same proxies twice.
+//
+// Workers of one queue can disagree on the count for as long as a rollout that changes
+// --monitor-shards takes. Each terminating the other's shards every check would reset
+// every watch every minute, so the count of the worker that started last wins: a worker
+// that finds shards of another count started after it started keeps that count's set (it
+// starts a missing shard of it too, so a set whose own workers are gone is still whole)
+// instead of its own. The newest worker's shards started after every older worker did, so
+// every worker agrees on them.
 func (w *Worker) ensureShards(ctx context.Context) error {
+	running, err := w.runningShards(ctx)
+	if err != nil {
+		return err
+	}
 	n := w.cfg.MonitorShards
-	want := map[string]bool{}
+	if m, ok := newerCount(running, n, w.started); ok {
+		if w.deferredTo != m {
+			w.log.Info("a worker started since runs the monitor shards with another count; keeping that count", "theirs", m, "ours", n)
+		}
+		n = m
+	}
+	w.deferredTo = n
 	for k := range n {
 		id := contract.MonitorShardWorkflowID(w.cfg.TaskQueue, k, n)
-		want[id] = true
+		if _, ok := running[id]; ok {
+			continue
+		}
+		// Visibility lags: a shard started a moment ago may not be listed yet. Describe
+		// (not billed) tells a running one from one that ended.
 		desc, err := w.temporal.DescribeWorkflow(ctx, id, "")
 		var notFound *serviceerror.NotFound
 		switch {
@@ -186,7 +214,8 @@ func (w *Worker) ensureShards(ctx context.Context) error {
 			continue
 		case err != nil && !errors.As(err, &notFound):
 			return fmt.Errorf("%s: %w", id, err)
-		case err == nil && w.done != nil:
+		}
+		if w.done != nil {
 			// Not at start: a shard that ended is news.
 			w.log.Warn("a monitor shard was not running; starting it again", "shard", id)
 		}
@@ -194,6 +223,28 @@ func (w *Worker) ensureShards(ctx context.Context) error {
 			return fmt.Errorf("%s: %w", id, err)
 		}
 	}
+	for id, sh := range running {
+		if sh.count == n {
+			continue
+		}
+		err := w.temporal.TerminateWorkflow(ctx, id, "", fmt.Sprintf("monitor shards are now %d", n))
+		var notFound *serviceerror.NotFound
+		if err != nil && !errors.As(err, &notFound) {
+			return fmt.Errorf("retire %s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// runningShard is a monitor shard listed as running.
+type runningShard struct {
+	index, count int
+	started      time.Time
+}
+
+// runningShards lists the monitor shards running on the worker's task queue, by ID.
+func (w *Worker) runningShards(ctx context.Context) (map[string]runningShard, error) {
+	out := map[string]runningShard{}
 	var token []byte
 	for {
 		resp, err := w.temporal.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{
@@ -202,23 +253,34 @@ func (w *Worker) ensureShards(ctx context.Context) error {
 			NextPageToken: token,
 		})
 		if err != nil {
-			return fmt.Errorf("list monitor shards: %w", err)
+			return nil, fmt.Errorf("list monitor shards: %w", err)
 		}
 		for _, ex := range resp.GetExecutions() {
 			id := ex.GetExecution().GetWorkflowId()
-			if want[id] {
-				continue
+			var sh runningShard
+			if _, err := fmt.Sscanf(id[strings.LastIndexByte(id, '/')+1:], "%d-of-%d", &sh.index, &sh.count); err != nil {
+				continue // not a name this code gives; a shard is only ever retired by its name
 			}
-			err := w.temporal.TerminateWorkflow(ctx, id, "", fmt.Sprintf("monitor shards are now %d", n))
-			var notFound *serviceerror.NotFound
-			if err != nil && !errors.As(err, &notFound) {
-				return fmt.Errorf("retire %s: %w", id, err)
-			}
+			sh.started = ex.GetStartTime().AsTime()
+			out[id] = sh
 		}
 		if token = resp.GetNextPageToken(); len(token) == 0 {
-			return nil
+			break
 		}
 	}
+	return out, nil
+}
+
+// newerCount reports the count of the shards, other than ours, started most recently
+// after since: those of a worker that started after this one.
+func newerCount(running map[string]runningShard, ours int, since time.Time) (int, bool) {
+	best, bestAt := 0, since
+	for _, sh := range running {
+		if sh.count != ours && sh.started.After(bestAt) {
+			best, bestAt = sh.count, sh.started
+		}
+	}
+	return best, best != 0
 }
 
 // keepShards runs ensureShards every ShardCheckEvery: a shard terminated by hand (or by a
