@@ -10,6 +10,7 @@ import (
 	"maps"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	compute "cloud.google.com/go/compute/apiv1"
@@ -31,17 +32,29 @@ type Config struct {
 	// Any logger among them is replaced: the client's debug log prints request bodies,
 	// which carry the startup script (the password's hash and the cloud-init data).
 	ClientOptions []option.ClientOption
+	// Logger receives what Get cannot report in its answer: a shared firewall rule it
+	// found missing or changed and could not put back (see Get). Nil is slog.Default().
+	Logger *slog.Logger
 }
 
 // Provider runs Proxy instances as Compute Engine VMs.
 type Provider struct {
 	client *compute.InstancesClient
-	// firewalls keeps each instance's firewall rule (see buildFirewall).
+	// firewalls keeps the shared firewall rules instances are admitted by (see ruleConfig).
 	firewalls      *compute.FirewallsClient
 	defaultProject string
+	log            *slog.Logger
 	// pollFirst and pollMax pace the polls of an insert operation: the first pause, then
 	// doubling up to the last. Tests shorten them.
 	pollFirst, pollMax time.Duration
+
+	// checked holds when each shared rule (by path) was last found or made as wanted, so
+	// Get reads a rule at most once per ruleRecheck (see keepRule). Tests set ruleRecheck
+	// to 0 to have every Get read it, and replace now.
+	checkedMu   sync.Mutex
+	checked     map[string]time.Time
+	ruleRecheck time.Duration
+	now         func() time.Time
 }
 
 // Pauses between polls of an insert operation. An insert usually finishes within tens of
@@ -71,7 +84,9 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 		return nil, fmt.Errorf("gcp: compute firewalls client: %w", err)
 	}
 	return &Provider{client: client, firewalls: firewalls, defaultProject: cfg.DefaultProject,
-		pollFirst: defaultPollFirst, pollMax: defaultPollMax}, nil
+		log:       cmp.Or(cfg.Logger, slog.Default()),
+		pollFirst: defaultPollFirst, pollMax: defaultPollMax,
+		checked: map[string]time.Time{}, ruleRecheck: ruleRecheck, now: time.Now}, nil
 }
 
 // Close releases the clients' connections.
@@ -110,10 +125,11 @@ func (p *Provider) refFor(req provider.CreateRequest) ref {
 // created before a zone edit is still found, and deleted, in its old zone.
 func (p *Provider) ProviderID(req provider.CreateRequest) string { return p.refFor(req).String() }
 
-// Create implements provider.Provider. It first makes the instance's firewall rule, if it
-// needs one (see buildFirewall), so the instance is reachable from its crawlers' networks
-// as soon as it runs, and a rule that cannot be made stops the create before anything
-// billable exists. It then inserts the instance and waits for the operation to finish,
+// Create implements provider.Provider. It first makes sure the firewall rule the instance
+// needs, if any, is there (see ruleConfigFor; instances of one configuration share it), so
+// the instance is reachable from its crawlers' networks as soon as it runs, and a rule that
+// cannot be made stops the create before anything billable exists. It then inserts the
+// instance and waits for the operation to finish,
 // because GCE accepts an insert first and only then finds out whether the zone has the
 // hardware or the project the quota: a stockout or quota refusal is reported inside the
 // operation alone, and without waiting the VM would simply never appear. The wait is
@@ -127,12 +143,12 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		// cloud-init data, and this makes sure.
 		return provider.Instance{}, redact(err, req.CloudInit)
 	}
-	rule, err := buildFirewall(req, r)
+	rule, err := ruleConfigFor(req, r.project)
 	if err != nil {
 		return provider.Instance{}, err
 	}
 	if rule != nil {
-		if err := p.ensureFirewall(ctx, r, rule); err != nil {
+		if err := p.ensureRule(ctx, *rule); err != nil {
 			return provider.Instance{}, err
 		}
 	}
@@ -152,7 +168,19 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 			return provider.Instance{}, redact(fmt.Errorf("gcp insert %s: %w", r, classify(callInsert, err)), secrets...)
 		}
 		if !op.Done() {
-			return p.awaitInsert(ctx, r, req, ins, op, secrets)
+			inst, err := p.awaitInsert(ctx, r, req, ins, op, secrets)
+			if err == nil && rule != nil {
+				// The rule was there before the insert, but the sweep may have found it
+				// unused and deleted it since, in the moment before this instance was
+				// listed as using it. Reading it again after the insert's wait closes that
+				// gap: a sweep that checked before this instance existed sends its delete
+				// right after its check, long before an insert's operation is done (and
+				// Get puts the rule back in the unlikely case it is not).
+				if err := p.keepRule(ctx, *rule); err != nil {
+					return provider.Instance{}, fmt.Errorf("gcp insert %s: checking its firewall rule again: %w", r, err)
+				}
+			}
+			return inst, err
 		}
 		// GCE answers a new insert with an operation still pending or running, so one that
 		// is already done is an earlier attempt's, recognised by its request ID.
@@ -288,18 +316,40 @@ func redact(err error, secrets ...[]byte) error {
 	return err
 }
 
-// Get implements provider.Provider. An instance that is gone while its firewall rule is
-// still there is reported as provider.StateDeleting, not as provider.ErrNotFound: it is
-// only gone once Delete has removed the rule too, and callers that wait for ErrNotFound
-// after a delete keep calling Delete until then.
+// Get implements provider.Provider. An instance that is gone while its own firewall rule
+// (one made before rules were shared) is still there is reported as
+// provider.StateDeleting, not as provider.ErrNotFound: it is only gone once Delete has
+// removed the rule too, and callers that wait for ErrNotFound after a delete keep calling
+// Delete until then.
+//
+// For a live instance Get also makes sure its shared rule is there as wanted (at most
+// once per ruleRecheck per rule), from the configuration the instance records: the
+// workflow's wait for a new instance and the monitor's drift checks call Get, so a rule
+// deleted by a sweep that raced a create, or edited or deleted by hand, is put back within
+// minutes, and at once when the proxy turns unhealthy. Failing to put it back does not
+// fail Get, whose answer (running, stopped, preempted) the caller needs all the same; it
+// is logged, and the next Get tries again.
+//
+// The provider ID of an unused shared rule (as ListOwned reports one) is answered with
+// that rule, still being deleted, until it is gone.
 func (p *Provider) Get(ctx context.Context, providerID string) (provider.Instance, error) {
+	if project, name, ok := parseRuleID(providerID); ok {
+		return p.getUnusedRule(ctx, project, name)
+	}
 	r, err := parseProviderID(providerID)
 	if err != nil {
 		return provider.Instance{}, err
 	}
-	inst, err := p.get(ctx, r)
+	raw, err := p.getRaw(ctx, r)
+	if err == nil {
+		inst := toInstance(raw, r.project, r.zone)
+		if inst.State == provider.StateProvisioning || inst.State == provider.StateRunning {
+			p.keepRuleOf(ctx, r, raw)
+		}
+		return inst, nil
+	}
 	if !errors.Is(err, provider.ErrNotFound) {
-		return inst, err
+		return provider.Instance{}, err
 	}
 	rule, owner, ferr := p.ruleOf(ctx, r)
 	switch {
@@ -312,20 +362,63 @@ func (p *Provider) Get(ctx context.Context, providerID string) (provider.Instanc
 	return leftover(r, rule, owner), nil
 }
 
-func (p *Provider) get(ctx context.Context, r ref) (provider.Instance, error) {
-	inst, err := p.client.Get(ctx, &computepb.GetInstanceRequest{Project: r.project, Zone: r.zone, Instance: r.name})
+// keepRuleOf puts back the shared rule of the live instance inst at r, if it has one and
+// it was not checked lately (see Get).
+func (p *Provider) keepRuleOf(ctx context.Context, r ref, inst *computepb.Instance) {
+	c, ok := parseInstanceRule(inst, r.project)
+	if !ok || p.ruleFresh(c) {
+		return
+	}
+	if err := p.keepRule(ctx, c); err != nil {
+		p.log.WarnContext(ctx, "gcp: the firewall rule of a live instance is missing or changed and could not be put back; the next check tries again",
+			"instance", r.String(), "rule", firewallPath(c.project, c.name()), "error", err)
+	}
+}
+
+// getUnusedRule answers Get for the provider ID of a shared rule: the rule, being
+// deleted, while it is a shared rule of ours, else provider.ErrNotFound.
+func (p *Provider) getUnusedRule(ctx context.Context, project, name string) (provider.Instance, error) {
+	fw, err := p.getFirewall(ctx, project, name)
 	if err != nil {
-		return provider.Instance{}, fmt.Errorf("gcp get %s: %w", r, classify(callGet, err))
+		return provider.Instance{}, err
+	}
+	installation, ok := parseSharedRuleOwner(fw.GetDescription())
+	if !ok {
+		return provider.Instance{}, fmt.Errorf("gcp firewall %s: not a shared rule of proxyfleet: %w", firewallPath(project, name), provider.ErrNotFound)
+	}
+	return unusedRule(project, installation, fw), nil
+}
+
+func (p *Provider) get(ctx context.Context, r ref) (provider.Instance, error) {
+	inst, err := p.getRaw(ctx, r)
+	if err != nil {
+		return provider.Instance{}, err
 	}
 	return toInstance(inst, r.project, r.zone), nil
 }
 
-// Delete implements provider.Provider: it deletes the instance, then its firewall rule.
-// The rule goes last so that an instance whose delete failed is still reachable by its
-// crawlers; removing it while the instance stops takes nothing from anyone. Neither
-// operation is waited for: the caller polls Get until both are gone (Get reports an
-// instance whose rule is left as deleting), and issues the delete again meanwhile.
+func (p *Provider) getRaw(ctx context.Context, r ref) (*computepb.Instance, error) {
+	inst, err := p.client.Get(ctx, &computepb.GetInstanceRequest{Project: r.project, Zone: r.zone, Instance: r.name})
+	if err != nil {
+		return nil, fmt.Errorf("gcp get %s: %w", r, classify(callGet, err))
+	}
+	return inst, nil
+}
+
+// Delete implements provider.Provider: it deletes the instance, then its own firewall
+// rule if it has one (an instance made before rules were shared). The rule goes last so
+// that an instance whose delete failed is still reachable by its crawlers; removing it
+// while the instance stops takes nothing from anyone. Neither operation is waited for: the
+// caller polls Get until both are gone (Get reports an instance whose rule is left as
+// deleting), and issues the delete again meanwhile. A shared rule stays: other instances
+// may use it, and the sweep deletes it once none does (see ruleConfig).
+//
+// The provider ID of an unused shared rule (as ListOwned reports one to the sweep)
+// deletes that rule, if it is still ours and still unused (see deleteSharedRule).
 func (p *Provider) Delete(ctx context.Context, providerID string) error {
+	if project, name, ok := parseRuleID(providerID); ok {
+		return p.deleteSharedRule(ctx, project, name)
+	}
 	r, err := parseProviderID(providerID)
 	if err != nil {
 		return err
@@ -338,19 +431,18 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 
 // deleteInstance issues the delete of the instance at r; a missing instance is success.
 func (p *Provider) deleteInstance(ctx context.Context, r ref) error {
-	return deleteOnce(ctx, callDelete, r, r.String(), func(id string) (*compute.Operation, error) {
+	return deleteOnce(ctx, callDelete, r.String(), requestID(callDelete, r, ""), func(id string) (*compute.Operation, error) {
 		return p.client.Delete(ctx, &computepb.DeleteInstanceRequest{
 			Project: r.project, Zone: r.zone, Instance: r.name, RequestId: proto.String(id),
 		})
 	}, func() error { _, err := p.get(ctx, r); return err })
 }
 
-// deleteOnce issues a delete (an instance's or a firewall rule's) under a request ID
-// derived from the call, and does not wait for it: the caller polls until the resource is
-// gone and asks again if it stays. send issues the delete under an ID; get reads the
-// resource (provider.ErrNotFound when it is gone).
-func deleteOnce(ctx context.Context, c call, r ref, what string, send func(id string) (*compute.Operation, error), get func() error) error {
-	id := requestID(c, r, "")
+// deleteOnce issues a delete (an instance's or a firewall rule's) of what under id, a
+// request ID derived from the call, and does not wait for it: the caller polls until the
+// resource is gone and asks again if it stays. send issues the delete under an ID; get
+// reads the resource (provider.ErrNotFound when it is gone).
+func deleteOnce(ctx context.Context, c call, what, id string, send func(id string) (*compute.Operation, error), get func() error) error {
 	for hop := 0; ; hop++ {
 		op, err := send(id)
 		if isNotReady(err) {
@@ -415,10 +507,18 @@ func ownerFilter(owner provider.Owner) (string, error) {
 }
 
 // ListOwned implements provider.Provider. It searches owner.Project, or the default
-// project. Besides the instances it reports, as provider.StateDeleting, every instance that
-// is gone while its firewall rule is left (a delete cut short between the two), so that
+// project, and asks the server for owner's resources alone: instances by their labels,
+// per-instance firewall rules by their descriptions. Besides the instances it reports, as
+// provider.StateDeleting, every instance that is gone while its own firewall rule (one
+// made before rules were shared) is left (a delete cut short between the two), so that
 // the sweeper, which deletes what this returns for Proxies that no longer exist, removes
 // leaked rules too.
+//
+// Listing a whole installation (owner.ProxyUID empty, as the sweeper does) also reports
+// every shared rule of the installation that no listed instance uses, as an instance being
+// deleted whose Proxy UID label is sharedRuleUID, and whose age is the rule's: the sweeper
+// deletes it like an orphan once it is older than its minimum age. Shared rules are no
+// Proxy's, so one Proxy's list never shows them.
 func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provider.Instance, error) {
 	filter, err := ownerFilter(owner)
 	if err != nil {
@@ -428,12 +528,19 @@ func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provi
 	// Rules first: Create makes a rule before its instance, so the instance of a rule
 	// listed here is in the instance list read after, or is made after it (the Get below
 	// sees it then). A rule whose instance is not inserted yet is reported like a leftover;
-	// the sweeper's minimum age spares it, as it spares a young instance.
+	// the sweeper's minimum age spares it, as it spares a young instance. The same order
+	// keeps a shared rule whose first user is being made from looking unused for long.
 	rules, err := p.listOwnedRules(ctx, project, owner)
 	if err != nil {
 		return nil, err
 	}
-	out, err := p.listOwnedInstances(ctx, project, filter, owner)
+	var shared []*computepb.Firewall
+	if owner.ProxyUID == "" {
+		if shared, err = p.listSharedRules(ctx, project, owner.Installation); err != nil {
+			return nil, err
+		}
+	}
+	out, used, err := p.listOwnedInstances(ctx, project, filter, owner)
 	if err != nil {
 		return nil, err
 	}
@@ -460,26 +567,41 @@ func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provi
 		}
 		out = append(out, leftover(r, o.rule, o.owner))
 	}
+	for _, fw := range shared {
+		if !used[fw.GetName()] {
+			out = append(out, unusedRule(project, owner.Installation, fw))
+		}
+	}
 	return out, nil
 }
 
-// listOwnedInstances lists the instances in project matching filter, checked against owner.
-func (p *Provider) listOwnedInstances(ctx context.Context, project, filter string, owner provider.Owner) ([]provider.Instance, error) {
+// listOwnedInstances lists the instances in project matching filter, checked against
+// owner, and the shared rules they use: those their tags or labels name. Every instance
+// the server returned counts as a user, owner's or not, since keeping a rule too long
+// costs nothing but a quota slot.
+func (p *Provider) listOwnedInstances(ctx context.Context, project, filter string, owner provider.Owner) ([]provider.Instance, map[string]bool, error) {
 	it := p.client.AggregatedList(ctx, &computepb.AggregatedListInstancesRequest{
 		Project: project,
 		Filter:  proto.String(filter),
 	})
 	var out []provider.Instance
+	used := map[string]bool{}
 	for {
 		pair, err := it.Next()
 		if errors.Is(err, iterator.Done) {
-			return out, nil
+			return out, used, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("gcp list instances in project %s: %w", project, classify(callList, err))
+			return nil, nil, fmt.Errorf("gcp list instances in project %s: %w", project, classify(callList, err))
 		}
 		scopeZone := strings.TrimPrefix(pair.Key, "zones/")
 		for _, inst := range pair.Value.GetInstances() {
+			for _, tag := range inst.GetTags().GetItems() {
+				used[tag] = true
+			}
+			if name := inst.GetLabels()[labelFirewall]; name != "" {
+				used[name] = true
+			}
 			// The filter is the server's; the sweeper deletes what this returns, so the
 			// labels are checked again here rather than trusted.
 			if !owner.Owns(inst.GetLabels()) {

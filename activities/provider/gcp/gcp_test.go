@@ -256,8 +256,9 @@ func TestCreateSendsStartupScriptAndOwnershipLabels(t *testing.T) {
 		provider.LabelInstallation: withScript.Installation,
 		provider.LabelManagedBy:    provider.ManagedByValue,
 		provider.LabelKeyID:        withScript.KeyID,
+		labelFirewall:              minimalRule,
 	}, a.Labels)
-	assert.Equal(t, []string{"squid", "px-a"}, a.Tags, "the user's tags and the one the instance's firewall rule targets")
+	assert.Equal(t, []string{"squid", minimalRule}, a.Tags, "the user's tags and the one the instance's firewall rule targets")
 	assert.Equal(t, "zones/europe-west1-b/machineTypes/e2-micro", a.MachineType)
 	assert.Equal(t, map[string]string{metadataStartupScript: wantScript(t, squid.Config{}, nil)}, b.Metadata,
 		"no cloud-init: the hardened Squid alone")

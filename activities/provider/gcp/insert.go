@@ -52,13 +52,21 @@ func buildInsert(req provider.CreateRequest, project string) (*computepb.InsertI
 	if err != nil {
 		return nil, err
 	}
+	rule, err := ruleConfigFor(req, project)
+	if err != nil {
+		return nil, err
+	}
 
-	labels := make(map[string]string, len(g.Labels)+3)
+	labels := make(map[string]string, len(g.Labels)+4)
 	for k, v := range g.Labels {
 		labels[k] = string(v)
 	}
-	// Copied last so a user label can never disown an instance from the sweeper.
+	// Copied last so a user label can never disown an instance from the sweeper, or hide
+	// its use of a shared rule from it.
 	maps.Copy(labels, req.Labels())
+	if rule != nil {
+		labels[labelFirewall] = rule.name()
+	}
 
 	nic := &computepb.NetworkInterface{}
 	if externalIP(g) {
@@ -74,19 +82,21 @@ func buildInsert(req provider.CreateRequest, project string) (*computepb.InsertI
 		nic.Subnetwork = proto.String(subnetworkPath(g.Subnetwork, g.Zone))
 	}
 
-	// The instance's name is one of its tags: its firewall rule (see buildFirewall) targets
-	// the instance by it, and no other instance carries it. The user's tags are kept, for
-	// the rules of their own they select.
+	// The shared firewall rule's name is one of the instance's tags: the rule (see
+	// ruleConfig) targets its instances by it. The user's tags are kept, for the rules of
+	// their own they select.
 	tags := make([]string, 0, len(g.Tags)+1)
 	for _, t := range g.Tags {
-		if t := string(t); !slices.Contains(tags, t) && t != req.Name {
+		if t := string(t); !slices.Contains(tags, t) && (rule == nil || t != rule.name()) {
 			tags = append(tags, t)
 		}
 	}
-	tags = append(tags, req.Name)
+	if rule != nil {
+		tags = append(tags, rule.name())
+	}
 	if len(tags) > maxInstanceTags {
 		return nil, provider.Permanent(fmt.Errorf(
-			"spec.gcp.tags has %d tags: GCE allows %d per instance, and the provider adds the instance's own name for its firewall rule", len(g.Tags), maxInstanceTags))
+			"spec.gcp.tags has %d tags: GCE allows %d per instance, and the provider adds one for the firewall rule that admits crawlers", len(g.Tags), maxInstanceTags))
 	}
 
 	inst := &computepb.Instance{
@@ -99,11 +109,18 @@ func buildInsert(req provider.CreateRequest, project string) (*computepb.InsertI
 			InitializeParams: &computepb.AttachedDiskInitializeParams{SourceImage: proto.String(g.Image)},
 		}},
 		NetworkInterfaces: []*computepb.NetworkInterface{nic},
-		Tags:              &computepb.Tags{Items: tags},
 		Metadata: &computepb.Metadata{Items: []*computepb.Items{{
 			Key:   proto.String(metadataStartupScript),
 			Value: proto.String(string(script)),
 		}}},
+	}
+	if rule != nil {
+		// Recorded where nobody can change it (an instance's description is set at insert
+		// only), so Get can put the rule back from the instance alone.
+		inst.Description = proto.String(rule.instanceDescription())
+	}
+	if len(tags) > 0 {
+		inst.Tags = &computepb.Tags{Items: tags}
 	}
 	if g.Spot {
 		inst.Scheduling = spotScheduling()

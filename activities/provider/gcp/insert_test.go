@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"strings"
 	"testing"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
@@ -106,8 +107,9 @@ func TestBuildInsert(t *testing.T) {
 				"disks": [{"autoDelete": true, "boot": true,
 					"initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
 				"networkInterfaces": [{"accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]}],
-				"tags": {"items": ["px-a"]},
-				"labels": {` + ownershipLabels + `}
+				"tags": {"items": ["$RULE"]},
+				"description": "$DESC",
+				"labels": {` + ownershipLabels + `, "proxyfleet-firewall": "$RULE"}
 			}`,
 		},
 		{
@@ -134,15 +136,18 @@ func TestBuildInsert(t *testing.T) {
 					"subnetwork": "regions/europe-west1/subnetworks/crawl-sub",
 					"accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
 				}],
-				"tags": {"items": ["squid", "egress", "px-b"]},
-				"labels": {"team": "crawl",` + ownershipLabels + `}
+				"tags": {"items": ["squid", "egress", "$RULE"]},
+				"description": "$DESC",
+				"labels": {"team": "crawl",` + ownershipLabels + `, "proxyfleet-firewall": "$RULE"}
 			}`,
 			user: []byte("#!/bin/sh\necho hi\n"),
 		},
 		{
-			name: "paths and URLs are kept as written",
+			name: "paths and URLs are kept as written (a Shared VPC: no ranges, no rule)",
 			req: func() provider.CreateRequest {
 				g := minimalSpec()
+				g.ExternalIP = proto.Bool(false)
+				g.AllowedSourceRanges = nil
 				g.MachineType = "zones/europe-west1-b/machineTypes/n2-custom-2-4096"
 				g.Image = "https://www.googleapis.com/compute/v1/projects/my-images/global/images/squid-7"
 				g.Network = "projects/host-proj/global/networks/shared"
@@ -158,10 +163,8 @@ func TestBuildInsert(t *testing.T) {
 					"initializeParams": {"sourceImage": "https://www.googleapis.com/compute/v1/projects/my-images/global/images/squid-7"}}],
 				"networkInterfaces": [{
 					"network": "projects/host-proj/global/networks/shared",
-					"subnetwork": "projects/host-proj/regions/europe-west1/subnetworks/shared-sub",
-					"accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
+					"subnetwork": "projects/host-proj/regions/europe-west1/subnetworks/shared-sub"
 				}],
-				"tags": {"items": ["px-c"]},
 				"labels": {` + ownershipLabels + `}
 			}`,
 		},
@@ -185,8 +188,9 @@ func TestBuildInsert(t *testing.T) {
 				"disks": [{"autoDelete": true, "boot": true,
 					"initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
 				"networkInterfaces": [{"accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]}],
-				"tags": {"items": ["px-d"]},
-				"labels": {"env": "prod",` + ownershipLabels + `}
+				"tags": {"items": ["$RULE"]},
+				"description": "$DESC",
+				"labels": {"env": "prod",` + ownershipLabels + `, "proxyfleet-firewall": "$RULE"}
 			}`,
 		},
 		{
@@ -205,16 +209,15 @@ func TestBuildInsert(t *testing.T) {
 				"disks": [{"autoDelete": true, "boot": true,
 					"initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
 				"networkInterfaces": [{}],
-				"tags": {"items": ["px-e"]},
 				"labels": {` + ownershipLabels + `}
 			}`,
 		},
 		{
-			name: "external IP asked for explicitly; a user tag equal to the name is not repeated",
+			name: "external IP asked for explicitly; a user tag equal to the rule's is not repeated",
 			req: func() provider.CreateRequest {
 				g := minimalSpec()
 				g.ExternalIP = proto.Bool(true)
-				g.Tags = []v1alpha1.NetworkTag{"px-f", "squid"}
+				g.Tags = []v1alpha1.NetworkTag{v1alpha1.NetworkTag(minimalRule), "px-f", "squid"}
 				return gcpRequest("px-f", g)
 			},
 			project:  "proj-a",
@@ -225,8 +228,9 @@ func TestBuildInsert(t *testing.T) {
 				"disks": [{"autoDelete": true, "boot": true,
 					"initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
 				"networkInterfaces": [{"accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]}],
-				"tags": {"items": ["squid", "px-f"]},
-				"labels": {` + ownershipLabels + `}
+				"tags": {"items": ["px-f", "squid", "$RULE"]},
+				"description": "$DESC",
+				"labels": {` + ownershipLabels + `, "proxyfleet-firewall": "$RULE"}
 			}`,
 		},
 		{
@@ -249,8 +253,9 @@ func TestBuildInsert(t *testing.T) {
 				"disks": [{"autoDelete": true, "boot": true,
 					"initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
 				"networkInterfaces": [{"accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]}],
-				"tags": {"items": ["px-g"]},
-				"labels": {` + ownershipLabels + `}
+				"tags": {"items": ["$RULE"]},
+				"description": "$DESC",
+				"labels": {` + ownershipLabels + `, "proxyfleet-firewall": "$RULE"}
 			}`,
 			squid: squid.Config{
 				Port:    8080,
@@ -274,7 +279,11 @@ func TestBuildInsert(t *testing.T) {
 			inst.Metadata = nil
 			body, err := protojson.Marshal(inst)
 			require.NoError(t, err)
-			assert.JSONEq(t, tc.wantBody, string(body))
+			want := tc.wantBody
+			if rule, err := ruleConfigFor(req, tc.project); err == nil && rule != nil {
+				want = strings.NewReplacer("$RULE", rule.name(), "$DESC", rule.instanceDescription()).Replace(want)
+			}
+			assert.JSONEq(t, want, string(body))
 			assert.NotContains(t, string(body), testPassword)
 		})
 	}
@@ -374,23 +383,28 @@ func TestBuildInsertIsDeterministic(t *testing.T) {
 	assert.NotEqual(t, startupScriptOf(first), startupScriptOf(differs), "the script carries the credentials")
 }
 
-// The rule buildFirewall wants, as a table: ranges, network, port, target and ownership.
+// minimalRule is the name of the rule gcpRequest(_, minimalSpec()) needs in proj-a. It is
+// written out, not computed: the name must stay the same from version to version, or an
+// upgrade would give every configuration a second rule.
+const minimalRule = "proxyfleet-fw-fed32018b827c945"
+
+// The rule ruleConfigFor wants, as a table: ranges, network, port, target and ownership.
 func TestBuildFirewall(t *testing.T) {
-	const desc = ruleDescriptionPrefix + " proxyfleet-installation=prod-eu proxyfleet-uid=0b6d1c1e-8a7e-4d0c-9d57-6f1e3c2a9b10 proxyfleet-zone=europe-west1-b"
+	const desc = sharedRuleDescriptionPrefix + " proxyfleet-installation=prod-eu"
 	tests := []struct {
 		name     string
 		edit     func(*provider.CreateRequest)
-		wantBody string // "" for no rule
+		wantBody string // "" for no rule; $RULE is the rule's name
 	}{
 		{
 			name: "minimal spec",
 			edit: func(*provider.CreateRequest) {},
 			wantBody: `{
-				"name": "px-a", "description": "` + desc + `",
-				"network": "global/networks/default", "direction": "INGRESS", "priority": 1000,
+				"name": "$RULE", "description": "` + desc + `",
+				"network": "projects/proj-a/global/networks/default", "direction": "INGRESS", "priority": 1000,
 				"sourceRanges": ["203.0.113.0/24"],
 				"allowed": [{"IPProtocol": "tcp", "ports": ["3128"]}],
-				"targetTags": ["px-a"]
+				"targetTags": ["$RULE"]
 			}`,
 		},
 		{
@@ -401,25 +415,25 @@ func TestBuildFirewall(t *testing.T) {
 				r.Spec.GCP.AllowedSourceRanges = []v1alpha1.CIDR{"203.0.113.0/24", "198.51.100.7/24", "192.0.2.1/32", "203.0.113.9/24"}
 			},
 			wantBody: `{
-				"name": "px-a", "description": "` + desc + `",
-				"network": "global/networks/crawl-net", "direction": "INGRESS", "priority": 1000,
+				"name": "$RULE", "description": "` + desc + `",
+				"network": "projects/proj-a/global/networks/crawl-net", "direction": "INGRESS", "priority": 1000,
 				"sourceRanges": ["192.0.2.1/32", "198.51.100.0/24", "203.0.113.0/24"],
 				"allowed": [{"IPProtocol": "tcp", "ports": ["8080"]}],
-				"targetTags": ["px-a"]
+				"targetTags": ["$RULE"]
 			}`,
 		},
 		{
-			name: "a network path in the instance's project",
+			name: "a network URL in the instance's project",
 			edit: func(r *provider.CreateRequest) {
 				r.Spec.GCP.Network = "https://www.googleapis.com/compute/v1/projects/proj-a/global/networks/crawl-net"
 			},
 			wantBody: `{
-				"name": "px-a", "description": "` + desc + `",
-				"network": "https://www.googleapis.com/compute/v1/projects/proj-a/global/networks/crawl-net",
+				"name": "$RULE", "description": "` + desc + `",
+				"network": "projects/proj-a/global/networks/crawl-net",
 				"direction": "INGRESS", "priority": 1000,
 				"sourceRanges": ["203.0.113.0/24"],
 				"allowed": [{"IPProtocol": "tcp", "ports": ["3128"]}],
-				"targetTags": ["px-a"]
+				"targetTags": ["$RULE"]
 			}`,
 		},
 		{
@@ -429,11 +443,11 @@ func TestBuildFirewall(t *testing.T) {
 				r.Spec.GCP.AllowedSourceRanges = []v1alpha1.CIDR{"10.8.0.0/14"}
 			},
 			wantBody: `{
-				"name": "px-a", "description": "` + desc + `",
-				"network": "global/networks/default", "direction": "INGRESS", "priority": 1000,
+				"name": "$RULE", "description": "` + desc + `",
+				"network": "projects/proj-a/global/networks/default", "direction": "INGRESS", "priority": 1000,
 				"sourceRanges": ["10.8.0.0/14"],
 				"allowed": [{"IPProtocol": "tcp", "ports": ["3128"]}],
-				"targetTags": ["px-a"]
+				"targetTags": ["$RULE"]
 			}`,
 		},
 		{
@@ -448,18 +462,102 @@ func TestBuildFirewall(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			req := gcpRequest("px-a", minimalSpec())
 			tc.edit(&req)
-			got, err := buildFirewall(req, ref{project: "proj-a", zone: "europe-west1-b", name: "px-a"})
+			got, err := ruleConfigFor(req, "proj-a")
 			require.NoError(t, err)
 			if tc.wantBody == "" {
 				assert.Nil(t, got)
 				return
 			}
-			body, err := protojson.Marshal(got)
+			name := got.name()
+			assert.Regexp(t, `^proxyfleet-fw-[0-9a-f]{16}$`, name, "a valid rule name and network tag")
+			body, err := protojson.Marshal(got.firewall())
 			require.NoError(t, err)
-			assert.JSONEq(t, tc.wantBody, string(body))
-			owner, ok := parseRuleOwner(got.GetDescription())
+			assert.JSONEq(t, strings.ReplaceAll(tc.wantBody, "$RULE", name), string(body))
+			inst, ok := parseSharedRuleOwner(got.firewall().GetDescription())
 			require.True(t, ok, "the description parses back")
-			assert.Equal(t, ruleOwner{installation: "prod-eu", uid: req.ProxyUID, zone: "europe-west1-b"}, owner)
+			assert.Equal(t, "prod-eu", inst)
+		})
+	}
+}
+
+// Instances share a rule exactly when they share its configuration: any other Proxy,
+// instance name, zone or spelling of the same thing gives the same rule; another port,
+// range, network or installation gives another.
+func TestRuleNames(t *testing.T) {
+	name := func(edit func(*provider.CreateRequest)) string {
+		t.Helper()
+		req := gcpRequest("px-a", minimalSpec())
+		edit(&req)
+		c, err := ruleConfigFor(req, "proj-a")
+		require.NoError(t, err)
+		return c.name()
+	}
+	base := name(func(*provider.CreateRequest) {})
+	assert.Equal(t, minimalRule, base, "the name of a configuration never changes")
+	for desc, edit := range map[string]func(*provider.CreateRequest){
+		"another instance":    func(r *provider.CreateRequest) { r.Name = "px-b" },
+		"another Proxy":       func(r *provider.CreateRequest) { r.ProxyUID = "ffffffff-0000-0000-0000-000000000000" },
+		"another zone":        func(r *provider.CreateRequest) { r.Spec.GCP.Zone = "us-central1-a" },
+		"the default network": func(r *provider.CreateRequest) { r.Spec.GCP.Network = "default" },
+		"the network as a URL": func(r *provider.CreateRequest) {
+			r.Spec.GCP.Network = "https://compute.googleapis.com/compute/v1/projects/proj-a/global/networks/default"
+		},
+		"the range unmasked": func(r *provider.CreateRequest) { r.Spec.GCP.AllowedSourceRanges = []v1alpha1.CIDR{"203.0.113.9/24"} },
+		"the range twice": func(r *provider.CreateRequest) {
+			r.Spec.GCP.AllowedSourceRanges = []v1alpha1.CIDR{"203.0.113.0/24", "203.0.113.0/24"}
+		},
+		"no external IP":        func(r *provider.CreateRequest) { r.Spec.GCP.ExternalIP = proto.Bool(false) },
+		"other tags and labels": func(r *provider.CreateRequest) { r.Spec.GCP.Tags = []v1alpha1.NetworkTag{"squid"} },
+	} {
+		assert.Equal(t, base, name(edit), desc)
+	}
+	for desc, edit := range map[string]func(*provider.CreateRequest){
+		"another port":  func(r *provider.CreateRequest) { r.Port = 8080 },
+		"another range": func(r *provider.CreateRequest) { r.Spec.GCP.AllowedSourceRanges = []v1alpha1.CIDR{"198.51.100.0/24"} },
+		"one more range": func(r *provider.CreateRequest) {
+			r.Spec.GCP.AllowedSourceRanges = append(r.Spec.GCP.AllowedSourceRanges, "198.51.100.0/24")
+		},
+		"another network":      func(r *provider.CreateRequest) { r.Spec.GCP.Network = "crawl-net" },
+		"another installation": func(r *provider.CreateRequest) { r.Installation = "staging" },
+	} {
+		assert.NotEqual(t, base, name(edit), desc)
+	}
+}
+
+// An instance's description gives back its rule's configuration, and nothing that does not
+// hash to the rule the instance is tagged with does.
+func TestParseInstanceRule(t *testing.T) {
+	req := gcpRequest("px-a", minimalSpec())
+	req.Spec.GCP.AllowedSourceRanges = []v1alpha1.CIDR{"203.0.113.0/24", "198.51.100.0/24"}
+	ins, err := buildInsert(req, "proj-a")
+	require.NoError(t, err)
+	want, err := ruleConfigFor(req, "proj-a")
+	require.NoError(t, err)
+	got, ok := parseInstanceRule(ins.GetInstanceResource(), "proj-a")
+	require.True(t, ok, ins.GetInstanceResource().GetDescription())
+	assert.Equal(t, *want, got)
+
+	for name, edit := range map[string]func(*computepb.Instance){
+		"no description":        func(i *computepb.Instance) { i.Description = nil },
+		"a description by hand": func(i *computepb.Instance) { i.Description = proto.String("squid for the office") },
+		"ranges widened": func(i *computepb.Instance) {
+			i.Description = proto.String(strings.Replace(i.GetDescription(), "203.0.113.0/24", "0.0.0.0/0", 1))
+		},
+		"another port": func(i *computepb.Instance) {
+			i.Description = proto.String(strings.Replace(i.GetDescription(), "port=3128", "port=22", 1))
+		},
+		"an unknown field":       func(i *computepb.Instance) { i.Description = proto.String(i.GetDescription() + " x=1") },
+		"without the rule's tag": func(i *computepb.Instance) { i.Tags = nil },
+		"another installation":   func(i *computepb.Instance) { i.Labels[provider.LabelInstallation] = "staging" },
+		"a network in the project": func(i *computepb.Instance) {
+			i.Description = proto.String(strings.Replace(i.GetDescription(), "proj-a", "proj-b", 1))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			inst := proto.CloneOf(ins.GetInstanceResource())
+			edit(inst)
+			_, ok := parseInstanceRule(inst, "proj-a")
+			assert.False(t, ok, inst.GetDescription())
 		})
 	}
 }
@@ -491,13 +589,13 @@ func TestBuildFirewallRefuses(t *testing.T) {
 		}, "host-proj"},
 		{"an installation the description could not carry", func(r *provider.CreateRequest) {
 			r.Installation = "prod eu"
-		}, "label values"},
+		}, "label value"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			req := gcpRequest("px-a", minimalSpec())
 			tc.edit(&req)
-			_, err := buildFirewall(req, ref{project: "proj-a", zone: "europe-west1-b", name: "px-a"})
+			_, err := ruleConfigFor(req, "proj-a")
 			require.Error(t, err)
 			assert.Equal(t, provider.KindPermanent, provider.Class(err))
 			assert.Contains(t, err.Error(), tc.wantError)
@@ -527,8 +625,33 @@ func TestRuleOwnerParsing(t *testing.T) {
 	}
 }
 
-// The list filter's literal is a regular expression; the prefix must be its own pattern.
-func TestRuleFilterPrefixHasNoMetacharacters(t *testing.T) {
+// The list filters' literals are regular expressions; the prefixes must be their own
+// patterns, and a filter must select exactly what it says, no more.
+func TestRuleFilters(t *testing.T) {
 	assert.Equal(t, ruleDescriptionPrefix, regexp.QuoteMeta(ruleDescriptionPrefix))
-	assert.Equal(t, `description eq "`+ruleDescriptionPrefix+`.*"`, ruleFilter)
+	assert.Equal(t, sharedRuleDescriptionPrefix, regexp.QuoteMeta(sharedRuleDescriptionPrefix))
+
+	match := func(filter, description string) bool {
+		t.Helper()
+		m := regexp.MustCompile(`^description eq "([^"]*)"$`).FindStringSubmatch(filter)
+		require.NotNil(t, m, filter)
+		return regexp.MustCompile("^(?:" + m[1] + ")$").MatchString(description)
+	}
+	mine := ruleOwner{installation: "prod-eu", uid: "u-1", zone: "z"}.description()
+	theirs := ruleOwner{installation: "prod-eu", uid: "u-2", zone: "z"}.description()
+	staging := ruleOwner{installation: "prod-eu-2", uid: "u-1", zone: "z"}.description()
+	proxy := legacyRuleFilter(provider.Owner{Installation: "prod-eu", ProxyUID: "u-1"})
+	all := legacyRuleFilter(provider.Owner{Installation: "prod-eu"})
+	assert.True(t, match(proxy, mine))
+	assert.False(t, match(proxy, theirs), "another Proxy's")
+	assert.False(t, match(proxy, staging), "another installation's")
+	assert.True(t, match(all, mine))
+	assert.True(t, match(all, theirs))
+	assert.False(t, match(all, staging), "an installation whose ID starts like this one's")
+
+	shared := sharedRuleFilter("prod-eu")
+	assert.True(t, match(shared, sharedRuleDescription("prod-eu")))
+	assert.False(t, match(shared, sharedRuleDescription("prod-eu-2")))
+	assert.False(t, match(shared, mine))
+	assert.False(t, match(all, sharedRuleDescription("prod-eu")))
 }

@@ -79,6 +79,20 @@ func (s *Server) AddFirewall(project string, fw *computepb.Firewall) {
 	s.firewalls[key{project: project, name: fw.GetName()}] = fw
 }
 
+// RemoveFirewall deletes a rule directly, as if deleted outside the code under test (by a
+// person, or a sweep on another worker); the test fails if there is none.
+func (s *Server) RemoveFirewall(project, name string) {
+	s.t.Helper()
+	s.mu.Lock()
+	k := key{project: project, name: name}
+	_, ok := s.firewalls[k]
+	delete(s.firewalls, k)
+	s.mu.Unlock()
+	if !ok {
+		s.t.Errorf("gcptest: no firewall rule %s/%s", project, name)
+	}
+}
+
 // fillFirewall sets what GCE sets on insert. Callers hold s.mu.
 func (s *Server) fillFirewall(project string, fw *computepb.Firewall) {
 	s.seq++

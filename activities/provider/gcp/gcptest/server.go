@@ -80,6 +80,7 @@ type Server struct {
 	operations map[key]*operation       // by project, zone ("" for global) and operation name
 	byID       map[[2]string]*operation // by project and request ID, until forgotten
 	requestIDs map[string][]string      // by method, as received
+	filters    map[string][]string      // by list method, as received
 	deleting   map[key]*operation       // instances whose delete operation still runs
 	// firewallBusy are the rules an update or delete operation still runs on.
 	firewallBusy map[key]*operation
@@ -151,6 +152,7 @@ func NewServer(t testing.TB) *Server {
 		operations: map[key]*operation{},
 		byID:       map[[2]string]*operation{},
 		requestIDs: map[string][]string{},
+		filters:    map[string][]string{},
 		deleting:   map[key]*operation{},
 
 		firewallBusy: map[key]*operation{},
@@ -227,6 +229,15 @@ func (s *Server) RequestIDs(method string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.requestIDs[method])
+}
+
+// Filters are the filter parameters of every request of method (MethodAggregatedList or
+// MethodFirewallList), in the order received ("" for a request without one), so a test can
+// check that a list asks the server for what it wants rather than read everything.
+func (s *Server) Filters(method string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.filters[method])
 }
 
 // Operation is a snapshot of one operation.
@@ -491,6 +502,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.requests[method]++
 	requestID := r.URL.Query().Get("requestId")
 	s.requestIDs[method] = append(s.requestIDs[method], requestID)
+	if method == MethodAggregatedList || method == MethodFirewallList {
+		s.filters[method] = append(s.filters[method], r.URL.Query().Get("filter"))
+	}
 	if q := s.failures[method]; len(q) > 0 {
 		s.failures[method] = q[1:]
 		writeError(w, q[0].code, q[0].reason, q[0].message)

@@ -158,6 +158,31 @@ func TestAggregatedListFilters(t *testing.T) {
 	}
 }
 
+// Filters records what each list asked the server for, so tests can prove a list was
+// narrowed by the server and not read whole; other methods record none.
+func TestFiltersAreRecorded(t *testing.T) {
+	s := NewServer(t)
+	listNames(t, s, `(labels.inst = "prod") (labels.uid = "u1")`)
+	listNames(t, s, "")
+	do(t, s, http.MethodGet, "/compute/v1/projects/p/global/firewalls?filter="+url.QueryEscape(`description eq "proxyfleet: .*"`), "")
+	do(t, s, http.MethodGet, "/compute/v1/projects/p/zones/z/instances/px-a", "")
+	assert.Equal(t, []string{`(labels.inst = "prod") (labels.uid = "u1")`, ""}, s.Filters(MethodAggregatedList))
+	assert.Equal(t, []string{`description eq "proxyfleet: .*"`}, s.Filters(MethodFirewallList))
+	assert.Empty(t, s.Filters(MethodGet))
+}
+
+func TestRemoveFirewall(t *testing.T) {
+	s := NewServer(t)
+	s.AddFirewall("p", &computepb.Firewall{Name: proto.String("px-a"), Allowed: []*computepb.Allowed{{IPProtocol: proto.String("tcp")}}})
+	s.AddFirewall("other", &computepb.Firewall{Name: proto.String("px-a"), Allowed: []*computepb.Allowed{{IPProtocol: proto.String("tcp")}}})
+	s.RemoveFirewall("p", "px-a")
+	fws := s.Firewalls()
+	require.Len(t, fws, 1)
+	assert.Equal(t, "other", fws[0].Project)
+	resp, _ := do(t, s, http.MethodGet, "/compute/v1/projects/p/global/firewalls/px-a", "")
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+}
+
 func TestInsertConflictAndCounters(t *testing.T) {
 	s := NewServer(t)
 	const path = "/compute/v1/projects/p/zones/europe-west1-b/instances"
