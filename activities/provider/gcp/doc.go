@@ -5,10 +5,11 @@
 // Every VM boots the hardened Squid of package squid: its startup-script metadata installs
 // and configures Squid (credentials required, private destinations refused, client headers
 // stripped) and then runs the Proxy's own cloud-init data, if any. Every VM with
-// spec.gcp.allowedSourceRanges also gets a firewall rule of its own, named like it, that
-// admits its proxy port from those ranges alone; the rule is made before the VM and
-// deleted after it, and a rule left behind keeps its VM reported as deleting, so the
-// workflow and the sweeper finish the job.
+// spec.gcp.allowedSourceRanges is admitted by a firewall rule it shares with the
+// installation's other VMs of the same network, ranges and port (a project holds a few
+// hundred rules, a fleet thousands of VMs); the rule is made before the VM, put back by
+// Get when it drifts, and deleted by the orphan sweep once no VM uses it. VMs made before
+// rules were shared keep their own rules, deleted with them (see firewall.go).
 //
 // Create waits for its operations, since a stockout or quota refusal is only reported
 // there; Delete does not wait, and readiness and removal are observed by polling Get,
