@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -46,6 +47,16 @@ type Config struct {
 	TemporalPort, UIPort, DiscoveryPort, GatewayPort, DaemonPort int
 	// Proxies is how many sample local Proxies to apply.
 	Proxies int
+}
+
+// Signals readies the devstack process for the ways it is ended, beside Ctrl-C and
+// SIGTERM: the returned context also ends when the terminal goes away (SIGHUP), and
+// output that can no longer be written stops nothing (SIGPIPE is handled: a write fails
+// instead of killing the process). `make dev | tee dev.log` ends that way: Ctrl-C ends tee
+// too, and the next line devstack printed killed it before it stopped its children.
+func Signals(ctx context.Context) (context.Context, context.CancelFunc) {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	return signal.NotifyContext(ctx, syscall.SIGHUP)
 }
 
 // Run starts everything, prints how to use it, and stops everything when ctx ends.
@@ -104,8 +115,14 @@ func (s *stack) start(ctx context.Context) error {
 		return err
 	}
 	quiet := slog.New(slog.NewTextHandler(tlogFile, nil))
+	// The servers below are started by libraries; tied, they die with devstack.
+	tied := filepath.Join(cfg.StateDir, "tied")
+	temporalBin, err := tie(tied, "temporal", s.bin("temporal"))
+	if err != nil {
+		return err
+	}
 	s.temporal, err = testsuite.StartDevServer(ctx, testsuite.DevServerOptions{
-		ExistingPath:     s.bin("temporal"),
+		ExistingPath:     temporalBin,
 		ClientOptions:    &client.Options{HostPort: fmt.Sprintf("127.0.0.1:%d", cfg.TemporalPort), Namespace: "default", Logger: tlog.NewStructuredLogger(quiet)},
 		EnableUI:         true,
 		UIPort:           fmt.Sprint(cfg.UIPort),
@@ -119,7 +136,16 @@ func (s *stack) start(ctx context.Context) error {
 
 	step("etcd and kube-apiserver with the Proxy CRD")
 	scheme := api.NewScheme()
+	etcd, err := tie(tied, "etcd", s.bin("k8s", "etcd"))
+	if err != nil {
+		return err
+	}
+	apiserver, err := tie(tied, "kube-apiserver", s.bin("k8s", "kube-apiserver"))
+	if err != nil {
+		return err
+	}
 	s.kube = &envtest.Environment{
+		ControlPlane:          envtest.ControlPlane{Etcd: &envtest.Etcd{Path: etcd}, APIServer: &envtest.APIServer{Path: apiserver}},
 		BinaryAssetsDirectory: s.bin("k8s"),
 		CRDDirectoryPaths:     []string{filepath.Join(cfg.Root, "deploy", "crd")},
 		ErrorIfCRDPathMissing: true,
@@ -237,7 +263,8 @@ func (s *stack) start(ctx context.Context) error {
 }
 
 // spawn starts one of the project's binaries with its output in logs/<name>.log. It gets a
-// process group of its own, so Ctrl-C reaches it only through stop().
+// process group of its own, so Ctrl-C reaches it only through stop(), and dies with
+// devstack if devstack is killed (childAttr).
 func (s *stack) spawn(name string, env []string, args ...string) error {
 	f, err := os.Create(filepath.Join(s.logs, name+".log"))
 	if err != nil {
@@ -246,7 +273,7 @@ func (s *stack) spawn(name string, env []string, args ...string) error {
 	cmd := exec.Command(s.bin(name), args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
