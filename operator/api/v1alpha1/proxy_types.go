@@ -150,10 +150,12 @@ type Endpoint struct {
 	Port int32 `json:"port"`
 
 	// CredentialsSecretRef names a Secret in the Proxy's namespace whose keys username and
-	// password (the kubernetes.io/basic-auth layout) the proxy requires. Probes send them,
-	// and crawlers receive them in lease answers only. Changing the Secret's data takes
-	// effect within the worker's drift interval (2 minutes by default): the next lease gets
-	// the new ones. Unset for a proxy that takes no credentials.
+	// password (the kubernetes.io/basic-auth layout) the proxy requires. The Secret must
+	// carry the label crawl.example.com/proxy-credentials: "true", or it is not read and
+	// the Proxy is Unhealthy (reason CredentialsNotLabelled). Probes send them, and
+	// crawlers receive them in lease answers only. Changing the Secret's data or label
+	// takes effect within the worker's drift interval (2 minutes by default): the next
+	// lease gets the new ones. Unset for a proxy that takes no credentials.
 	// +optional
 	CredentialsSecretRef *SecretRef `json:"credentialsSecretRef,omitempty"`
 }
