@@ -10,8 +10,11 @@ package activities
 // NetworkPolicy, and deletes them with the pod. Nothing is watched: every read goes to the
 // API server. Which namespaces pods go to is limited by the worker's own allowlist
 // (--kubernetes-allowed-namespaces); deploy/ documents binding these rules per namespace.
+// A Proxy itself is patched once, to remove its finalizer when its last instance is gone
+// (ReleaseFinalizer); deploy/deployed runs the worker as this ServiceAccount, so a verb
+// missing here fails a test rather than a deletion in someone's cluster.
 //
-// +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list
+// +kubebuilder:rbac:groups=crawl.example.com,resources=proxies,verbs=get;list;patch
 // +kubebuilder:rbac:groups=crawl.example.com,resources=proxies/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;create;delete
