@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/activities/provider/squid"
@@ -60,7 +62,7 @@ func TestExternalProxyBehindRealSquid(t *testing.T) {
 	require.NoError(t, err)
 
 	ns := s.Namespace(t)
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "squid-credentials"},
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "squid-credentials", Labels: credentialsLabel},
 		Data: map[string][]byte{"username": []byte(creds.Username), "password": []byte(creds.Password)}}
 	require.NoError(t, s.Kube.Client.Create(ctx, secret))
 	p := s.LocalProxy(ns, "partner")
@@ -114,6 +116,63 @@ func TestExternalProxyBehindRealSquid(t *testing.T) {
 	recordHistory(t, s, contract.ProxyWorkflowID(ns, "partner"), "external-credentials.json")
 }
 
+// credentialsLabel lets a Secret serve as an External proxy's credentials.
+var credentialsLabel = map[string]string{v1alpha1.LabelProxyCredentials: "true"}
+
+// TestExternalCredentialsNeedTheLabel: an External Proxy that names a Secret without the
+// label crawl.example.com/proxy-credentials=true (anyone who may create a Proxy could
+// name any Secret of the namespace) gets nothing from it: not one request reaches the
+// endpoint, and the Proxy is Unhealthy with reason CredentialsNotLabelled, naming the
+// Secret and the label. Labelling the Secret makes it Ready within the drift interval,
+// the Proxy untouched.
+func TestExternalCredentialsNeedTheLabel(t *testing.T) {
+	s := stack.Start(t, stack.Options{})
+	ctx := context.Background()
+	ns := s.Namespace(t)
+	creds := proxyauth.Credentials{Username: "partner", Password: "unlabelled-canary-password"}
+	var asked atomic.Int32
+	fwd := &localproxy.ForwardProxy{Auth: local.NewAuth(creds)}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		fwd.ServeHTTP(w, r)
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	host, portText, _ := net.SplitHostPort(ln.Addr().String())
+	port, _ := strconv.Atoi(portText)
+
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "someone-elses"},
+		StringData: map[string]string{"username": creds.Username, "password": creds.Password}}
+	require.NoError(t, s.Kube.Client.Create(ctx, secret))
+	p := s.LocalProxy(ns, "partner")
+	p.Spec = v1alpha1.ProxySpec{
+		Mode:        v1alpha1.ModeExternal,
+		Endpoint:    &v1alpha1.Endpoint{Host: host, Port: int32(port), CredentialsSecretRef: &v1alpha1.SecretRef{Name: secret.Name}},
+		HealthCheck: p.Spec.HealthCheck,
+		MaxLeases:   4,
+	}
+	require.NoError(t, s.Kube.Client.Create(ctx, p))
+	p = s.WaitFor(t, ns, "partner", time.Minute, "Unhealthy for want of the label", func(p *v1alpha1.Proxy) bool {
+		c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionHealthy)
+		return c != nil && c.Status == metav1.ConditionFalse
+	})
+	healthy := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionHealthy)
+	assert.Equal(t, v1alpha1.ReasonCredentialsNotLabelled, healthy.Reason)
+	assert.Contains(t, healthy.Message, "credentials Secret "+ns+"/someone-elses lacks the label crawl.example.com/proxy-credentials=true")
+	assert.False(t, meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionReady))
+	assert.Zero(t, asked.Load(), "nothing was sent to the endpoint")
+
+	require.NoError(t, s.Kube.Client.Get(ctx, client.ObjectKeyFromObject(secret), secret))
+	secret.Labels = credentialsLabel
+	require.NoError(t, s.Kube.Client.Update(ctx, secret))
+	ready := s.WaitFor(t, ns, "partner", time.Minute, "Ready once the Secret is labelled", stack.Ready)
+	assert.Equal(t, p.Generation, ready.Generation, "the Proxy was not touched")
+	assert.Equal(t, v1alpha1.ReasonProbeSucceeded, meta.FindStatusCondition(ready.Status.Conditions, v1alpha1.ConditionHealthy).Reason)
+	assert.Positive(t, asked.Load())
+}
+
 // TestCredentialsNeverLeaveTheLeaseAnswer runs a Managed proxy and an External one whose
 // Secret holds a canary password, leases both, fetches through both, and then searches
 // every workflow history (memos included: they are recorded as upserts), every memo
@@ -136,7 +195,7 @@ func TestCredentialsNeverLeaveTheLeaseAnswer(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 	host, portText, _ := net.SplitHostPort(ln.Addr().String())
 	port, _ := strconv.Atoi(portText)
-	require.NoError(t, s.Kube.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "partner"},
+	require.NoError(t, s.Kube.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "partner", Labels: credentialsLabel},
 		StringData: map[string]string{"username": external.Username, "password": external.Password}}))
 	ext := s.LocalProxy(ns, "external")
 	ext.Spec = v1alpha1.ProxySpec{
