@@ -17,8 +17,9 @@ import (
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
-// TestAnInstanceBeingDeletedIsGone: a VM deleted behind the workflow's back, whose firewall
-// rule is still there, is reported by the gcp provider as being deleted. Neither a wait for
+// TestAnInstanceBeingDeletedIsGone: a VM deleted behind the workflow's back is reported by
+// the gcp provider as gone (or, for an instance made before firewall rules were shared,
+// whose own rule is still there, as being deleted). Neither a wait for
 // it to run nor the monitor's drift check waits for it to vanish; both report it gone, so
 // the workflow builds another. The provider runs against the fake Compute API on loopback.
 func TestAnInstanceBeingDeletedIsGone(t *testing.T) {

@@ -75,11 +75,6 @@ func gcEnv(t *testing.T) (*testsuite.TestWorkflowEnvironment, *activities.Activi
 	return env, acts
 }
 
-func orphanAt(name, uid string) provider.Instance {
-	return provider.Instance{Name: name, ProviderID: "id/" + name, CreatedAt: time.Now().Add(-time.Hour),
-		Labels: map[string]string{provider.LabelProxyUID: uid, provider.LabelInstallation: "mine"}}
-}
-
 func gcResult(t *testing.T, env *testsuite.TestWorkflowEnvironment) GCResult {
 	t.Helper()
 	require.True(t, env.IsWorkflowCompleted())

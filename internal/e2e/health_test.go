@@ -77,7 +77,8 @@ func TestExternalProxyFollowsItsEndpoint(t *testing.T) {
 	port, _ := strconv.Atoi(portStr)
 
 	ns := s.Namespace(t)
-	require.NoError(t, s.Kube.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "partner-credentials"},
+	require.NoError(t, s.Kube.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "partner-credentials",
+		Labels: map[string]string{v1alpha1.LabelProxyCredentials: "true"}},
 		StringData: map[string]string{"username": creds.Username, "password": creds.Password}}))
 	p := s.LocalProxy(ns, "partner")
 	p.Spec = v1alpha1.ProxySpec{

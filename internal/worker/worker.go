@@ -130,6 +130,9 @@ func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Clie
 	cfg.MonitorShards = cmp.Or(cfg.MonitorShards, DefaultMonitorShards)
 	pcfg := cfg.Providers
 	pcfg.Kube = kube
+	if pcfg.GCP.Logger == nil {
+		pcfg.GCP.Logger = log // what Get repairs (a shared firewall rule) goes to the worker's log
+	}
 	var actMetrics *activities.Metrics
 	if reg != nil {
 		pcfg.Metrics = provider.NewMetrics(reg)

@@ -305,8 +305,9 @@ type GCPSpec struct {
 	ExternalIP *bool `json:"externalIP,omitempty"`
 
 	// AllowedSourceRanges are the networks crawlers connect from. The provider keeps a
-	// firewall rule for each instance that admits the proxy port from these alone; every
-	// other source is dropped before it reaches Squid. Required with an external IP.
+	// firewall rule, shared by the instances with the same network, ranges and port, that
+	// admits the proxy port from these alone; every other source is dropped before it
+	// reaches Squid. Required with an external IP.
 	// +kubebuilder:validation:MaxItems=64
 	// +listType=set
 	// +optional
