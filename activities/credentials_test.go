@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.temporal.io/sdk/worker"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -312,4 +313,40 @@ func TestRotatedFleetKeyResealsOnlyAtTheDriftInterval(t *testing.T) {
 	got, err := rotated.Open(res.Sealed, "uid-r")
 	require.NoError(t, err)
 	assert.Equal(t, creds, got)
+}
+
+// TestUnhealthyProxyIsToldItsSecretIsNotLabelled: a proxy already unhealthy for another
+// reason (its Secret did not exist yet, the usual order when a Proxy is applied before its
+// Secret) learns that the Secret now there lacks the label, and the other way round: the
+// Healthy condition must not keep saying "not found" while the fix is to add the label.
+func TestUnhealthyProxyIsToldItsSecretIsNotLabelled(t *testing.T) {
+	f := newFixture(t)
+	f.acts.Keyring = testKeys(t)
+	kube := testenv.Kube(t).Client
+	ctx := context.Background()
+	require.NoError(t, kube.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "applied-later"},
+		Data: map[string][]byte{"username": []byte("u"), "password": []byte("p")}}))
+
+	actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	env := f.NewTestActivityEnvironment()
+	env.RegisterActivity(f.acts)
+	env.SetWorkerOptions(worker.Options{BackgroundActivityContext: actx})
+	in := activities.MonitorInput{
+		Target: "127.0.0.1:1",
+		HealthCheck: v1alpha1.HealthCheck{URL: "http://127.0.0.1:1/", Interval: "1s", Timeout: "500ms",
+			SuccessThreshold: 1, FailureThreshold: 1, ExpectedStatus: 200},
+		Last: activities.Health{Known: true, Healthy: false, FailureKind: probe.KindProxyAuth,
+			LastFailure: "credentials Secret " + f.ns + "/applied-later not found"},
+		DriftInterval: time.Second,
+		Auth:          &activities.ProbeAuth{Namespace: f.ns, Secret: "applied-later", UID: "uid-later"},
+	}
+	v, err := env.ExecuteActivity(f.acts.Monitor, in)
+	require.NoError(t, err, "the Monitor never reported that the Secret lacks the label")
+	var res activities.MonitorResult
+	require.NoError(t, v.Get(&res))
+	assert.Equal(t, activities.MonitorVerdict, res.Reason)
+	assert.False(t, res.Health.Healthy)
+	assert.Equal(t, v1alpha1.ReasonCredentialsNotLabelled, res.Health.FailureReason)
+	assert.Contains(t, res.Health.LastFailure, "lacks the label")
 }

@@ -176,9 +176,17 @@ func (a *Activities) watch(ctx context.Context, in MonitorInput, st *monitorProg
 		}
 		a.Metrics.probed(res)
 		now := time.Now()
+		before := st.Health.FailureReason
 		reason, changed := th.record(st, res, now)
 		if !res.OK {
 			st.Health.FailureReason = creds.reason
+			// A proxy already unhealthy whose failure now has another reason (its Secret,
+			// missing until now, turned up without the label; or was labelled but lacks
+			// its keys) says so: the condition must name what the user has to fix.
+			if !changed && st.Health.Known && !st.Health.Healthy && st.Health.FailureReason != before {
+				reason, changed = MonitorVerdict, true
+				st.LastReport = now
+			}
 		}
 		// A change is returned before any provider call; the next Monitor of a proxy that
 		// turned unhealthy checks the provider first thing.
