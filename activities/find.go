@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
@@ -45,7 +46,15 @@ type FindResult struct {
 // The spec's provider must answer (a failure, or a worker without it, is retried: adopting
 // from a partial answer could reuse or leak an instance). The worker's other providers are
 // asked too, in case the spec changed provider, but one that fails is skipped and logged:
-// a cloud outage elsewhere must not stop this Proxy. The status read is best-effort too.
+// a cloud outage elsewhere must not stop this Proxy.
+//
+// A run started for the delete alone (a cleanup run: no spec, in.Provider empty) must find
+// everything, because what it does not find leaks once it releases the finalizer. It reads
+// the Proxy object, which the finalizer keeps, for where its instances are: the spec's
+// provider and project and the project of the last instance it published. And every
+// provider must answer: a failure fails the call, which the workflow retries with backoff,
+// so an outage is waited out rather than skipped. For other runs the status read is
+// best-effort.
 func (a *Activities) FindInstances(ctx context.Context, in FindInput) (FindResult, error) {
 	if in.ProxyUID == "" {
 		// An empty UID would select the whole installation: never hand that to adoption.
@@ -56,34 +65,76 @@ func (a *Activities) FindInstances(ctx context.Context, in FindInput) (FindResul
 			return FindResult{}, fmt.Errorf("find instances: %w", err)
 		}
 	}
+	cleanup := in.Provider == ""
 	var out FindResult
-	for _, name := range slices.Sorted(maps.Keys(a.Providers)) {
-		owner := provider.Owner{Installation: a.Installation, ProxyUID: in.ProxyUID}
-		if name == in.Provider {
-			owner.Project = in.Project
-		}
-		cctx, cancel := a.callContext(ctx)
-		list, err := a.Providers[name].ListOwned(cctx, owner)
-		cancel()
-		if err != nil {
-			if name == in.Provider {
-				return FindResult{}, fmt.Errorf("find instances at %s: %w", name, err)
-			}
-			a.log().WarnContext(ctx, "finding a Proxy's instances at another provider failed; skipped", "provider", name, "error", err)
-			continue
-		}
-		for _, inst := range list {
-			out.Instances = append(out.Instances, OwnedInstance{Provider: name, Instance: inst})
+	// projects are the projects to list per provider besides its default ("").
+	projects := map[v1alpha1.Provider][]string{}
+	addProject := func(prov v1alpha1.Provider, project string) {
+		if project != "" && !slices.Contains(projects[prov], project) {
+			projects[prov] = append(projects[prov], project)
 		}
 	}
+	addProject(in.Provider, in.Project)
 	if a.Kube != nil && in.Name != "" {
 		p, err := a.ownProxy(ctx, ObjectRef{Namespace: in.Namespace, Name: in.Name, UID: in.ProxyUID})
 		switch {
+		case err != nil && cleanup:
+			return FindResult{}, fmt.Errorf("find instances: read the Proxy for where its instances are: %w", err)
 		case err != nil:
 			a.log().WarnContext(ctx, "reading the Proxy's published replacement count failed; counting from the instances", "error", err)
 		case p != nil:
 			out.Replacements = p.Status.Replacements
+			if cleanup && p.Spec.EffectiveMode() == v1alpha1.ModeManaged {
+				if p.Spec.GCP != nil {
+					addProject(v1alpha1.ProviderGCP, p.Spec.GCP.Project)
+				}
+				addProject(v1alpha1.ProviderGCP, gcpProject(p.Status.ProviderID))
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(a.Providers)) {
+		mustAnswer := cleanup || name == in.Provider
+		for _, project := range append([]string{""}, projects[name]...) {
+			owner := provider.Owner{Installation: a.Installation, ProxyUID: in.ProxyUID, Project: project}
+			cctx, cancel := a.callContext(ctx)
+			list, err := a.Providers[name].ListOwned(cctx, owner)
+			cancel()
+			if err != nil {
+				if mustAnswer {
+					return FindResult{}, fmt.Errorf("find instances at %s%s: %w", name, inProject(project), err)
+				}
+				a.log().WarnContext(ctx, "finding a Proxy's instances at another provider failed; skipped", "provider", name, "error", err)
+				break
+			}
+			for _, inst := range list {
+				if !slices.ContainsFunc(out.Instances, func(o OwnedInstance) bool {
+					return o.Provider == name && o.Instance.ProviderID == inst.ProviderID
+				}) {
+					out.Instances = append(out.Instances, OwnedInstance{Provider: name, Instance: inst})
+				}
+			}
 		}
 	}
 	return out, nil
+}
+
+func inProject(project string) string {
+	if project == "" {
+		return ""
+	}
+	return " in project " + project
+}
+
+// gcpProject is the project of a gcp provider ID (projects/<p>/zones/<z>/instances/<n>),
+// or "" for any other.
+func gcpProject(providerID string) string {
+	rest, ok := strings.CutPrefix(providerID, "projects/")
+	if !ok {
+		return ""
+	}
+	project, _, ok := strings.Cut(rest, "/")
+	if !ok || !strings.Contains(rest, "/instances/") {
+		return ""
+	}
+	return project
 }
