@@ -2,7 +2,6 @@ package workflows
 
 import (
 	"fmt"
-	"maps"
 	"sort"
 	"time"
 
@@ -147,11 +146,11 @@ func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 		res.Spared = append(res.Spared, pr.Spared...)
 		res.DeletedCount += pr.DeletedCount
 		res.SparedCount += pr.SparedCount
-		for reason, n := range pr.SparedBy {
+		for _, reason := range workflow.DeterministicKeys(pr.SparedBy) {
 			if res.SparedBy == nil {
 				res.SparedBy = map[string]int{}
 			}
-			res.SparedBy[reason] += n
+			res.SparedBy[reason] += pr.SparedBy[reason]
 		}
 		res.ErrorCount += pr.ErrorCount
 		for _, e := range pr.Errors {
@@ -225,7 +224,9 @@ func recordGC(ctx workflow.Context, res *GCResult) {
 		sum.Outcome = "skipped"
 	}
 	if res.SparedBy != nil {
-		maps.Copy(sum.Spared, res.SparedBy)
+		for _, reason := range workflow.DeterministicKeys(res.SparedBy) {
+			sum.Spared[reason] = res.SparedBy[reason]
+		}
 	} else {
 		for _, it := range res.Spared { // a sweep of before gcVersionPaged lists everything
 			sum.Spared[it.Reason]++
