@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/temporal"
@@ -147,8 +148,25 @@ func (r *SweepResult) addSpared(it GCItem) {
 func (r *SweepResult) addError(msg string) {
 	r.ErrorCount++
 	if len(r.Errors) < SweepMaxErrors {
-		r.Errors = append(r.Errors, msg)
+		r.Errors = append(r.Errors, TruncateMessage(msg))
 	}
+}
+
+// SweepMaxMessage is how many bytes of an error message a result keeps: the message is
+// whatever the provider's API answered.
+const SweepMaxMessage = 1024
+
+// TruncateMessage cuts msg to at most SweepMaxMessage bytes, at a rune boundary.
+func TruncateMessage(msg string) string {
+	if len(msg) <= SweepMaxMessage {
+		return msg
+	}
+	const more = " … (cut short)"
+	cut := SweepMaxMessage - len(more)
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + more
 }
 
 // SweepProvider lists the live Proxies and running workflows, then the provider's instances
@@ -156,25 +174,41 @@ func (r *SweepResult) addError(msg string) {
 // its progress. Nothing is deleted unless both live lists were read whole. A retried
 // attempt lists again and carries on counting from the last heartbeat: what it deleted
 // before is gone from the new listing, and a delete of something already gone succeeds.
+//
+// Ages are taken at the moment the live set was read, however long the listing and the
+// deletes take after it: an instance made since then may belong to a Proxy made since
+// then, which neither live list shows, so it is too young to judge. Each delete is bounded
+// by the call timeout (see callContext), so one that hangs is an error and the sweep goes
+// on; the listings, which take as long as the fleet is large, are kept alive by a
+// heartbeat of their own.
 func (a *Activities) SweepProvider(ctx context.Context, in SweepInput) (SweepResult, error) {
 	var res SweepResult
-	if activity.HasHeartbeatDetails(ctx) {
+	if activity.HasHeartbeatDetails(ctx) && !in.DryRun {
 		// What a failed attempt deleted is gone from the new listing, so it is kept; what it
-		// spared or failed to delete is listed and judged again, so that is counted anew.
+		// spared or failed to delete is listed and judged again, so that is counted anew. A
+		// dry run deleted nothing: it lists and counts everything again.
 		var prev SweepResult
 		if activity.GetHeartbeatDetails(ctx, &prev) == nil {
 			res.DeletedCount, res.Deleted = prev.DeletedCount, prev.Deleted
+			if len(res.Deleted) > SweepSampleSize {
+				res.Deleted = res.Deleted[:SweepSampleSize]
+			}
 		}
 	}
+	stop := a.keepAlive(ctx, res)
+	liveAt := time.Now()
 	live, err := a.ListLiveUIDs(ctx, in.Live)
 	if err != nil {
+		stop()
 		return SweepResult{}, temporal.NewApplicationError(err.Error(), ErrTypeLiveUnavailable)
 	}
 	p, err := a.Providers.Get(in.Provider)
 	if err != nil {
+		stop()
 		return SweepResult{}, temporal.NewApplicationError(fmt.Sprintf("%s: %v", in.Provider, err), ErrTypeListFailed)
 	}
 	instances, err := p.ListOwned(ctx, provider.Owner{Installation: in.Installation})
+	stop()
 	if err != nil {
 		return SweepResult{}, temporal.NewApplicationError(fmt.Sprintf("list %s: %v", in.Provider, err), ErrTypeListFailed)
 	}
@@ -184,17 +218,21 @@ func (a *Activities) SweepProvider(ctx context.Context, in SweepInput) (SweepRes
 	minAge := in.MinAge
 	for start := 0; start < len(instances); start += sweepPageSize {
 		page := instances[start:min(start+sweepPageSize, len(instances))]
-		del, spare := DecideOrphans(page, in.Provider, live, in.Installation, minAge, time.Now())
+		del, spare := DecideOrphans(page, in.Provider, live, in.Installation, minAge, liveAt)
 		for _, it := range spare {
 			res.addSpared(it)
 		}
 		for _, it := range del {
 			if !in.DryRun {
-				if err := a.deleteOrphan(ctx, OrphanInput{Provider: in.Provider, ProviderID: it.ProviderID, Name: it.Name, UID: it.UID}); err != nil {
+				cctx, cancel := a.callContext(ctx)
+				err := a.deleteOrphan(cctx, OrphanInput{Provider: in.Provider, ProviderID: it.ProviderID, Name: it.Name, UID: it.UID})
+				cancel()
+				if err != nil {
 					if ctx.Err() != nil {
 						return res, ctx.Err()
 					}
 					res.addError(fmt.Sprintf("%s: delete %s: %v", in.Provider, it.ProviderID, err))
+					activity.RecordHeartbeat(ctx, res)
 					continue
 				}
 			}
@@ -211,6 +249,34 @@ func (a *Activities) SweepProvider(ctx context.Context, in SweepInput) (SweepRes
 		res.Spared = []GCItem{}
 	}
 	return res, nil
+}
+
+// keepAlive heartbeats progress (a copy of it, which does not change meanwhile) until stop
+// is called: at once, then twice per call timeout (see callContext), well within the
+// heartbeat timeout.
+func (a *Activities) keepAlive(ctx context.Context, progress SweepResult) (stop func()) {
+	every := orDefault(a.CallTimeout, 20*time.Second)
+	if hb := activity.GetInfo(ctx).HeartbeatTimeout; hb > 0 {
+		every = min(every, hb/2)
+	}
+	activity.RecordHeartbeat(ctx, progress)
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(max(every/2, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				activity.RecordHeartbeat(ctx, progress)
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
 }
 
 // IsSweepError reports whether err is a sweep error of type typ.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	commonpb "go.temporal.io/api/common/v1"
 	workflowpb "go.temporal.io/api/workflow/v1"
 	"go.temporal.io/api/workflowservice/v1"
+	"go.temporal.io/sdk/activity"
 	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/temporal"
 
@@ -166,4 +168,185 @@ func TestSweepDryRunDeletesNothing(t *testing.T) {
 	require.NoError(t, v.Get(&res))
 	assert.Equal(t, 1, res.DeletedCount, "counted as would-delete")
 	assert.Empty(t, mem.deleted)
+}
+
+// hookProvider is a memProvider whose listing and deletes can be made to do something of
+// their own: create a Proxy while the sweep lists, wait for a heartbeat, hang.
+type hookProvider struct {
+	*memProvider
+	onList   func(ctx context.Context)
+	onDelete func(ctx context.Context, id string) error
+}
+
+func (p *hookProvider) ListOwned(ctx context.Context, owner provider.Owner) ([]provider.Instance, error) {
+	if p.onList != nil {
+		p.onList(ctx)
+	}
+	return p.memProvider.ListOwned(ctx, owner)
+}
+
+func (p *hookProvider) Delete(ctx context.Context, id string) error {
+	if p.onDelete != nil {
+		if err := p.onDelete(ctx, id); err != nil {
+			return err
+		}
+	}
+	return p.memProvider.Delete(ctx, id)
+}
+
+// TestSweepSparesAnInstanceMadeAfterTheLiveSet: the live set is read first, then the
+// listing, and a large sweep decides its last pages long after. A Proxy created after the
+// live set was read is in neither of its lists; its instance, listed and then judged more
+// than the minimum age after it was made, looked orphaned and was deleted. Ages are taken
+// at the moment the live set was read, so anything made since is too young to judge.
+// (The minimum age here is 1ns, so that the listing's own Kubernetes call outlasts it, as
+// a fleet's listing and deletes outlast ten minutes.)
+func TestSweepSparesAnInstanceMadeAfterTheLiveSet(t *testing.T) {
+	f := newFixture(t)
+	mem := &memProvider{instances: map[string]provider.Instance{}}
+	hp := &hookProvider{memProvider: mem}
+	hp.onList = func(context.Context) {
+		made := time.Now()
+		late := f.proxy(t, "late") // after the live set was read
+		inst := owned("late", string(late.UID), "test", 0)
+		inst.CreatedAt = made
+		mem.mu.Lock()
+		mem.instances[inst.ProviderID] = inst
+		mem.mu.Unlock()
+	}
+	f.acts.Providers = provider.Registry{v1alpha1.ProviderLocal: hp}
+	f.acts.Temporal = runningWith(t)
+	v, err := f.env.ExecuteActivity(f.acts.SweepProvider, activities.SweepInput{
+		Provider: v1alpha1.ProviderLocal, Installation: "test", MinAge: time.Nanosecond,
+		Live: activities.LiveInput{WorkflowQuery: "q", MemoKey: "proxy"},
+	})
+	require.NoError(t, err)
+	var res activities.SweepResult
+	require.NoError(t, v.Get(&res))
+	assert.Empty(t, mem.deleted, "the instance of a Proxy made during the sweep is live")
+	assert.Equal(t, map[string]int{activities.GCReasonTooYoung: 1}, res.SparedBy)
+}
+
+// TestSweepBoundsEachDelete: a delete that hangs is one error after the call timeout, and
+// the sweep goes on to the orphans after it. Unbounded, it held the activity without a
+// heartbeat until Temporal timed it out, every attempt and every sweep (the order is the
+// same each time), so no orphan after it was ever deleted.
+func TestSweepBoundsEachDelete(t *testing.T) {
+	f := newFixture(t)
+	mem := &memProvider{instances: map[string]provider.Instance{}}
+	for _, inst := range []provider.Instance{owned("a-hangs", "gone-1", "test", time.Hour), owned("b-orphan", "gone-2", "test", time.Hour)} {
+		mem.instances[inst.ProviderID] = inst
+	}
+	unbounded := false
+	hp := &hookProvider{memProvider: mem, onDelete: func(ctx context.Context, id string) error {
+		if id != "mem/a-hangs" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Second): // the test's own deadline
+			unbounded = true
+			return errors.New("the delete was not bounded")
+		}
+	}}
+	f.acts.Providers = provider.Registry{v1alpha1.ProviderLocal: hp}
+	f.acts.Temporal = runningWith(t)
+	f.acts.CallTimeout = 100 * time.Millisecond
+	v, err := f.env.ExecuteActivity(f.acts.SweepProvider, activities.SweepInput{
+		Provider: v1alpha1.ProviderLocal, Installation: "test", MinAge: time.Minute,
+		Live: activities.LiveInput{WorkflowQuery: "q", MemoKey: "proxy"},
+	})
+	require.NoError(t, err)
+	var res activities.SweepResult
+	require.NoError(t, v.Get(&res))
+	assert.False(t, unbounded, "a provider call is bounded by the call timeout")
+	assert.Equal(t, []string{"mem/b-orphan"}, mem.deleted)
+	assert.Equal(t, 1, res.ErrorCount)
+	assert.Equal(t, 1, res.DeletedCount)
+}
+
+// TestSweepHeartbeatsWhileListing: the listings come before the first delete, and a
+// fleet's take longer than the heartbeat timeout (a minute); without a heartbeat meanwhile
+// every attempt timed out before it deleted anything.
+func TestSweepHeartbeatsWhileListing(t *testing.T) {
+	f := newFixture(t)
+	mem := &memProvider{instances: map[string]provider.Instance{}}
+	inst := owned("orphan", "gone", "test", time.Hour)
+	mem.instances[inst.ProviderID] = inst
+	beat := make(chan struct{}, 1)
+	f.env.SetOnActivityHeartbeatListener(func(*activity.Info, converter.EncodedValues) {
+		select {
+		case beat <- struct{}{}:
+		default:
+		}
+	})
+	listed := false
+	hp := &hookProvider{memProvider: mem, onList: func(ctx context.Context) {
+		select {
+		case <-beat:
+			listed = true
+		case <-time.After(10 * time.Second): // the test's own deadline
+		}
+	}}
+	f.acts.Providers = provider.Registry{v1alpha1.ProviderLocal: hp}
+	f.acts.Temporal = runningWith(t)
+	f.acts.CallTimeout = 100 * time.Millisecond
+	_, err := f.env.ExecuteActivity(f.acts.SweepProvider, activities.SweepInput{
+		Provider: v1alpha1.ProviderLocal, Installation: "test", MinAge: time.Minute,
+		Live: activities.LiveInput{WorkflowQuery: "q", MemoKey: "proxy"},
+	})
+	require.NoError(t, err)
+	assert.True(t, listed, "the sweep heartbeats while the provider lists")
+}
+
+// TestSweepDryRunRetryCountsOnce: a dry run deletes nothing, so its retry lists the same
+// orphans again; carrying the failed attempt's count over counted each twice.
+func TestSweepDryRunRetryCountsOnce(t *testing.T) {
+	f := newFixture(t)
+	mem := &memProvider{instances: map[string]provider.Instance{}}
+	for _, inst := range []provider.Instance{owned("o1", "gone-1", "test", time.Hour), owned("o2", "gone-2", "test", time.Hour)} {
+		mem.instances[inst.ProviderID] = inst
+	}
+	f.acts.Providers = provider.Registry{v1alpha1.ProviderLocal: mem}
+	f.acts.Temporal = runningWith(t)
+	f.env.SetHeartbeatDetails(activities.SweepResult{Listed: 2, DeletedCount: 1,
+		Deleted: []activities.GCItem{{Name: "o1", ProviderID: "mem/o1", Reason: activities.GCReasonOrphan}}, Done: 2})
+	v, err := f.env.ExecuteActivity(f.acts.SweepProvider, activities.SweepInput{
+		Provider: v1alpha1.ProviderLocal, Installation: "test", MinAge: time.Minute, DryRun: true,
+		Live: activities.LiveInput{WorkflowQuery: "q", MemoKey: "proxy"},
+	})
+	require.NoError(t, err)
+	var res activities.SweepResult
+	require.NoError(t, v.Get(&res))
+	assert.Equal(t, 2, res.DeletedCount)
+	assert.Len(t, res.Deleted, 2)
+	assert.Empty(t, mem.deleted)
+}
+
+// TestSweepResultBoundsErrorMessages: a provider's error message is whatever the cloud
+// answered; ten of them must not carry the result (and each heartbeat) past the payload
+// limit.
+func TestSweepResultBoundsErrorMessages(t *testing.T) {
+	f := newFixture(t)
+	mem := &memProvider{instances: map[string]provider.Instance{}}
+	for i := range 20 {
+		inst := owned(fmt.Sprintf("o%d", i), "gone", "test", time.Hour)
+		mem.instances[inst.ProviderID] = inst
+	}
+	huge := strings.Repeat("x", 1<<20)
+	hp := &hookProvider{memProvider: mem, onDelete: func(context.Context, string) error { return errors.New(huge) }}
+	f.acts.Providers = provider.Registry{v1alpha1.ProviderLocal: hp}
+	f.acts.Temporal = runningWith(t)
+	v, err := f.env.ExecuteActivity(f.acts.SweepProvider, activities.SweepInput{
+		Provider: v1alpha1.ProviderLocal, Installation: "test", MinAge: time.Minute,
+		Live: activities.LiveInput{WorkflowQuery: "q", MemoKey: "proxy"},
+	})
+	require.NoError(t, err)
+	var res activities.SweepResult
+	require.NoError(t, v.Get(&res))
+	assert.Equal(t, 20, res.ErrorCount)
+	b, err := json.Marshal(res)
+	require.NoError(t, err)
+	assert.Less(t, len(b), 32<<10, "error messages are cut short")
 }

@@ -132,13 +132,14 @@ func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 		case activities.IsSweepError(err, activities.ErrTypeLiveUnavailable):
 			// Without a complete live set every instance looks orphaned: never guess.
 			res.Skipped = true
-			res.SkipReason = "could not list live proxies: " + errorMessage(err)
+			res.SkipReason = activities.TruncateMessage("could not list live proxies: " + errorMessage(err))
 			workflow.GetLogger(ctx).Warn("GC skipped", "reason", res.SkipReason)
 			return res, nil
 		case err != nil:
 			res.ErrorCount++
 			if len(res.Errors) < activities.SweepMaxErrors {
-				res.Errors = append(res.Errors, fmt.Sprintf("%s: %s", prov, errorMessage(err)))
+				// The message is whatever the provider's API answered: keep a bounded part.
+				res.Errors = append(res.Errors, activities.TruncateMessage(fmt.Sprintf("%s: %s", prov, errorMessage(err))))
 			}
 			continue
 		}

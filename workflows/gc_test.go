@@ -167,3 +167,17 @@ func TestGCResultIsBoundedWhateverTheFleet(t *testing.T) {
 	require.NoError(t, err)
 	assert.Less(t, len(b), 64<<10, "the result is far below the payload limit")
 }
+
+// TestGCResultBoundsAProviderFailure: a provider's failure message is whatever its API
+// answered; the result keeps a bounded part of it.
+func TestGCResultBoundsAProviderFailure(t *testing.T) {
+	env, acts := gcEnv(t)
+	env.OnActivity(acts.SweepProvider, mock.Anything, mock.Anything).
+		Return(activities.SweepResult{}, temporal.NewNonRetryableApplicationError(strings.Repeat("x", 1<<20), activities.ErrTypeListFailed, nil))
+	env.ExecuteWorkflow(GCWorkflow, GCInput{Installation: "mine", Providers: []v1alpha1.Provider{"gcp", "kubernetes", "local"}})
+	res := gcResult(t, env)
+	assert.Equal(t, 3, res.ErrorCount)
+	b, err := json.Marshal(res)
+	require.NoError(t, err)
+	assert.Less(t, len(b), 64<<10, "the result is far below the payload limit")
+}
