@@ -112,7 +112,8 @@ func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 		MemoKey:       contract.MemoKey,
 	}
 	if version < gcVersionPaged {
-		return res, gcWholeListings(ctx, in, liveIn, minAge, &res)
+		err := gcWholeListings(ctx, in, liveIn, minAge, &res) // before res is read: the order of a return's operands is unspecified
+		return res, err
 	}
 
 	// A provider's sweep lists and deletes for as long as its fleet takes; the heartbeat
@@ -122,13 +123,21 @@ func GCWorkflow(ctx workflow.Context, in GCInput) (GCResult, error) {
 		HeartbeatTimeout:    time.Minute,
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second, MaximumAttempts: 3},
 	})
-	for _, prov := range in.Providers {
+	for i, prov := range in.Providers {
 		workflow.SetCurrentDetails(ctx, fmt.Sprintf("sweeping %s instances of installation %s", prov, in.Installation))
 		var pr activities.SweepResult
 		err := workflow.ExecuteActivity(actx, a.SweepProvider, activities.SweepInput{
 			Provider: prov, Installation: in.Installation, MinAge: minAge, DryRun: in.DryRun, Live: liveIn,
 		}).Get(ctx, &pr)
 		switch {
+		case activities.IsSweepError(err, activities.ErrTypeLiveUnavailable) && i > 0:
+			// Providers swept before did delete: the sweep is partial, not skipped. This
+			// provider is left for the next one.
+			res.ErrorCount++
+			if len(res.Errors) < activities.SweepMaxErrors {
+				res.Errors = append(res.Errors, activities.TruncateMessage(fmt.Sprintf("%s: not swept: could not list live proxies: %s", prov, errorMessage(err))))
+			}
+			continue
 		case activities.IsSweepError(err, activities.ErrTypeLiveUnavailable):
 			// Without a complete live set every instance looks orphaned: never guess.
 			res.Skipped = true

@@ -181,3 +181,20 @@ func TestGCResultBoundsAProviderFailure(t *testing.T) {
 	require.NoError(t, err)
 	assert.Less(t, len(b), 64<<10, "the result is far below the payload limit")
 }
+
+// TestGCLiveSetLostMidSweepIsPartial: a live-set failure after a provider was swept leaves
+// the next provider for the next sweep and says so; the sweep is not reported skipped,
+// since the first provider's orphans were deleted.
+func TestGCLiveSetLostMidSweepIsPartial(t *testing.T) {
+	env, acts := gcEnv(t)
+	env.OnActivity(acts.SweepProvider, mock.Anything, mock.MatchedBy(func(in activities.SweepInput) bool { return in.Provider == "gcp" })).
+		Return(activities.SweepResult{DeletedCount: 2, Deleted: []GCItem{{Name: "o1"}, {Name: "o2"}}}, nil)
+	env.OnActivity(acts.SweepProvider, mock.Anything, mock.MatchedBy(func(in activities.SweepInput) bool { return in.Provider == "local" })).
+		Return(activities.SweepResult{}, temporal.NewApplicationError("list proxies: forbidden", activities.ErrTypeLiveUnavailable))
+	env.ExecuteWorkflow(GCWorkflow, GCInput{Installation: "mine", Providers: []v1alpha1.Provider{"gcp", "local"}})
+	res := gcResult(t, env)
+	assert.False(t, res.Skipped)
+	assert.Equal(t, 2, res.DeletedCount)
+	require.Len(t, res.Errors, 1)
+	assert.Contains(t, res.Errors[0], "local: not swept")
+}
