@@ -458,12 +458,13 @@ func (s *ProxyState) deleted(name string) {
 			break
 		}
 	}
-	s.DeleteRetryAt = time.Time{}
+	s.DeleteRetryAt, s.DeleteAttempts = time.Time{}, 0
 }
 
 // deleteFailed holds off deletes after a failed one, separately from creates.
 func (s *ProxyState) deleteFailed(msg string, now time.Time, t Tuning) {
-	s.DeleteRetryAt = now.Add(t.backoff(s.Attempt + 1))
+	s.DeleteAttempts++
+	s.DeleteRetryAt = now.Add(t.backoff(s.DeleteAttempts))
 	s.LastError = msg
 }
 

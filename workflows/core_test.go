@@ -470,12 +470,24 @@ func TestWaitedAndVerified(t *testing.T) {
 func TestDeleteTransitions(t *testing.T) {
 	s := steadyState()
 	s.requestDelete(contract.DeleteSignal{UID: "u1"})
-	s.Attempt = 2
+	s.Attempt = 5 // creates' failures do not set the delete's pace
 	s.deleteFailed("api down", t0, tuning0)
-	assert.Equal(t, t0.Add(tuning0.backoff(3)), s.DeleteRetryAt)
+	assert.Equal(t, t0.Add(tuning0.backoff(1)), s.DeleteRetryAt)
 	assert.Equal(t, stepSteady, plan(&s, t0), "waits out the delete's backoff")
 	assert.Equal(t, stepDelete, plan(&s, s.DeleteRetryAt))
+	// Each failure in a row waits longer, up to RetryMax.
+	var waits []time.Duration
+	for range 12 {
+		s.deleteFailed("api down", t0, tuning0)
+		waits = append(waits, s.DeleteRetryAt.Sub(t0))
+	}
+	for i := 1; i < len(waits); i++ {
+		assert.GreaterOrEqual(t, waits[i], waits[i-1])
+	}
+	assert.Greater(t, waits[3], waits[0], "delete retries back off")
+	assert.Equal(t, tuning0.RetryMax, waits[len(waits)-1])
 	s.deleted("a")
+	assert.Zero(t, s.DeleteAttempts, "a delete that succeeds starts the count again")
 	assert.Empty(t, s.Retiring)
 	assert.True(t, s.DeleteRetryAt.IsZero())
 	assert.Equal(t, stepFinish, plan(&s, t0))

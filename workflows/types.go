@@ -228,6 +228,9 @@ type ProxyState struct {
 	// DeleteRetryAt holds off deletes after a failed one, separately from creates: a quota
 	// wait for a replacement must not delay deleting an instance nobody wants.
 	DeleteRetryAt time.Time `json:"deleteRetryAt,omitempty"`
+	// DeleteAttempts counts consecutive failed deletes, so their backoff grows as creates'
+	// does (Attempt counts creates, and a delete that fails does not touch it).
+	DeleteAttempts int `json:"deleteAttempts,omitempty"`
 	Attempt       int       `json:"attempt,omitempty"`
 	LastError     string    `json:"lastError,omitempty"`
 
