@@ -103,6 +103,9 @@ func (p *pod) start(t *testing.T, c *cluster, all []*pod) {
 	env := p.environment(t, c, ctr)
 	var args []string
 	for _, a := range append(slices.Clone(ctr.Command[1:]), ctr.Args...) {
+		// Kubernetes passes a reference to a variable the container lacks on as it is
+		// written; the binary would take "$(X)" for a value. Here it fails.
+		require.Empty(t, unresolved(a, env), "%s: argument %q names variables the container's environment lacks", p.name, a)
 		args = append(args, expand(a, env))
 	}
 	rewrite := func(s string) string { return p.network(t, c, all, mounts.rewrite(s)) }
@@ -161,6 +164,9 @@ func (p *pod) mountVolumes(t *testing.T, c *cluster, ctr corev1.Container) mount
 			if v.Secret.DefaultMode != nil {
 				mode = os.FileMode(*v.Secret.DefaultMode)
 			}
+			// The binaries run as this test's user, which owns the files; in a pod they
+			// run as the manifest's user, and the kubelet's files belong to root.
+			require.NoError(t, secretVolumeReadable(p.spec, ctr, *v.Secret), "%s: volume %s", p.name, v.Name)
 			for k, data := range s.Data {
 				require.NoError(t, os.WriteFile(filepath.Join(host, k), data, mode))
 			}
@@ -202,6 +208,7 @@ func (p *pod) environment(t *testing.T, c *cluster, ctr corev1.Container) map[st
 	for _, e := range ctr.Env {
 		switch vf := e.ValueFrom; {
 		case vf == nil:
+			require.Empty(t, unresolved(e.Value, env), "%s: env %s names variables defined neither before it nor through envFrom", p.name, e.Name)
 			env[e.Name] = expand(e.Value, env)
 		case vf.FieldRef != nil:
 			switch vf.FieldRef.FieldPath {
@@ -228,6 +235,88 @@ func (p *pod) environment(t *testing.T, c *cluster, ctr corev1.Container) map[st
 		}
 	}
 	return env
+}
+
+// unresolved names the variables s refers to as $(VAR) that env lacks.
+func unresolved(s string, env map[string]string) []string {
+	var missing []string
+	for i := 0; i+1 < len(s); i++ {
+		if s[i] != '$' {
+			continue
+		}
+		switch s[i+1] {
+		case '$':
+			i++
+		case '(':
+			end := strings.IndexByte(s[i:], ')')
+			if end < 0 {
+				return missing
+			}
+			if name := s[i+2 : i+end]; !hasKey(env, name) {
+				missing = append(missing, name)
+			}
+			i += end
+		}
+	}
+	return missing
+}
+
+// secretVolumeReadable reports whether the container can read the files of a Secret
+// volume as a kubelet lays them out: owned by root, in group fsGroup (with group read
+// added) when the pod sets one, else in root's group with the volume's mode alone.
+func secretVolumeReadable(spec corev1.PodSpec, ctr corev1.Container, vol corev1.SecretVolumeSource) error {
+	var uid, gid int64
+	var groups []int64
+	var fsGroup *int64
+	if psc := spec.SecurityContext; psc != nil {
+		fsGroup = psc.FSGroup
+		uid, gid = deref(psc.RunAsUser, 0), deref(psc.RunAsGroup, 0)
+		groups = append(groups, psc.SupplementalGroups...)
+	}
+	if csc := ctr.SecurityContext; csc != nil {
+		uid, gid = deref(csc.RunAsUser, uid), deref(csc.RunAsGroup, gid)
+	}
+	if uid == 0 {
+		return nil
+	}
+	fileGroup := int64(0)
+	if fsGroup != nil {
+		fileGroup = *fsGroup
+		groups = append(groups, *fsGroup)
+	}
+	modes := []int32{0o644}
+	if vol.DefaultMode != nil {
+		modes[0] = *vol.DefaultMode
+	}
+	for _, it := range vol.Items {
+		if it.Mode != nil {
+			modes = append(modes, *it.Mode)
+		}
+	}
+	for _, m := range modes {
+		mode := os.FileMode(m)
+		if fsGroup != nil {
+			mode |= 0o440
+		}
+		inGroup := gid == fileGroup || slices.Contains(groups, fileGroup)
+		if mode&0o004 == 0 && !(inGroup && mode&0o040 != 0) {
+			return fmt.Errorf("Secret %s's files (mode %#o, owner 0, group %d) cannot be read by user %d, group %d, groups %v",
+				vol.SecretName, mode, fileGroup, uid, gid, groups)
+		}
+	}
+	return nil
+}
+
+func hasKey(m map[string]string, k string) bool {
+	_, ok := m[k]
+	return ok
+}
+
+func deref(p *int64, def int64) int64 {
+	if p == nil {
+		return def
+	}
+	return *p
 }
 
 // expand replaces $(VAR) by VAR's value where VAR is defined and $$ by $, as Kubernetes
