@@ -98,14 +98,16 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 			st, resumed = prev, true
 		}
 	}
-	return a.watch(ctx, in, &st, resumed, func(st monitorProgress) { activity.RecordHeartbeat(ctx, st) })
+	// A resumed attempt's predecessor made the provider check an unhealthy start makes.
+	return a.watch(ctx, in, &st, resumed, !resumed, func(st monitorProgress) { activity.RecordHeartbeat(ctx, st) })
 }
 
 // watch is one proxy's watch: it probes and checks the provider until something is worth
 // writing down, and returns it. st holds the counters, so a caller that watches on after a
 // change (rather than starting a new Monitor) keeps them; resumed says they came from
-// another process. beat, if set, is told them after every probe.
-func (a *Activities) watch(ctx context.Context, in MonitorInput, st *monitorProgress, resumed bool, beat func(monitorProgress)) (MonitorResult, error) {
+// another process (the probe cadence carries on). checkFirst asks the provider first about
+// a proxy that starts unhealthy. beat, if set, is told them after every probe.
+func (a *Activities) watch(ctx context.Context, in MonitorInput, st *monitorProgress, resumed, checkFirst bool, beat func(monitorProgress)) (MonitorResult, error) {
 	interval, err := in.HealthCheck.EffectiveInterval()
 	if err != nil {
 		return MonitorResult{}, classify("monitor", err)
@@ -140,7 +142,7 @@ func (a *Activities) watch(ctx context.Context, in MonitorInput, st *monitorProg
 	// turned it unhealthy was returned without waiting for the provider (a slow cloud API
 	// must not keep a dead proxy leasable), so the check it skipped happens here, and a
 	// killed, stopped or preempted instance is still replaced at once.
-	if prv != nil && !resumed && st.Health.Known && !st.Health.Healthy {
+	if prv != nil && checkFirst && st.Health.Known && !st.Health.Healthy {
 		st.LastDrift = time.Now()
 		if lost, ok := a.drift(ctx, prv, string(in.Instance.Provider), providerID, st.Health); ok {
 			return lost, nil

@@ -164,7 +164,10 @@ func (ms *members) run(ctx context.Context, workflowID string, memo MonitorMemo,
 	st := monitorProgress{Health: in.Last, LastReport: time.Now()}
 	pause := ms.retry
 	for {
-		res, err := ms.a.watch(ctx, in, &st, resumed, nil)
+		// The provider check an unhealthy start makes is made on every start: a member
+		// that takes over (its shard moved, its worker restarted) cannot know whether the
+		// one before it made it, and a lost instance would wait for the next drift check.
+		res, err := ms.a.watch(ctx, in, &st, resumed, true, nil)
 		if ctx.Err() != nil {
 			return
 		}

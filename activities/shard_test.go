@@ -479,3 +479,23 @@ func TestShardFollowsTheLatestRun(t *testing.T) {
 	assert.False(t, got[0].Result.Health.Healthy)
 	assert.Equal(t, "new", got[0].Epoch, "the shard watched for a run that has ended")
 }
+
+// TestAMemberThatTakesOverChecksTheProvider: a member that starts from an unhealthy verdict
+// in another process (its shard moved) asks the provider first, as a fresh one does: a
+// lost instance is reported at once, not at the next drift check.
+func TestAMemberThatTakesOverChecksTheProvider(t *testing.T) {
+	m := newMonitorEnv(t)
+	inst, ii := m.instance(t, "px-shard-moved")
+	in := m.input(inst, activities.Health{Known: true, Healthy: false, LastFailure: "connect: refused", Since: time.Now().Add(-time.Minute)})
+	in.Instance = &ii
+	in.DriftInterval = time.Hour
+	_, _, err := m.daemon.Kill("px-shard-moved")
+	require.NoError(t, err)
+	fw := newFakeWorkflows()
+	ms := activities.NewMembers(m.acts, fw, "monitor")
+	defer ms.StopAll()
+
+	ms.Sync(t.Context(), "wf-moved", "run", &activities.MonitorMemo{Epoch: "e1", Input: in}, true)
+	got := fw.waitReports(t, "wf-moved", 1)
+	assert.Equal(t, activities.MonitorStopped, got[0].Result.Reason)
+}
