@@ -66,7 +66,11 @@ func (a *Activities) probeCredentials(ctx context.Context, auth *ProbeAuth, rese
 		c, err := a.readCredentials(ctx, auth.Namespace, auth.Secret)
 		if err != nil {
 			var cerr *credentialsError
-			if !errors.As(err, &cerr) && auth.Sealed != "" {
+			// Only a passing failure (the API server slow or away) falls back to what was
+			// sealed before; a refusal (RBAC narrowed on purpose) or an unusable Secret
+			// does not, or credentials read before the label was required would be sent on.
+			refused := apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)
+			if !errors.As(err, &cerr) && !refused && auth.Sealed != "" {
 				if old, oerr := a.Keyring.Open(auth.Sealed, auth.UID); oerr == nil {
 					a.log().WarnContext(ctx, "credentials Secret unreadable; probing with the last ones read", "secret", auth.Namespace+"/"+auth.Secret, "error", err)
 					return probeCredentials{creds: old, sealed: auth.Sealed}

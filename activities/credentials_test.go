@@ -3,6 +3,7 @@ package activities_test
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/sdk/worker"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -349,4 +351,55 @@ func TestUnhealthyProxyIsToldItsSecretIsNotLabelled(t *testing.T) {
 	assert.False(t, res.Health.Healthy)
 	assert.Equal(t, v1alpha1.ReasonCredentialsNotLabelled, res.Health.FailureReason)
 	assert.Contains(t, res.Health.LastFailure, "lacks the label")
+}
+
+// forbiddenSecrets refuses every read of a Secret, as an API server does once the
+// worker's role no longer grants it.
+type forbiddenSecrets struct{ client.Client }
+
+func (c forbiddenSecrets) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	switch obj.(type) {
+	case *corev1.Secret, *metav1.PartialObjectMetadata:
+		return apierrors.NewForbidden(corev1.Resource("secrets"), key.Name, errors.New("RBAC: not allowed"))
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+// TestARefusedSecretReadSendsNothingSealedBefore: credentials sealed from a Secret are used
+// when the Secret cannot be read for a passing reason, never when the read is refused: a
+// role narrowed on purpose (or credentials sealed before the label was required) must not
+// keep them going to the endpoint.
+func TestARefusedSecretReadSendsNothingSealedBefore(t *testing.T) {
+	f := newFixture(t)
+	f.acts.Keyring = testKeys(t)
+	f.acts.Kube = forbiddenSecrets{Client: testenv.Kube(t).Client}
+	const uid = "uid-refused"
+	creds := proxyauth.Credentials{Username: "partner", Password: "refused-canary-password"}
+	sealed, err := f.acts.Keyring.Seal(creds, uid)
+	require.NoError(t, err)
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
+	t.Cleanup(target.Close)
+	var withCreds atomic.Int32
+	fwd := &localproxy.ForwardProxy{Auth: local.NewAuth(creds)}
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Proxy-Authorization") != "" {
+			withCreds.Add(1)
+		}
+		fwd.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+
+	v, err := f.env.ExecuteActivity(f.acts.Monitor, activities.MonitorInput{
+		Target: proxy.Listener.Addr().String(),
+		HealthCheck: v1alpha1.HealthCheck{URL: target.URL + "/", Interval: "1s", Timeout: "500ms",
+			SuccessThreshold: 1, FailureThreshold: 1, ExpectedStatus: 200},
+		Last: activities.Health{Known: true, Healthy: true}, DriftInterval: time.Second,
+		Auth: &activities.ProbeAuth{Namespace: f.ns, Secret: "partner", UID: uid, Sealed: sealed},
+	})
+	require.NoError(t, err)
+	var res activities.MonitorResult
+	require.NoError(t, v.Get(&res))
+	assert.False(t, res.Health.Healthy)
+	assert.Contains(t, res.Health.LastFailure, "forbidden")
+	assert.Zero(t, withCreds.Load(), "the credentials sealed before were sent")
 }
