@@ -373,6 +373,8 @@ func TestARefusedSecretReadSendsNothingSealedBefore(t *testing.T) {
 	f := newFixture(t)
 	f.acts.Keyring = testKeys(t)
 	f.acts.Kube = forbiddenSecrets{Client: testenv.Kube(t).Client}
+	// A Monitor that probes with the old credentials sees a healthy proxy and never returns.
+	f.env.SetTestTimeout(20 * time.Second)
 	const uid = "uid-refused"
 	creds := proxyauth.Credentials{Username: "partner", Password: "refused-canary-password"}
 	sealed, err := f.acts.Keyring.Seal(creds, uid)
