@@ -373,8 +373,11 @@ func TestARefusedSecretReadSendsNothingSealedBefore(t *testing.T) {
 	f := newFixture(t)
 	f.acts.Keyring = testKeys(t)
 	f.acts.Kube = forbiddenSecrets{Client: testenv.Kube(t).Client}
-	// A Monitor that probes with the old credentials sees a healthy proxy and never returns.
-	f.env.SetTestTimeout(20 * time.Second)
+	// A Monitor that probes with the old credentials sees a healthy proxy and never
+	// returns: bound it.
+	bounded, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	f.env.SetWorkerOptions(worker.Options{BackgroundActivityContext: bounded})
 	const uid = "uid-refused"
 	creds := proxyauth.Credentials{Username: "partner", Password: "refused-canary-password"}
 	sealed, err := f.acts.Keyring.Seal(creds, uid)
