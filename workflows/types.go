@@ -230,9 +230,9 @@ type ProxyState struct {
 	DeleteRetryAt time.Time `json:"deleteRetryAt,omitempty"`
 	// DeleteAttempts counts consecutive failed deletes, so their backoff grows as creates'
 	// does (Attempt counts creates, and a delete that fails does not touch it).
-	DeleteAttempts int `json:"deleteAttempts,omitempty"`
-	Attempt       int       `json:"attempt,omitempty"`
-	LastError     string    `json:"lastError,omitempty"`
+	DeleteAttempts int    `json:"deleteAttempts,omitempty"`
+	Attempt        int    `json:"attempt,omitempty"`
+	LastError      string `json:"lastError,omitempty"`
 
 	Health activities.Health `json:"health"`
 
