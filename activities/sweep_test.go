@@ -108,13 +108,10 @@ func TestSweepDeletesExactlyTheOrphansAtAnySize(t *testing.T) {
 	f.acts.Providers = provider.Registry{v1alpha1.ProviderLocal: mem}
 	f.acts.Temporal = runningWith(t, "running-uid")
 
-	v, err := f.env.ExecuteActivity(f.acts.SweepProvider, activities.SweepInput{
+	res := sweep(t, f, activities.SweepInput{
 		Provider: v1alpha1.ProviderLocal, Installation: "test", MinAge: 10 * time.Minute,
 		Live: activities.LiveInput{WorkflowQuery: "q", MemoKey: "proxy"},
 	})
-	require.NoError(t, err)
-	var res activities.SweepResult
-	require.NoError(t, v.Get(&res))
 
 	got := map[string]bool{}
 	for _, id := range mem.deleted {
@@ -160,12 +157,9 @@ func TestSweepDryRunDeletesNothing(t *testing.T) {
 	mem.instances[inst.ProviderID] = inst
 	f.acts.Providers = provider.Registry{v1alpha1.ProviderLocal: mem}
 	f.acts.Temporal = runningWith(t)
-	v, err := f.env.ExecuteActivity(f.acts.SweepProvider, activities.SweepInput{
+	res := sweep(t, f, activities.SweepInput{
 		Provider: v1alpha1.ProviderLocal, Installation: "test", MinAge: time.Minute, DryRun: true, Live: activities.LiveInput{WorkflowQuery: "q", MemoKey: "proxy"},
 	})
-	require.NoError(t, err)
-	var res activities.SweepResult
-	require.NoError(t, v.Get(&res))
 	assert.Equal(t, 1, res.DeletedCount, "counted as would-delete")
 	assert.Empty(t, mem.deleted)
 }
@@ -216,13 +210,10 @@ func TestSweepSparesAnInstanceMadeAfterTheLiveSet(t *testing.T) {
 	}
 	f.acts.Providers = provider.Registry{v1alpha1.ProviderLocal: hp}
 	f.acts.Temporal = runningWith(t)
-	v, err := f.env.ExecuteActivity(f.acts.SweepProvider, activities.SweepInput{
+	res := sweep(t, f, activities.SweepInput{
 		Provider: v1alpha1.ProviderLocal, Installation: "test", MinAge: time.Nanosecond,
 		Live: activities.LiveInput{WorkflowQuery: "q", MemoKey: "proxy"},
 	})
-	require.NoError(t, err)
-	var res activities.SweepResult
-	require.NoError(t, v.Get(&res))
 	assert.Empty(t, mem.deleted, "the instance of a Proxy made during the sweep is live")
 	assert.Equal(t, map[string]int{activities.GCReasonTooYoung: 1}, res.SparedBy)
 }
@@ -253,13 +244,10 @@ func TestSweepBoundsEachDelete(t *testing.T) {
 	f.acts.Providers = provider.Registry{v1alpha1.ProviderLocal: hp}
 	f.acts.Temporal = runningWith(t)
 	f.acts.CallTimeout = 100 * time.Millisecond
-	v, err := f.env.ExecuteActivity(f.acts.SweepProvider, activities.SweepInput{
+	res := sweep(t, f, activities.SweepInput{
 		Provider: v1alpha1.ProviderLocal, Installation: "test", MinAge: time.Minute,
 		Live: activities.LiveInput{WorkflowQuery: "q", MemoKey: "proxy"},
 	})
-	require.NoError(t, err)
-	var res activities.SweepResult
-	require.NoError(t, v.Get(&res))
 	assert.False(t, unbounded, "a provider call is bounded by the call timeout")
 	assert.Equal(t, []string{"mem/b-orphan"}, mem.deleted)
 	assert.Equal(t, 1, res.ErrorCount)
@@ -312,13 +300,10 @@ func TestSweepDryRunRetryCountsOnce(t *testing.T) {
 	f.acts.Temporal = runningWith(t)
 	f.env.SetHeartbeatDetails(activities.SweepResult{Listed: 2, DeletedCount: 1,
 		Deleted: []activities.GCItem{{Name: "o1", ProviderID: "mem/o1", Reason: activities.GCReasonOrphan}}, Done: 2})
-	v, err := f.env.ExecuteActivity(f.acts.SweepProvider, activities.SweepInput{
+	res := sweep(t, f, activities.SweepInput{
 		Provider: v1alpha1.ProviderLocal, Installation: "test", MinAge: time.Minute, DryRun: true,
 		Live: activities.LiveInput{WorkflowQuery: "q", MemoKey: "proxy"},
 	})
-	require.NoError(t, err)
-	var res activities.SweepResult
-	require.NoError(t, v.Get(&res))
 	assert.Equal(t, 2, res.DeletedCount)
 	assert.Len(t, res.Deleted, 2)
 	assert.Empty(t, mem.deleted)
@@ -338,15 +323,22 @@ func TestSweepResultBoundsErrorMessages(t *testing.T) {
 	hp := &hookProvider{memProvider: mem, onDelete: func(context.Context, string) error { return errors.New(huge) }}
 	f.acts.Providers = provider.Registry{v1alpha1.ProviderLocal: hp}
 	f.acts.Temporal = runningWith(t)
-	v, err := f.env.ExecuteActivity(f.acts.SweepProvider, activities.SweepInput{
+	res := sweep(t, f, activities.SweepInput{
 		Provider: v1alpha1.ProviderLocal, Installation: "test", MinAge: time.Minute,
 		Live: activities.LiveInput{WorkflowQuery: "q", MemoKey: "proxy"},
 	})
-	require.NoError(t, err)
-	var res activities.SweepResult
-	require.NoError(t, v.Get(&res))
 	assert.Equal(t, 20, res.ErrorCount)
 	b, err := json.Marshal(res)
 	require.NoError(t, err)
 	assert.Less(t, len(b), 32<<10, "error messages are cut short")
+}
+
+// sweep runs SweepProvider to its result, which it requires.
+func sweep(t *testing.T, f *fixture, in activities.SweepInput) activities.SweepResult {
+	t.Helper()
+	v, err := f.env.ExecuteActivity(f.acts.SweepProvider, in)
+	require.NoError(t, err)
+	var res activities.SweepResult
+	require.NoError(t, v.Get(&res))
+	return res
 }
