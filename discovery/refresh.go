@@ -276,7 +276,7 @@ func decode(memo *commonpb.Memo, sa *commonpb.SearchAttributes, kr *proxyauth.Ke
 	p := Proxy{
 		Name: m.Name, Namespace: m.Namespace, UID: m.UID, IP: m.IP, Port: m.Port,
 		Attributes: m.Attributes, LatencyMillis: m.LatencyMillis,
-		Healthy: m.Healthy && m.Phase == contract.PhaseReady && m.IP != "",
+		Healthy: m.Healthy && (m.Phase == contract.PhaseReady || m.Phase == contract.PhaseReplacing) && m.IP != "",
 		Phase:   m.Phase, MaxLeases: int(m.MaxLeases), Provider: m.Provider,
 		Cooldowns: m.Cooldowns,
 	}

@@ -191,3 +191,42 @@ func TestTheLatestRunIsTheProxy(t *testing.T) {
 		}
 	}
 }
+
+// TestReplacingProxiesStayLeasable: a proxy whose instance is being replaced stays in the
+// pool while its memo says it is healthy (runs of workflow version 5 on), and its leases
+// renew; when the replacement takes over, a renewal ends the lease with proxy_gone
+// "replaced". A memo of an older run (Replacing, not healthy) keeps the proxy out.
+func TestReplacingProxiesStayLeasable(t *testing.T) {
+	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	lister := &scriptedLister{}
+	store := discovery.NewStore(time.Minute)
+	r := &discovery.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
+	serving := readyMemo("a")
+	serving.Phase = contract.PhaseReplacing
+	older := readyMemo("b")
+	older.Phase, older.Healthy = contract.PhaseReplacing, false
+	lister.set(
+		listedRun{memo: serving, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base},
+		listedRun{memo: older, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base},
+	)
+	require.NoError(t, r.Full(t.Context()))
+	l, err := store.Acquire(nil, "", time.Minute)
+	require.NoError(t, err, "the instance being replaced is leased")
+	assert.Equal(t, "a", l.Proxy.Name)
+	_, err = store.Acquire(nil, "", time.Minute)
+	var none *discovery.NoMatch
+	require.ErrorAs(t, err, &none, "a Replacing memo that is not healthy is not leased")
+
+	_, err = store.Renew(l.ID, time.Minute)
+	require.NoError(t, err, "a lease on the serving instance renews while it is replaced")
+
+	promoted := serving
+	promoted.Phase, promoted.IP = contract.PhaseReady, "127.0.0.2"
+	lister.set(listedRun{memo: promoted, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base.Add(time.Minute)},
+		listedRun{memo: older, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base})
+	require.NoError(t, r.Full(t.Context()))
+	_, err = store.Renew(l.ID, time.Minute)
+	var gone *discovery.ProxyGone
+	require.ErrorAs(t, err, &gone)
+	assert.Equal(t, discovery.ProxyGoneReplaced, gone.Reason)
+}

@@ -14,4 +14,5 @@ import (
 func TestContractPhasesAreAPIPhases(t *testing.T) {
 	assert.Equal(t, string(v1alpha1.PhasePending), contract.PhasePending)
 	assert.Equal(t, string(v1alpha1.PhaseReady), contract.PhaseReady)
+	assert.Equal(t, string(v1alpha1.PhaseReplacing), contract.PhaseReplacing)
 }

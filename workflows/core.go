@@ -78,7 +78,7 @@ func (s *ProxyState) applySpec(sig SpecSignal) effect {
 	}
 	if s.UID != "" && sig.UID != s.UID {
 		s.retireAll()
-		*s = ProxyState{Retiring: s.Retiring, legacy: s.legacy, requireAuth: s.requireAuth, createFirst: s.createFirst}
+		*s = ProxyState{Retiring: s.Retiring, legacy: s.legacy, requireAuth: s.requireAuth, createFirst: s.createFirst, nextOnLoss: s.nextOnLoss}
 		e = effect{note: "spec for a different object UID; retiring the old object's instances", warn: true}
 	}
 	if sig.Generation < s.Generation || sig.Generation == s.Generation && sig.SecretVersion == s.SecretVersion {
@@ -511,6 +511,16 @@ func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time
 			s.Instance.Lost, s.Instance.LostReason = true, why
 			s.retire(name)
 			s.Health = activities.Health{Known: true, Healthy: false, Since: now, LastFailure: "instance " + why}
+			if s.nextOnLoss && s.Next != nil {
+				// Its replacement is already being built: it takes over (a report can now
+				// arrive while it is), and whatever it was built for is done. It is watched
+				// like any current instance once it runs.
+				s.Instance, s.Next = s.Next, nil
+				s.Instance.CreatedAt, s.Instance.Health = now, nil
+				s.ReplaceReason, s.Cooldowns, s.Bans = "", nil, nil
+				s.Replacements++
+				return effect{publish: true, note: "instance lost; its replacement " + s.Instance.Name + " takes over: " + name + " (" + why + ")", warn: true}
+			}
 			return effect{note: "instance lost; recreating: " + name + " (" + why + ")", warn: true}
 		}
 	}

@@ -45,7 +45,12 @@ const (
 	// its own. The run publishes what to watch in its memo (activities.MonitorMemo) and
 	// takes the shard's reports as signals, so a healthy proxy costs no heartbeats.
 	versionShardMonitor workflow.Version = 4
-	versionLatest                        = versionShardMonitor
+	// versionServeWhileReplacing: the instance being replaced stays leasable (memo
+	// Healthy) while it is healthy, until its replacement is verified and promoted; and a
+	// shard's report is applied in whatever step it arrives (creating, verifying or
+	// deleting an instance, backing off), not only while steady, and published at once.
+	versionServeWhileReplacing workflow.Version = 5
+	versionLatest                               = versionServeWhileReplacing
 )
 
 // LatestVersion is the version new runs start with. `make record-histories` writes the
@@ -79,6 +84,7 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 	w.state.legacy = w.version < versionLongLived
 	w.state.requireAuth = w.version >= versionCredentials
 	w.state.createFirst = w.version >= versionLostFirst
+	w.state.nextOnLoss = w.version >= versionServeWhileReplacing
 	if in.State == nil && w.version >= versionLongLived {
 		w.state.Unlisted = true
 	}
@@ -96,10 +102,15 @@ type proxyWorkflow struct {
 	wfID   string
 
 	specCh, delCh, replCh, repCh workflow.ReceiveChannel
-	// monCh carries a monitor shard's reports (MonitorReport), read only while steady:
-	// verdicts are applied where the old Monitor activity's results were.
+	// monCh carries a monitor shard's reports (MonitorReport). Runs of version 4 read it
+	// only while steady (where the old Monitor activity's results were applied); later
+	// ones in every wait (addSignals), since a step can last minutes (a delete tries for
+	// up to 15) and a verdict must not wait for it.
 	monCh workflow.ReceiveChannel
-	now   func() time.Time
+	// reported is set when a report was applied by addSignals: steady then returns to
+	// replan, as it did when it read reports itself.
+	reported bool
+	now      func() time.Time
 	// version is the version this run started with; runStart is when; signals counts the
 	// signals it received. Together they decide when the run has done enough.
 	version  workflow.Version
@@ -240,6 +251,33 @@ func (w *proxyWorkflow) addSignals(sel workflow.Selector) {
 		w.cost += costSignal
 		w.apply(w.state.requestReplace(sig))
 	})
+	if w.version >= versionServeWhileReplacing {
+		sel.AddReceive(w.monCh, func(c workflow.ReceiveChannel, _ bool) {
+			if r := w.receiveReport(c); r != nil {
+				w.applyReport(r)
+			}
+		})
+	}
+}
+
+// applyReport applies a shard's report in whatever step the run is. A changed verdict or
+// address is published at the next chance (await and the waits publish a dirty memo); an
+// instance lost behind the run's back changes the plan, so an interruptible step stops.
+func (w *proxyWorkflow) applyReport(r *activities.MonitorReport) {
+	s := w.state
+	before := s.Health
+	inst := s.Instance
+	e := s.monitorReturned(r.Result, w.now())
+	w.apply(e)
+	w.reported = true
+	if s.Instance != inst {
+		w.interrupt = true
+	}
+	if e.publish || s.Instance != inst || before.Known != s.Health.Known || before.Healthy != s.Health.Healthy ||
+		before.LatencyMillis != s.Health.LatencyMillis || before.FailureReason != s.Health.FailureReason ||
+		before.LastFailure != s.Health.LastFailure {
+		w.memoDirty = true
+	}
 }
 
 // drainSignals applies every signal already received, without blocking.
@@ -259,6 +297,12 @@ func (w *proxyWorkflow) drainSignals() {
 			w.apply(s.requestReplace(repl))
 		case w.repCh.ReceiveAsync(&rep):
 			w.apply(s.report(rep, w.now()))
+		case w.version >= versionServeWhileReplacing && w.monCh.Len() > 0:
+			// receiveReport counts the signal itself.
+			if r := w.receiveReport(w.monCh); r != nil {
+				w.applyReport(r)
+			}
+			continue
 		default:
 			return
 		}
@@ -341,6 +385,13 @@ func (w *proxyWorkflow) await(ctx workflow.Context, fut workflow.Future, cancel 
 		sel.Select(ctx)
 		if done {
 			return false, fut.Get(ctx, result)
+		}
+		if w.version >= versionServeWhileReplacing && w.memoDirty {
+			// A verdict or a ban report while a step runs (a delete can take 15 minutes)
+			// reaches discovery now, not when the step ends.
+			if err := w.publishState(ctx); err != nil {
+				return false, err
+			}
 		}
 		if !interruptible {
 			continue
@@ -594,6 +645,8 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 	}
 	w.details(ctx, w.steadyReason(wake, wakeReason))
 	republish := w.republishTimer(tctx)
+	// A report applied before this wait is already in the state it planned from.
+	w.reported = false
 
 	for {
 		var monitorDone, timerDone, republishDue bool
@@ -603,7 +656,8 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 		if monitor != nil {
 			sel.AddFuture(monitor, func(workflow.Future) { monitorDone = true })
 		}
-		if sharded {
+		if sharded && w.version < versionServeWhileReplacing {
+			// Later versions take reports in addSignals, in every step.
 			sel.AddReceive(w.monCh, func(c workflow.ReceiveChannel, _ bool) { report = w.receiveReport(c) })
 		}
 		if timer != nil {
@@ -621,7 +675,7 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 				return err
 			}
 			republish = w.republishTimer(tctx)
-		case w.memoDirty && !monitorDone && !timerDone && report == nil:
+		case w.memoDirty && !monitorDone && !timerDone && report == nil && !w.reported:
 			// A report: publish the cooldowns and keep watching.
 			if err := w.publishState(ctx); err != nil {
 				return err
@@ -642,6 +696,10 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 			return nil
 		case report != nil:
 			w.apply(s.monitorReturned(report.Result, workflow.Now(ctx)))
+			return nil
+		case w.reported:
+			// addSignals applied a report: replan with it, as above.
+			w.reported = false
 			return nil
 		}
 		if w.version >= versionLongLived {
@@ -847,7 +905,7 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 			w.publishFailures, w.republishAt = 0, time.Time{}
 		}
 	}
-	healthy := st.Phase == v1alpha1.PhaseReady
+	healthy := w.leasable(st)
 	memo := w.memoOf(st)
 	fields := map[string]any{contract.MemoKey: memo}
 	var watch *activities.MonitorMemo
@@ -930,11 +988,24 @@ func (w *proxyWorkflow) providerName() string {
 	return s.Spec.ProviderLabel()
 }
 
+// leasable is whether discovery may lease the proxy: it is Ready, or (from version 5) it is
+// being replaced and the instance that serves until the replacement is verified is
+// healthy. Make-before-break is for crawlers too: the old instance leaves the pool when
+// the new one takes its place, not when the new one is started.
+func (w *proxyWorkflow) leasable(st v1alpha1.ProxyStatus) bool {
+	s := w.state
+	if st.Phase == v1alpha1.PhaseReady {
+		return true
+	}
+	return w.version >= versionServeWhileReplacing && st.Phase == v1alpha1.PhaseReplacing &&
+		s.Instance.Running() && s.Health.Known && s.Health.Healthy
+}
+
 func (w *proxyWorkflow) memoOf(st v1alpha1.ProxyStatus) contract.ProxyMemo {
 	s := w.state
 	m := contract.ProxyMemo{
 		Name: w.in.Name, Namespace: w.in.Namespace, UID: s.UID, Phase: string(st.Phase),
-		Healthy: st.Phase == v1alpha1.PhaseReady, IP: st.IP, Port: st.Port,
+		Healthy: w.leasable(st), IP: st.IP, Port: st.Port,
 		LatencyMillis: st.LatencyMillis, Provider: w.providerName(),
 	}
 	if s.Spec != nil {

@@ -268,6 +268,9 @@ type ProxyState struct {
 	// createFirst is set (by the loop) on runs that replace a lost instance before deleting
 	// it (versionLostFirst).
 	createFirst bool
+	// nextOnLoss is set (by the loop) on runs that, when the current instance is lost while
+	// a replacement is under way, make the replacement current rather than build a third.
+	nextOnLoss bool
 }
 
 // lacksCredentials reports a Managed instance built before instances had credentials: it

@@ -61,6 +61,9 @@ func SearchAttributes() temporal.SearchAttributes {
 const (
 	PhasePending = "Pending"
 	PhaseReady   = "Ready"
+	// PhaseReplacing: the instance serves while its replacement is built and verified.
+	// Its memo says Healthy while that instance is healthy (workflow version 5 on).
+	PhaseReplacing = "Replacing"
 )
 
 // InitialSearchAttributes are set when a ProxyWorkflow starts, so a Proxy is findable in the

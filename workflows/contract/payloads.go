@@ -39,7 +39,9 @@ type ProxyMemo struct {
 	Name      string `json:"name"`
 	Namespace string `json:"namespace"`
 	UID       string `json:"uid"`
-	// Phase is the Proxy's status.phase; Healthy is true only in phase Ready.
+	// Phase is the Proxy's status.phase; Healthy is true only in phase Ready, or in phase
+	// Replacing while the instance that still serves is healthy (runs of workflow version
+	// 5 and later; earlier runs said false there).
 	Phase         string            `json:"phase"`
 	Healthy       bool              `json:"healthy"`
 	IP            string            `json:"ip,omitempty"`
