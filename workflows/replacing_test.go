@@ -92,7 +92,7 @@ func TestVerdictAppliedWhileDeleting(t *testing.T) {
 		acts := &activities.Activities{}
 		h.env.OnActivity(acts.DeleteInstance, mock.Anything, mock.MatchedBy(func(in activities.InstanceInput) bool {
 			return in.Name == InstanceName(h.uid, 1)
-		})).After(12*time.Minute).Return(func(ctx context.Context, in activities.InstanceInput) error {
+		})).After(12 * time.Minute).Return(func(ctx context.Context, in activities.InstanceInput) error {
 			return h.prov.Delete(ctx, in.ProviderID)
 		})
 		h.env.OnActivity(acts.DeleteInstance, mock.Anything, mock.Anything).Return(func(ctx context.Context, in activities.InstanceInput) error {
