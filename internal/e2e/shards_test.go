@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -176,6 +177,15 @@ func TestShardCountRolloutConverges(t *testing.T) {
 		settled = runs()
 		return assert.ObjectsAreEqual(wantIDs(3), slices.Sorted(maps.Keys(settled)))
 	}, time.Minute, 50*time.Millisecond, "the newest worker's count runs alone")
+	// The workers agree from the pollers the server lists: each says its count and start.
+	tq, err := s.Temporal.Client.DescribeTaskQueue(ctx, queue, enumspb.TASK_QUEUE_TYPE_WORKFLOW)
+	require.NoError(t, err)
+	var said []string
+	for _, p := range tq.GetPollers() {
+		said = append(said, p.GetIdentity())
+	}
+	assert.True(t, slices.ContainsFunc(said, func(id string) bool { return strings.Contains(id, "@shards=3@started=") }), "pollers: %q", said)
+	assert.True(t, slices.ContainsFunc(said, func(id string) bool { return strings.Contains(id, "@shards=2@started=") }), "pollers: %q", said)
 	// Twenty checks of each worker later, the same runs go on: neither worker retires the
 	// other's shards.
 	deadline := time.Now().Add(20 * every)

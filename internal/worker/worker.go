@@ -13,6 +13,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/serviceerror"
+	taskqueuepb "go.temporal.io/api/taskqueue/v1"
 	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/client"
 	sdkworker "go.temporal.io/sdk/worker"
@@ -52,6 +54,11 @@ const DefaultMaxConcurrentActivities = 4000
 // for ~330,000 actions a month in all.
 const DefaultMonitorShards = 4
 
+// DefaultShardLiveness is Config.ShardLiveness's default. A live worker polls each task
+// queue at least once a long poll (about a minute) even when idle; a worker gone for longer
+// than this no longer decides the shard count.
+const DefaultShardLiveness = 3 * time.Minute
+
 // Config is everything the worker is told, from flags or a test.
 type Config struct {
 	// TaskQueue defaults to contract.TaskQueue.
@@ -77,6 +84,9 @@ type Config struct {
 	// MonitorRefresh is how often a shard reads what changed in its membership (0: the
 	// activity's default). It is given to shards when they start; running ones keep theirs.
 	MonitorRefresh time.Duration
+	// ShardLiveness is how recently a worker must have polled the task queue to count when
+	// workers of different shard counts decide whose count runs (0: DefaultShardLiveness).
+	ShardLiveness time.Duration
 	// Keyring is the fleet key shared with discovery: Managed instances' credentials are
 	// derived from it, External ones sealed with it.
 	Keyring *proxyauth.Keyring
@@ -108,10 +118,11 @@ type Worker struct {
 	// cancel stops the shard check Start began; done is closed when it has stopped.
 	cancel context.CancelFunc
 	done   chan struct{}
-	// started is when Start began; deferredTo is the shard count the last check kept (a
-	// newer worker's, or ours), see ensureShards.
-	started    time.Time
-	deferredTo int
+	// started is when New ran, as the worker's poller identity tells other workers;
+	// keptCount is the shard count the last check kept (a newer worker's, or ours), see
+	// ensureShards.
+	started   time.Time
+	keptCount int
 }
 
 // New builds the worker: the providers cfg enables, the activities over them, and a
@@ -148,15 +159,18 @@ func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Clie
 		Temporal: tc, Signaller: tc, Metrics: actMetrics, Log: log, Keyring: cfg.Keyring}
 	opts := workflows.WorkerOptions()
 	opts.MaxConcurrentActivityExecutionSize = cmp.Or(cfg.MaxConcurrentActivities, DefaultMaxConcurrentActivities)
+	started := time.Now()
+	// The identity every poll carries says this worker's shard count and start, so the
+	// workers of a queue can agree on one count from who is polling (ensureShards).
+	opts.Identity = shardIdentity(defaultIdentity(), cfg.MonitorShards, started)
 	w := sdkworker.New(tc, cfg.TaskQueue, opts)
 	workflows.Register(w, acts)
-	return &Worker{cfg: cfg, temporal: tc, activities: acts, sdk: w, log: log, release: release}, nil
+	return &Worker{cfg: cfg, temporal: tc, activities: acts, sdk: w, log: log, release: release, started: started}, nil
 }
 
 // Start starts polling, makes sure the monitor shards run, then
 // creates or updates the proxy-gc schedule (when GC.Every is set).
 func (w *Worker) Start(ctx context.Context) error {
-	w.started = time.Now()
 	if err := w.sdk.Start(); err != nil {
 		return err
 	}
@@ -185,24 +199,30 @@ func (w *Worker) Start(ctx context.Context) error {
 //
 // Workers of one queue can disagree on the count for as long as a rollout that changes
 // --monitor-shards takes. Each terminating the other's shards every check would reset
-// every watch every minute, so the count of the worker that started last wins: a worker
-// that finds shards of another count started after it started keeps that count's set (it
-// starts a missing shard of it too, so a set whose own workers are gone is still whole)
-// instead of its own. The newest worker's shards started after every older worker did, so
-// every worker agrees on them.
+// every watch every minute, so they agree on one: the count of the newest worker still
+// polling the queue, read from the pollers' identities (liveCount). Every worker reads the
+// same pollers, so every worker picks the same count; a worker of the old count that
+// restarts mid-rollout is the newest for as long as it lives, and once it is gone the
+// workers that remain go back to theirs. A worker keeps the chosen count's set whole (it
+// starts a missing shard of it too). Where the pollers cannot be read, the count of shards
+// started after this worker started is taken instead (newerCount).
 func (w *Worker) ensureShards(ctx context.Context) error {
 	running, err := w.runningShards(ctx)
 	if err != nil {
 		return err
 	}
 	n := w.cfg.MonitorShards
-	if m, ok := newerCount(running, n, w.started); ok {
-		if w.deferredTo != m {
+	m, ok := w.liveCount(ctx)
+	if !ok {
+		m, ok = newerCount(running, n, w.started)
+	}
+	if ok && m != n {
+		if w.keptCount != m {
 			w.log.Info("a worker started since runs the monitor shards with another count; keeping that count", "theirs", m, "ours", n)
 		}
 		n = m
 	}
-	w.deferredTo = n
+	w.keptCount = n
 	for k := range n {
 		id := contract.MonitorShardWorkflowID(w.cfg.TaskQueue, k, n)
 		if _, ok := running[id]; ok {
@@ -272,6 +292,70 @@ func (w *Worker) runningShards(ctx context.Context) (map[string]runningShard, er
 		}
 	}
 	return out, nil
+}
+
+// liveCount is the shard count of the newest worker polling the task queue within
+// ShardLiveness, this one included; false if the pollers cannot be read.
+func (w *Worker) liveCount(ctx context.Context) (int, bool) {
+	resp, err := w.temporal.DescribeTaskQueue(ctx, w.cfg.TaskQueue, enumspb.TASK_QUEUE_TYPE_WORKFLOW)
+	if err != nil {
+		w.log.Debug("reading the task queue's pollers failed; judging the shard count by the running shards", "error", err)
+		return 0, false
+	}
+	return newestLive(resp.GetPollers(), shardPoller{count: w.cfg.MonitorShards, started: w.started},
+		time.Now(), cmp.Or(w.cfg.ShardLiveness, DefaultShardLiveness)), true
+}
+
+// shardPoller is what a worker's identity says: its shard count and when it started.
+type shardPoller struct {
+	count   int
+	started time.Time
+}
+
+// newestLive is the count of the newest of self and the pollers seen within liveness. An
+// identity without the shard fields (a worker of an older build, the CLI) has no say. On a
+// tie the larger count wins, so every worker breaks it the same way.
+func newestLive(pollers []*taskqueuepb.PollerInfo, self shardPoller, now time.Time, liveness time.Duration) int {
+	best := self
+	for _, p := range pollers {
+		sp, ok := parseShardIdentity(p.GetIdentity())
+		if !ok || p.GetLastAccessTime() == nil || now.Sub(p.GetLastAccessTime().AsTime()) > liveness {
+			continue
+		}
+		if sp.started.After(best.started) || sp.started.Equal(best.started) && sp.count > best.count {
+			best = sp
+		}
+	}
+	return best.count
+}
+
+// The fields a worker's identity ends with, after the SDK's usual pid@host.
+const (
+	identityShards  = "@shards="
+	identityStarted = "@started="
+)
+
+// defaultIdentity is the SDK's own form of an identity: pid@host.
+func defaultIdentity() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%d@%s", os.Getpid(), host)
+}
+
+func shardIdentity(base string, count int, started time.Time) string {
+	return fmt.Sprintf("%s%s%d%s%d", base, identityShards, count, identityStarted, started.UnixNano())
+}
+
+func parseShardIdentity(id string) (shardPoller, bool) {
+	i := strings.LastIndex(id, identityShards)
+	if i < 0 {
+		return shardPoller{}, false
+	}
+	var count int
+	var nanos int64
+	if _, err := fmt.Sscanf(id[i:], identityShards+"%d"+identityStarted+"%d", &count, &nanos); err != nil || count < 1 {
+		return shardPoller{}, false
+	}
+	return shardPoller{count: count, started: time.Unix(0, nanos)}, true
 }
 
 // newerCount reports the count of the shards, other than ours, started most recently
