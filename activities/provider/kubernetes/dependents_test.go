@@ -150,9 +150,10 @@ func TestCreateMakesSecretPolicyAndPod(t *testing.T) {
 
 			inst := f.create(req)
 			assert.Equal(t, []string{
-				// The pod's configuration and protection exist before the pod; then they
-				// become its dependents.
-				"create Secret", "create NetworkPolicy", "create Pod", "patch Secret", "patch NetworkPolicy",
+				// The pod first, so that nothing of the instance exists without a pod to be
+				// deleted with; the policy before the Secret, so that Squid, which waits for
+				// its configuration, never serves unprotected.
+				"create Pod", "create NetworkPolicy", "create Secret",
 			}, w.Writes())
 			f.create(sibling)
 			pod := f.pod(inst.ProviderID)
@@ -312,39 +313,43 @@ func TestCreateRefusesDependentsNotItsOwn(t *testing.T) {
 	}
 }
 
-// An attempt cut short before its pod leaves a Secret and policy that the next attempt,
-// perhaps with another fleet key or worker settings, brings up to date before the pod reads
-// them.
-func TestCreateUpdatesStaleDependentsBeforeThePod(t *testing.T) {
+// What an earlier attempt left without a pod (an older version made the Secret and the
+// policy first; a pod deleted leaves its dependents until the garbage collector comes) is
+// removed before the pod is made, and made anew after it: a Secret there before the pod
+// would let Squid start before its policy exists, and one owned by the deleted pod could
+// be collected under the new one.
+func TestCreateReplacesDependentsLeftWithoutAPod(t *testing.T) {
 	tests := []struct {
 		name string
 		// stale edits the request the earlier attempt made.
 		stale func(*provider.CreateRequest)
 		// provider edits the earlier attempt's provider.
 		provider func(*Provider)
-		// updated are the kinds this attempt has to update.
-		updated []string
+		// ownerGone makes the objects a deleted pod's dependents.
+		ownerGone bool
 	}{
 		{
 			name: "another fleet key",
 			stale: func(r *provider.CreateRequest) {
 				r.KeyID, r.Credentials.Password = "fedc9876", "kube-canary-old-key"
 			},
-			updated: []string{"Secret"},
 		},
 		{
 			// The same key ID with other data: say, a Secret rendered by an older worker.
-			name:    "other data",
-			stale:   func(r *provider.CreateRequest) { r.Credentials.Password = "kube-canary-other-data" },
-			updated: []string{"Secret"},
+			name:  "other data",
+			stale: func(r *provider.CreateRequest) { r.Credentials.Password = "kube-canary-other-data" },
 		},
 		{
-			name:    "the worker's peer changed",
-			stale:   func(*provider.CreateRequest) {},
-			updated: []string{"NetworkPolicy"},
+			name:  "the worker's peer changed",
+			stale: func(*provider.CreateRequest) {},
 			provider: func(p *Provider) {
 				p.ProbeFrom = WorkerPeer("old-fleet", map[string]string{"app": "worker"})
 			},
+		},
+		{
+			name:      "the dependents of a pod deleted since",
+			stale:     func(*provider.CreateRequest) {},
+			ownerGone: true,
 		},
 	}
 	for _, tc := range tests {
@@ -362,19 +367,24 @@ func TestCreateUpdatesStaleDependentsBeforeThePod(t *testing.T) {
 			}
 			files, err := renderConfig(earlier)
 			require.NoError(t, err)
-			require.NoError(t, f.c.Create(f.ctx, buildConfigSecret(earlier, files)))
-			require.NoError(t, f.c.Create(f.ctx, buildNetworkPolicy(earlier, old.ProbeFrom)))
+			leftovers := []client.Object{buildConfigSecret(earlier, files), buildNetworkPolicy(earlier, old.ProbeFrom)}
+			for _, obj := range leftovers {
+				if tc.ownerGone {
+					obj.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: req.Name, UID: "0e3c1d5e-6d8c-4c4b-9d59-6f1f0c9c1d2a"}})
+				}
+				require.NoError(t, f.c.Create(f.ctx, obj))
+			}
 
 			w := f.recordWrites()
 			inst := f.create(req)
-			var want []string
-			for _, kind := range tc.updated {
-				want = append(want, "update "+kind)
-			}
-			want = append(want, "create Pod", "patch Secret", "patch NetworkPolicy")
-			assert.Equal(t, want, w.Writes(), "updated before the pod is created")
+			assert.Equal(t, []string{
+				"delete Secret", "delete NetworkPolicy", "create Pod", "create NetworkPolicy", "create Secret",
+			}, w.Writes(), "removed before the pod is created, made anew after")
 
 			secret, policy := f.dependents(req)
+			for i, obj := range []client.Object{secret, policy} {
+				assert.NotEqual(t, leftovers[i].GetUID(), obj.GetUID(), "%T made anew", obj)
+			}
 			files, err = renderConfig(req)
 			require.NoError(t, err)
 			assert.Equal(t, buildConfigSecret(req, files).Data, secret.Data)
@@ -382,6 +392,7 @@ func TestCreateUpdatesStaleDependentsBeforeThePod(t *testing.T) {
 			assert.Equal(t, buildNetworkPolicy(req, f.p.ProbeFrom).Spec, policy.Spec)
 			assert.Equal(t, req.KeyID, inst.Labels[provider.LabelKeyID])
 			assertNoPassword(t, earlier.Credentials.Password, secret)
+			f.assertOnlyDependents(req, "after the create")
 		})
 	}
 }
@@ -407,6 +418,105 @@ func TestCreateKeepsTheSecretOfAnExistingPod(t *testing.T) {
 	assert.Equal(t, pod.UID, policy.OwnerReferences[0].UID)
 }
 
+// An older version made the Secret and the policy first and owned them once the pod
+// existed; an attempt of it cut short between the two left a pod whose dependents are not
+// owned. The retry adopts the pod and owns them, keeping the Secret as it is (the pod
+// reads it) and bringing the policy up to date in the same write.
+func TestCreateOwnsWhatAnOlderVersionLeftUnowned(t *testing.T) {
+	f := newFixture(t)
+	f.p.ProbeFrom = WorkerPeer("fleet", map[string]string{"app": "worker"})
+	earlier := f.request("px-older-0")
+	earlier.KeyID, earlier.Credentials.Password = "fedc9876", "kube-canary-old-key"
+	files, err := renderConfig(earlier)
+	require.NoError(t, err)
+	require.NoError(t, f.c.Create(f.ctx, buildConfigSecret(earlier, files)))
+	require.NoError(t, f.c.Create(f.ctx, buildNetworkPolicy(earlier, WorkerPeer("old-fleet", map[string]string{"app": "worker"}))))
+	require.NoError(t, f.c.Create(f.ctx, buildPod(earlier)))
+	secretBefore, _ := f.dependents(earlier)
+
+	req := earlier
+	req.KeyID, req.Credentials = "0123abcd", f.request("px-older-0").Credentials
+	w := f.recordWrites()
+	inst := f.create(req)
+	assert.Equal(t, []string{"update NetworkPolicy", "patch Secret"}, w.Writes())
+	assert.Equal(t, "fedc9876", inst.Labels[provider.LabelKeyID], "adopted with the key it was made with")
+	secret, policy := f.dependents(req)
+	assert.Equal(t, secretBefore.Data, secret.Data, "the Secret the pod reads is kept")
+	assert.Equal(t, buildNetworkPolicy(req, f.p.ProbeFrom).Spec, policy.Spec)
+	f.assertOnlyDependents(req, "after the retry")
+}
+
+// A pod of ours never runs beside a Secret or policy of its name that is not this
+// Proxy's: it would mount someone else's configuration, or run without its own policy. If
+// one turns up after the pod exists, the pod is deleted and the create refused.
+func TestCreateDiscardsItsPodBesideObjectsNotItsOwn(t *testing.T) {
+	nobodys := func(req provider.CreateRequest) *corev1.Secret {
+		return &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: configSecretName(req.Name), Namespace: req.Namespace},
+			Data:       map[string][]byte{"squid.conf": []byte("http_access allow all\n")},
+		}
+	}
+	t.Run("found by a retry", func(t *testing.T) {
+		f := newFixture(t)
+		req := f.request("px-foreign-0")
+		id := f.create(req).ProviderID
+		secret, _ := f.dependents(req)
+		require.NoError(t, f.c.Delete(f.ctx, secret))
+		planted := nobodys(req)
+		require.NoError(t, f.c.Create(f.ctx, planted))
+
+		_, err := f.p.Create(f.ctx, req)
+		require.Error(t, err)
+		assert.Equal(t, provider.KindPermanent, provider.Class(err))
+		assert.Contains(t, err.Error(), "is not this Proxy's")
+		_, err = f.p.Get(f.ctx, id)
+		assert.ErrorIs(t, err, provider.ErrNotFound, "the pod is deleted")
+		var still corev1.Secret
+		require.NoError(t, f.c.Get(f.ctx, client.ObjectKeyFromObject(planted), &still))
+		assert.Equal(t, planted.Data, still.Data, "and the Secret left alone")
+	})
+	t.Run("made while the pod was", func(t *testing.T) {
+		f := newFixture(t)
+		req := f.request("px-foreign-1")
+		planted := nobodys(req)
+		f.p.Client = plantAfterPod{Client: f.c, plant: planted}
+
+		_, err := f.p.Create(f.ctx, req)
+		require.Error(t, err)
+		assert.Equal(t, provider.KindPermanent, provider.Class(err))
+		assert.Contains(t, err.Error(), "is not this Proxy's")
+		var pods corev1.PodList
+		require.NoError(t, f.c.List(f.ctx, &pods, client.InNamespace(f.ns)))
+		assert.Empty(t, pods.Items, "the pod is deleted")
+		var still corev1.Secret
+		require.NoError(t, f.c.Get(f.ctx, client.ObjectKeyFromObject(planted), &still))
+		assert.Empty(t, still.OwnerReferences, "the Secret is left alone")
+		// The policy made before the Secret was found goes with the deleted pod.
+		var policy networkingv1.NetworkPolicy
+		require.NoError(t, f.c.Get(f.ctx, client.ObjectKey{Namespace: f.ns, Name: req.Name}, &policy))
+		require.Len(t, policy.OwnerReferences, 1)
+		assert.Equal(t, "Pod", policy.OwnerReferences[0].Kind)
+		assert.Equal(t, req.Name, policy.OwnerReferences[0].Name)
+	})
+}
+
+// plantAfterPod creates plant right after a pod is created: another party taking the
+// instance's Secret name in the moment before the provider makes it.
+type plantAfterPod struct {
+	client.Client
+	plant client.Object
+}
+
+func (c plantAfterPod) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	if err := c.Client.Create(ctx, obj, opts...); err != nil {
+		return err
+	}
+	if _, ok := obj.(*corev1.Pod); ok {
+		return c.Client.Create(ctx, c.plant)
+	}
+	return nil
+}
+
 func TestDeleteRemovesWhatIsLeft(t *testing.T) {
 	t.Run("the Secret and the policy of a pod already gone", func(t *testing.T) {
 		f := newFixture(t)
@@ -417,7 +527,7 @@ func TestDeleteRemovesWhatIsLeft(t *testing.T) {
 		require.NoError(t, f.p.Delete(f.ctx, id))
 		f.assertNoDependents(req)
 	})
-	t.Run("the Secret and the policy of a pod the API server refused", func(t *testing.T) {
+	t.Run("nothing of a pod the API server refused", func(t *testing.T) {
 		f := newFixture(t)
 		req := f.request("px-left-1")
 		req.Spec.Kubernetes.Resources = corev1.ResourceRequirements{
@@ -426,11 +536,20 @@ func TestDeleteRemovesWhatIsLeft(t *testing.T) {
 		}
 		_, err := f.p.Create(f.ctx, req)
 		require.True(t, apierrors.IsInvalid(err), "the pod is refused: %v", err)
-		secret, policy := f.dependents(req)
-		assert.Empty(t, secret.OwnerReferences, "no pod to own them")
-		assert.Empty(t, policy.OwnerReferences)
+		f.assertNoDependents(req) // the pod comes first: without it, nothing was made
 
-		// The workflow deletes what a failed create may have left.
+		require.NoError(t, f.p.Delete(f.ctx, f.p.ProviderID(req)))
+		f.assertNoDependents(req)
+	})
+	t.Run("the Secret and the policy an older version left without a pod", func(t *testing.T) {
+		// Older versions made them before the pod, and owned them only once it existed.
+		f := newFixture(t)
+		req := f.request("px-left-4")
+		files, err := renderConfig(req)
+		require.NoError(t, err)
+		require.NoError(t, f.c.Create(f.ctx, buildConfigSecret(req, files)))
+		require.NoError(t, f.c.Create(f.ctx, buildNetworkPolicy(req, nil)))
+
 		require.NoError(t, f.p.Delete(f.ctx, f.p.ProviderID(req)))
 		f.assertNoDependents(req)
 	})

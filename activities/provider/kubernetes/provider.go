@@ -1,11 +1,11 @@
 package kubernetes
 
 import (
-	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"maps"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -79,11 +79,21 @@ func (p *Provider) ProviderID(req provider.CreateRequest) string {
 // Create implements provider.Provider. An existing pod of the same name is returned when it
 // belongs to the same Proxy (a retry after a crash), and refused otherwise.
 //
-// Three objects make an instance: the Secret holding its rendered configuration, the
-// NetworkPolicy admitting only the Proxy's clients, and the pod. The Secret and the policy
-// come first, so the pod never runs without its configuration or unprotected; once the pod
-// exists they are made its dependents, so the cluster removes them with it. Delete removes
-// all three too, for clusters or moments where that has not happened.
+// Three objects make an instance: the pod, the NetworkPolicy admitting only the Proxy's
+// clients, and the Secret holding its rendered configuration. The workflow and the sweeper
+// find instances by listing pods and nothing else, so whatever cuts a create short (the
+// worker killed, the activity timed out, an API error), no Secret or policy may exist
+// without a pod that takes it along. The pod is therefore created first, and the policy
+// and the Secret are created already owned by it (its UID is known once it exists): the
+// cluster's garbage collector deletes them with the pod, whether or not a worker ever gets
+// to.
+//
+// That order is safe because the kubelet starts no container of a pod before the Secret
+// of a Secret volume exists: the pod waits, and Squid never runs without its
+// configuration. The policy is created before the Secret, so Squid never serves before
+// its policy exists. Delete removes all three too, for clusters where the garbage
+// collector is slow or absent, and for what older versions left: they made the Secret and
+// the policy before the pod.
 func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (provider.Instance, error) {
 	if err := checkRequest(req); err != nil {
 		return provider.Instance{}, err
@@ -101,29 +111,56 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 
 	pod := buildPod(req)
 	key := client.ObjectKeyFromObject(pod)
+	secret := buildConfigSecret(req, files)
+	policy := buildNetworkPolicy(req, p.ProbeFrom)
+
+	// The Secret and the policy are read before the pod (from the API server, so in that
+	// order). A dependent is only ever made once its pod exists, so if no pod exists after
+	// them, what they found is left over (by an older version, which made them before the
+	// pod, or by a deleted pod the garbage collector has not got to) and no live pod's.
+	var foreign error
+	var haveSecret, havePolicy client.Object
+	for _, dep := range []struct {
+		want client.Object
+		have *client.Object
+	}{{secret, &haveSecret}, {policy, &havePolicy}} {
+		switch have, err := p.read(ctx, dep.want, req.ProxyUID); {
+		case errors.Is(err, errNotOurs):
+			foreign = cmp.Or(foreign, err)
+		case err != nil:
+			return provider.Instance{}, err
+		default:
+			*dep.have = have
+		}
+	}
 	// A pod an earlier attempt created runs with the Secret that attempt wrote, and its key
 	// label tells the workflow which credentials Squid requires. Rewriting that Secret (with
 	// a fleet key made primary since, say) would change them behind the label, at Squid's
-	// next restart; so an existing pod is adopted with its Secret as it is, and the Secret
-	// is brought to this request only while no pod reads it.
+	// next restart; so an existing pod is adopted with its Secret as it is.
 	existing, err := p.adopt(ctx, key, req.ProxyUID)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return provider.Instance{}, err
 	}
-	secret := buildConfigSecret(req, files)
-	if err := ensure(ctx, p.Client, secret, req.ProxyUID, func(have *corev1.Secret) bool {
-		return existing != nil || have.Labels[provider.LabelKeyID] == req.KeyID && maps.EqualFunc(have.Data, secret.Data, bytes.Equal)
-	}, func(have *corev1.Secret) { have.Data, have.Labels = secret.Data, secret.Labels }); err != nil {
-		return provider.Instance{}, err
-	}
-	policy := buildNetworkPolicy(req, p.ProbeFrom)
-	if err := ensure(ctx, p.Client, policy, req.ProxyUID, func(have *networkingv1.NetworkPolicy) bool {
-		return equality.Semantic.DeepEqual(have.Spec, policy.Spec)
-	}, func(have *networkingv1.NetworkPolicy) { have.Spec = policy.Spec }); err != nil {
-		return provider.Instance{}, err
+	if foreign != nil {
+		// A Secret or policy of the instance's name that is not this Proxy's is never taken
+		// over; and a pod of ours would mount that Secret, or run without its own policy.
+		return provider.Instance{}, p.discard(ctx, existing, foreign)
 	}
 
 	if existing == nil {
+		// What was left over is removed rather than brought up to date: a Secret there
+		// before the pod would let Squid start before its policy is made, and a policy
+		// owned by a deleted pod could still be removed by the garbage collector after the
+		// new pod started.
+		for _, dep := range []*client.Object{&haveSecret, &havePolicy} {
+			if *dep == nil {
+				continue
+			}
+			if err := p.remove(ctx, *dep); err != nil {
+				return provider.Instance{}, err
+			}
+			*dep = nil
+		}
 		switch err := p.Client.Create(ctx, pod); {
 		case apierrors.IsAlreadyExists(err):
 			// Created since the look above, by an attempt running alongside this one.
@@ -136,65 +173,177 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	}
 	if existing != nil {
 		pod = existing
-	}
-	inst := toInstance(pod)
-	for _, dep := range []client.Object{secret, policy} {
-		if err := p.ownBy(ctx, dep, pod); err != nil {
-			return provider.Instance{}, err
+		if haveSecret == nil && !fits(pod, req) {
+			// A pod without its Secret (an attempt was cut short between the two) waits for
+			// it, but the Secret this request renders is not what the pod was made for: the
+			// pod's key label would name other credentials than Squid requires, or Squid's
+			// port or include would not match the pod. Having no configuration, it never
+			// ran; it is deleted, and the next attempt makes the instance anew.
+			return provider.Instance{}, p.discard(ctx, pod, fmt.Errorf(
+				"pod %s has no configuration yet and was made for another fleet key or spec than this attempt's: deleting it, so that the next attempt makes it anew", key))
 		}
 	}
-	return inst, nil
+
+	if err := ensure(ctx, p, pod, policy, havePolicy, req.ProxyUID, func(have *networkingv1.NetworkPolicy) bool {
+		return equality.Semantic.DeepEqual(have.Spec, policy.Spec)
+	}, func(have *networkingv1.NetworkPolicy) { have.Spec = policy.Spec }); err != nil {
+		return provider.Instance{}, p.discardIfNotOurs(ctx, pod, err)
+	}
+	// An existing Secret is kept as it is: it is the one the pod reads (see above).
+	if err := ensure[*corev1.Secret](ctx, p, pod, secret, haveSecret, req.ProxyUID, nil, nil); err != nil {
+		return provider.Instance{}, p.discardIfNotOurs(ctx, pod, err)
+	}
+	return toInstance(pod), nil
 }
 
-// ensure creates obj, or checks that the existing object of its name is this Proxy's and
-// brings it to what obj says (same reports whether it already is; update copies obj in).
-func ensure[T client.Object](ctx context.Context, c client.Client, obj T, uid string, same func(T) bool, update func(T)) error {
-	what := fmt.Sprintf("%T %s/%s", obj, obj.GetNamespace(), obj.GetName())
-	err := c.Create(ctx, obj)
-	if err == nil {
-		return nil
-	}
-	if !apierrors.IsAlreadyExists(err) {
-		return classify("create "+what, err)
-	}
-	have := obj.DeepCopyObject().(T)
-	if err := c.Get(ctx, client.ObjectKeyFromObject(obj), have); err != nil {
-		return classify("get "+what, err)
+// errNotOurs marks an object of an instance's name that is not the instance's Proxy's.
+var errNotOurs = errors.New("already exists and is not this Proxy's")
+
+// describe names obj in errors.
+func describe(obj client.Object) string {
+	return fmt.Sprintf("%T %s/%s", obj, obj.GetNamespace(), obj.GetName())
+}
+
+// read returns the object of want's name as the cluster has it, nil if there is none, and
+// a permanent error wrapping errNotOurs if it is not the Proxy uid's.
+func (p *Provider) read(ctx context.Context, want client.Object, uid string) (client.Object, error) {
+	have := want.DeepCopyObject().(client.Object)
+	what := describe(want)
+	switch err := p.Client.Get(ctx, client.ObjectKeyFromObject(want), have); {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, classify("get "+what, err)
 	}
 	if got := have.GetLabels()[provider.LabelProxyUID]; got != uid {
-		return provider.Permanent(fmt.Errorf("%s already exists and is not this Proxy's (label %s=%q, want %q)", what, provider.LabelProxyUID, got, uid))
+		return nil, provider.Permanent(fmt.Errorf("%s %w (label %s=%q, want %q)", what, errNotOurs, provider.LabelProxyUID, got, uid))
 	}
-	if !same(have) {
-		// An earlier attempt's object, from another spec or fleet key: the pod is about to
-		// read it, so it must say what this attempt wants.
-		update(have)
-		if err := c.Update(ctx, have); err != nil {
-			return classify("update "+what, err)
+	return have, nil
+}
+
+// ensure makes want exist as a dependent of pod; have is the object of its name read
+// before (nil: there was none). A missing one is created already owned by pod, so it never
+// exists without a pod to go with. An existing one is brought to what want says where same
+// says it differs (with same nil it is kept as it is), and made pod's dependent if it is
+// not yet: an older version's, or one an earlier attempt cut short left unowned.
+func ensure[T client.Object](ctx context.Context, p *Provider, pod *corev1.Pod, want T, have client.Object, uid string, same func(T) bool, update func(T)) error {
+	what := describe(want)
+	if have == nil {
+		want.SetOwnerReferences([]metav1.OwnerReference{ownerRef(pod)})
+		err := p.Client.Create(ctx, want)
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return classify("create "+what, err)
+		}
+		// Created since it was read, by an attempt running alongside this one.
+		if have, err = p.read(ctx, want, uid); err != nil {
+			return err
+		}
+		if have == nil {
+			return fmt.Errorf("create %s: refused as existing, yet gone when read; the next attempt creates it", what)
 		}
 	}
-	// obj stands for the object in the cluster from here on (ownBy patches it).
-	obj.SetUID(have.GetUID())
-	obj.SetResourceVersion(have.GetResourceVersion())
-	obj.SetOwnerReferences(have.GetOwnerReferences())
+	got := have.(T)
+	if same == nil || same(got) {
+		return p.ownBy(ctx, got, pod)
+	}
+	// An earlier attempt's object, from other worker settings, say: the pod is about to
+	// rely on it, so it must say what this attempt wants. One write brings it up to date
+	// and owns it.
+	update(got)
+	if !owns(got, pod) {
+		got.SetOwnerReferences(append(got.GetOwnerReferences(), ownerRef(pod)))
+	}
+	if err := p.Client.Update(ctx, got); err != nil {
+		return classify("update "+what, err)
+	}
 	return nil
+}
+
+// ownerRef names pod as the owner of a dependent, which the garbage collector deletes once
+// the pod is gone.
+func ownerRef(pod *corev1.Pod) metav1.OwnerReference {
+	return metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}
+}
+
+// owns reports whether dep is already pod's dependent.
+func owns(dep client.Object, pod *corev1.Pod) bool {
+	for _, ref := range dep.GetOwnerReferences() {
+		if ref.UID == pod.UID {
+			return true
+		}
+	}
+	return false
 }
 
 // ownBy makes dep a dependent of pod, so the cluster's garbage collector deletes it with
 // the pod even if the worker never gets to.
 func (p *Provider) ownBy(ctx context.Context, dep client.Object, pod *corev1.Pod) error {
-	for _, ref := range dep.GetOwnerReferences() {
-		if ref.UID == pod.UID {
-			return nil
-		}
+	if owns(dep, pod) {
+		return nil
 	}
 	patch := client.MergeFrom(dep.DeepCopyObject().(client.Object))
-	dep.SetOwnerReferences(append(dep.GetOwnerReferences(), metav1.OwnerReference{
-		APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID,
-	}))
+	dep.SetOwnerReferences(append(dep.GetOwnerReferences(), ownerRef(pod)))
 	if err := p.Client.Patch(ctx, dep, patch); err != nil {
 		return classify(fmt.Sprintf("own %T %s by its pod", dep, dep.GetName()), err)
 	}
 	return nil
+}
+
+// remove deletes obj, read a moment ago, by its UID: an object made since under its name
+// is not the one judged left over.
+func (p *Provider) remove(ctx context.Context, obj client.Object) error {
+	uid := obj.GetUID()
+	if err := p.Client.Delete(ctx, obj, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+		return classify("delete left-over "+describe(obj), err)
+	}
+	return nil
+}
+
+// discard deletes pod (nil: none) because it must not run, for the reason cause, which it
+// returns. Should the delete fail, its error is returned instead, carrying cause's text: a
+// retry must come and delete the pod, even when cause itself is permanent.
+func (p *Provider) discard(ctx context.Context, pod *corev1.Pod, cause error) error {
+	if pod == nil {
+		return cause
+	}
+	uid := pod.UID
+	// By UID, so that a pod made since under the name is not taken for this one; by force
+	// if its node is lost, as Delete does, since no kubelet would confirm.
+	opts := []client.DeleteOption{client.Preconditions{UID: &uid}}
+	if p.lost(pod) {
+		opts = append(opts, client.GracePeriodSeconds(0))
+	}
+	if err := p.Client.Delete(ctx, pod, opts...); err != nil && !apierrors.IsNotFound(err) {
+		return classify(fmt.Sprintf("%v; delete pod %s/%s, which must not run", cause, pod.Namespace, pod.Name), err)
+	}
+	return cause
+}
+
+// discardIfNotOurs discards pod when err says one of its dependents is not this Proxy's:
+// the pod would mount someone else's configuration, or run without its own policy.
+func (p *Provider) discardIfNotOurs(ctx context.Context, pod *corev1.Pod, err error) error {
+	if errors.Is(err, errNotOurs) {
+		return p.discard(ctx, pod, err)
+	}
+	return err
+}
+
+// fits reports whether the Secret req renders is the configuration pod was made for: the
+// credentials of the key its label names, Squid's port, the user's file included or not,
+// and the spec its hash label names. A pod that does not fit was made by an attempt with
+// another fleet key or spec (the key rotated, or the spec changed, before the retry).
+func fits(pod *corev1.Pod, req provider.CreateRequest) bool {
+	want := buildPod(req)
+	hasUser := func(pod *corev1.Pod) bool {
+		return slices.ContainsFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == userVolume })
+	}
+	return pod.Labels[provider.LabelKeyID] == want.Labels[provider.LabelKeyID] &&
+		pod.Labels[provider.LabelSpecHash] == want.Labels[provider.LabelSpecHash] &&
+		proxyPort(pod) == proxyPort(want) &&
+		hasUser(pod) == hasUser(want)
 }
 
 // adopt returns the pod an earlier attempt created, after proving it is that attempt's: the
@@ -289,11 +438,12 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 			return classify("delete pod "+key.String(), err)
 		}
 	}
-	// The pod's configuration and policy go with it. They are the pod's dependents, but a
-	// create cut short may have left them without a pod, and not every cluster runs the
-	// garbage collector promptly. The policy goes after the pod is asked to stop, not after
-	// it has: a scheduled pod's Squid runs on until its kubelet stops it (within the grace
-	// period), for that moment with only its own authentication in front of it.
+	// The pod's configuration and policy go with it. They are the pod's dependents, but not
+	// every cluster runs the garbage collector promptly, and an older version's create cut
+	// short may have left them without a pod (it made them first). The policy goes after
+	// the pod is asked to stop, not after it has: a scheduled pod's Squid runs on until its
+	// kubelet stops it (within the grace period), for that moment with only its own
+	// authentication in front of it.
 	deps := []client.Object{
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: configSecretName(key.Name)}},
 		&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}},
