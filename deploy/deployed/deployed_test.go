@@ -212,8 +212,15 @@ spec:
 	c.eventually(t, "the old instance's pod is deleted", func() bool {
 		return !c.exists(t, &corev1.Pod{}, types.NamespacedName{Namespace: crawlNS, Name: first.Status.InstanceName})
 	})
+	// Discovery leases the old instance until its index has the new one (the old one
+	// serves until the replacement took over): a lease on the old address is refused at
+	// renewal from then on, and a new lease is on the new instance.
+	c.eventually(t, "a new lease is on the replacement", func() bool {
+		lease = c.acquire(t, api(2), map[string]string{"pool": "walk"})
+		defer func() { _ = api(0).Release(ctx, lease.ID) }()
+		return strings.Contains(lease.Proxy.URL, "@"+second.Status.IP+":")
+	})
 	lease = c.acquire(t, api(2), map[string]string{"pool": "walk"})
-	assert.Contains(t, lease.Proxy.URL, second.Status.IP)
 	assert.Equal(t, "hello from the site\n", fetchThrough(t, lease.Proxy.URL, site.URL))
 	require.NoError(t, api(0).Release(ctx, lease.ID))
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -78,8 +79,13 @@ func (kl *kubelet) run(t *testing.T, pod *corev1.Pod) {
 	vol := pod.Spec.Volumes[i]
 	require.NotNil(t, vol.Secret, "pod %s: its configuration comes from a Secret", pod.Name)
 	var s corev1.Secret
-	require.NoError(t, kl.c.k.Client.Get(kl.c.ctx, types.NamespacedName{Namespace: pod.Namespace, Name: vol.Secret.SecretName}, &s),
-		"pod %s: configuration Secret", pod.Name)
+	err := kl.c.k.Client.Get(kl.c.ctx, types.NamespacedName{Namespace: pod.Namespace, Name: vol.Secret.SecretName}, &s)
+	if apierrors.IsNotFound(err) {
+		// A kubelet starts no container before its Secret volume can be mounted: the worker
+		// creates the pod first and its Secret after. The next sync tries again.
+		return
+	}
+	require.NoError(t, err, "pod %s: configuration Secret", pod.Name)
 	require.Len(t, pod.Spec.Containers, 1)
 	var port int32
 	for _, p := range pod.Spec.Containers[0].Ports {
@@ -110,7 +116,15 @@ func (kl *kubelet) run(t *testing.T, pod *corev1.Pod) {
 		Name: pod.Spec.Containers[0].Name, Image: pod.Spec.Containers[0].Image, Ready: true,
 		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
 	}}
-	require.NoError(t, kl.c.k.Client.Status().Update(kl.c.ctx, pod), "pod %s status", pod.Name)
+	err = kl.c.k.Client.Status().Update(kl.c.ctx, pod)
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		// Deleted or changed since the list (the worker removes a pod it cannot complete):
+		// as a kubelet would, stop what ran for it; the next sync sees the pod as it is now.
+		inst.Stop()
+		delete(kl.running, pod.UID)
+		return
+	}
+	require.NoError(t, err, "pod %s status", pod.Name)
 }
 
 // relocate moves the files a rendered squid.conf names from the container's paths to the
