@@ -18,6 +18,7 @@ type Metrics struct {
 	gcRuns        *prometheus.CounterVec
 	preemptions   *prometheus.CounterVec
 	reports       *prometheus.CounterVec
+	targetsDown   prometheus.Gauge
 }
 
 // NewMetrics creates and registers the metrics on reg.
@@ -54,16 +55,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"provider"}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_monitor_reports_total",
-			Help: "Changes the monitor shards told proxies' workflows, by reason (verdict, latency, gone, stopped, credentials). Each is a signal and a workflow task: what an idle fleet costs Temporal beyond the shards' heartbeats.",
+			Help: "Changes the monitor shards told proxies' workflows, by reason (verdict, latency, gone, stopped, credentials, target). Each is a signal and a workflow task: what an idle fleet costs Temporal beyond the shards' heartbeats.",
 		}, []string{"reason"}),
+		// A count, not a series per target: a target's URL is unbounded and may carry a
+		// token; the Proxies' Healthy conditions name it.
+		targetsDown: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "proxyfleet_health_check_targets_down",
+			Help: "Health-check targets this worker's monitor shards judge down: most of the proxies probing one failed against it at once, so their verdicts are kept rather than turned unhealthy.",
+		}),
 	}
-	for _, r := range []string{MonitorVerdict, MonitorLatency, MonitorGone, MonitorStopped, MonitorCredentials} {
+	for _, r := range []string{MonitorVerdict, MonitorLatency, MonitorGone, MonitorStopped, MonitorCredentials, MonitorTarget} {
 		m.reports.WithLabelValues(r)
 	}
 	for _, k := range probe.Kinds {
 		m.probeFailures.WithLabelValues(string(k))
 	}
-	reg.MustRegister(m.probeSeconds, m.probeFailures, m.monitors, m.gcDeleted, m.gcSpared, m.gcRuns, m.preemptions, m.reports)
+	reg.MustRegister(m.probeSeconds, m.probeFailures, m.monitors, m.gcDeleted, m.gcSpared, m.gcRuns, m.preemptions, m.reports, m.targetsDown)
 	return m
 }
 
@@ -99,4 +106,11 @@ func (m *Metrics) reported(reason string) {
 		return
 	}
 	m.reports.WithLabelValues(reason).Inc()
+}
+
+func (m *Metrics) targetDown(delta int) {
+	if m == nil {
+		return
+	}
+	m.targetsDown.Add(float64(delta))
 }

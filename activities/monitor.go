@@ -28,7 +28,8 @@ type Health struct {
 	FailureKind probe.Kind `json:"failureKind,omitempty"`
 	// FailureReason is the Healthy condition's reason for LastFailure when ProbeFailed
 	// would not say it (a v1alpha1.Reason* constant): the probe was not sent because the
-	// credentials Secret may not be used.
+	// credentials Secret may not be used; or the health-check target is judged down
+	// (ReasonHealthCheckTargetDown), and the verdict, healthy or not, is the one held before.
 	FailureReason string `json:"failureReason,omitempty"`
 }
 
@@ -41,6 +42,11 @@ const (
 	// MonitorCredentials: an External proxy's credentials Secret changed; Sealed holds
 	// the new ones, sealed, for the workflow to publish.
 	MonitorCredentials = "credentials"
+	// MonitorTarget: the verdict stands, but whether its health-check target is judged
+	// down changed (Health.FailureReason is, or no longer is,
+	// v1alpha1.ReasonHealthCheckTargetDown). Sent at most once per LatencyEvery per proxy,
+	// so a flapping target costs a bounded number of signals.
+	MonitorTarget = "target"
 )
 
 // MonitorInput configures one Monitor run.
@@ -82,6 +88,13 @@ type monitorProgress struct {
 	ConsecFail int       `json:"consecFail"`
 	LastReport time.Time `json:"lastReport"`
 	LastDrift  time.Time `json:"lastDrift"`
+	// Reported is the FailureReason the workflow was last told, ReasonAt when a report
+	// changed only that reason (MonitorTarget), which is rate-limited. Neither is
+	// heartbeated: a Monitor activity returns at its first report and takes Reported from
+	// its input, which is the workflow's verdict; a shard's member keeps both between
+	// reports.
+	Reported string    `json:"-"`
+	ReasonAt time.Time `json:"-"`
 }
 
 // Monitor probes the proxy every interval (with jitter) and checks the provider every drift
@@ -98,16 +111,20 @@ func (a *Activities) Monitor(ctx context.Context, in MonitorInput) (MonitorResul
 			st, resumed = prev, true
 		}
 	}
+	st.Reported = in.Last.FailureReason
 	// A resumed attempt's predecessor made the provider check an unhealthy start makes.
-	return a.watch(ctx, in, &st, resumed, !resumed, func(st monitorProgress) { activity.RecordHeartbeat(ctx, st) })
+	// Its health-check target is judged by no one: older workflows watch each proxy alone.
+	return a.watch(ctx, in, &st, resumed, !resumed, nil, func(st monitorProgress) { activity.RecordHeartbeat(ctx, st) })
 }
 
 // watch is one proxy's watch: it probes and checks the provider until something is worth
 // writing down, and returns it. st holds the counters, so a caller that watches on after a
 // change (rather than starting a new Monitor) keeps them; resumed says they came from
 // another process (the probe cadence carries on). checkFirst asks the provider first about
-// a proxy that starts unhealthy. beat, if set, is told them after every probe.
-func (a *Activities) watch(ctx context.Context, in MonitorInput, st *monitorProgress, resumed, checkFirst bool, beat func(monitorProgress)) (MonitorResult, error) {
+// a proxy that starts unhealthy. judge, if set, records each probe with the probes of the
+// other proxies of its health-check target and says whether the target is judged down.
+// beat, if set, is told them after every probe.
+func (a *Activities) watch(ctx context.Context, in MonitorInput, st *monitorProgress, resumed, checkFirst bool, judge targetJudge, beat func(monitorProgress)) (MonitorResult, error) {
 	interval, err := in.HealthCheck.EffectiveInterval()
 	if err != nil {
 		return MonitorResult{}, classify("monitor", err)
@@ -134,6 +151,7 @@ func (a *Activities) watch(ctx context.Context, in MonitorInput, st *monitorProg
 	// reaches the probes and, through the workflow's memo, the next lease.
 	creds := a.probeCredentials(ctx, in.Auth, false)
 	if in.Auth != nil && creds.sealed != in.Auth.Sealed {
+		st.Reported = st.Health.FailureReason
 		return MonitorResult{Reason: MonitorCredentials, Health: st.Health, Sealed: creds.sealed}, nil
 	}
 	lastCreds := time.Now()
@@ -161,6 +179,7 @@ func (a *Activities) watch(ctx context.Context, in MonitorInput, st *monitorProg
 		if in.Auth != nil && in.Auth.Secret != "" && time.Since(lastCreds) >= drift {
 			lastCreds = time.Now()
 			if creds = a.probeCredentials(ctx, in.Auth, true); creds.sealed != in.Auth.Sealed {
+				st.Reported = st.Health.FailureReason
 				return MonitorResult{Reason: MonitorCredentials, Health: st.Health, Sealed: creds.sealed}, nil
 			}
 		}
@@ -178,18 +197,11 @@ func (a *Activities) watch(ctx context.Context, in MonitorInput, st *monitorProg
 		}
 		a.Metrics.probed(res)
 		now := time.Now()
-		before := st.Health.FailureReason
-		reason, changed := th.record(st, res, now)
-		if !res.OK {
-			st.Health.FailureReason = creds.reason
-			// A proxy already unhealthy whose failure now has another reason (its Secret,
-			// missing until now, turned up without the label; or was labelled but lacks
-			// its keys) says so: the condition must name what the user has to fix.
-			if !changed && st.Health.Known && !st.Health.Healthy && st.Health.FailureReason != before {
-				reason, changed = MonitorVerdict, true
-				st.LastReport = now
-			}
+		var target targetJudgement
+		if judge != nil {
+			target = judge(res, now)
 		}
+		reason, changed := th.fold(st, res, target, creds.reason, now)
 		// A change is returned before any provider call; the next Monitor of a proxy that
 		// turned unhealthy checks the provider first thing.
 		if changed {
@@ -312,6 +324,70 @@ func (th thresholds) record(st *monitorProgress, res probe.Result, now time.Time
 		}
 	}
 	return "", false
+}
+
+// fold folds one probe result into st and reports whether it is worth returning for, and
+// why. It is record, except for a failure against a health-check target judged down
+// (target.Down, see targets.go) while the proxy did its part: that failure says nothing
+// about the proxy, so it changes no verdict. A healthy proxy stays healthy (so it stays
+// leasable and unhealthyReplaceAfter never starts), an unhealthy one stays unhealthy (its
+// grace runs on: its own failure came first), and both carry
+// ReasonHealthCheckTargetDown with a message naming the target, until the proxy passes
+// successThreshold probes again or fails on its own.
+//
+// A change of that reason alone is reported (MonitorTarget) at most once per th.latency,
+// like a latency change: it changes what the Proxy's status says, not what anyone does, and
+// a flapping target would otherwise send a report per proxy per flip. Verdicts are never
+// held back by it. credsReason is the reason a failure has when the credentials Secret may
+// not be used.
+func (th thresholds) fold(st *monitorProgress, res probe.Result, target targetJudgement, credsReason string, now time.Time) (string, bool) {
+	h := &st.Health
+	var reason string
+	var changed bool
+	if !res.OK && res.TargetFailed && target.Down {
+		// Neither a success nor a failure of the proxy: a run of successes starts again
+		// (the proxy was not seen to work), a run of failures does not grow.
+		h.CheckedAt = now
+		st.ConsecOK = 0
+		h.LastFailure, h.FailureKind, h.FailureReason = target.message(res), res.Kind, v1alpha1.ReasonHealthCheckTargetDown
+	} else {
+		reason, changed = th.record(st, res, now)
+		switch {
+		case res.OK:
+			if h.FailureReason == v1alpha1.ReasonHealthCheckTargetDown && st.ConsecOK >= th.success {
+				// The target answers through this proxy again. (A verdict that turned
+				// healthy has cleared the reason already.)
+				h.LastFailure, h.FailureKind, h.FailureReason = "", "", ""
+			}
+		case h.FailureReason == v1alpha1.ReasonHealthCheckTargetDown && h.Known && h.Healthy && !changed:
+			// A failure of a healthy proxy that shows its target down, which is not
+			// judged down now: record counted it towards the proxy's own verdict, and the
+			// reason stays until that verdict flips or the proxy passes again.
+		default:
+			h.FailureReason = credsReason
+		}
+	}
+	if changed {
+		st.Reported = h.FailureReason
+		return reason, true
+	}
+	if h.FailureReason != st.Reported {
+		aboutTarget := h.FailureReason == v1alpha1.ReasonHealthCheckTargetDown || st.Reported == v1alpha1.ReasonHealthCheckTargetDown
+		switch {
+		case aboutTarget && now.Sub(st.ReasonAt) >= th.latency:
+			reason, changed = MonitorTarget, true
+			st.ReasonAt = now
+		case !aboutTarget && h.Known && !h.Healthy:
+			// A proxy already unhealthy whose failure now has another reason (its Secret,
+			// missing until now, turned up without the label; or was labelled but lacks
+			// its keys) says so: the condition must name what the user has to fix.
+			reason, changed = MonitorVerdict, true
+		}
+		if changed {
+			st.LastReport, st.Reported = now, h.FailureReason
+		}
+	}
+	return reason, changed
 }
 
 // latencyWindow is how many recent probes the reported latency is the median of: a

@@ -50,6 +50,11 @@ type Verdict struct {
 	Healthy       bool      `json:"healthy"`
 	Since         time.Time `json:"since,omitempty"`
 	LatencyMillis int64     `json:"latencyMillis,omitempty"`
+	// FailureReason is the reason a healthy verdict carries (ReasonHealthCheckTargetDown
+	// while its target is judged down), from workflows that publish it. Without it a
+	// member that starts while the workflow holds that reason cannot know it, and if the
+	// target has recovered meanwhile it never reports the reason gone.
+	FailureReason string `json:"failureReason,omitempty"`
 }
 
 // MonitorReport is the signal a shard sends a proxy's workflow: what its watch found, for
@@ -85,7 +90,10 @@ type members struct {
 
 	mu   sync.Mutex
 	byID map[string]*member
-	wg   sync.WaitGroup
+	// targets judges the members' health-check targets: the feed's, shared by every shard
+	// of the process, once the shard subscribed (see targets.go).
+	targets *targetBoard
+	wg      sync.WaitGroup
 }
 
 type member struct {
@@ -104,7 +112,15 @@ type watch struct {
 }
 
 func newMembers(a *Activities, signal WorkflowSignaller, name string) *members {
-	return &members{a: a, signal: signal, name: name, retry: time.Second, byID: map[string]*member{}}
+	return &members{a: a, signal: signal, name: name, retry: time.Second, byID: map[string]*member{}, targets: newTargetBoard(a.Metrics)}
+}
+
+// share makes the members judge targets on b, shared with other shards. It is called
+// before any member starts.
+func (ms *members) share(b *targetBoard) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	ms.targets = b
 }
 
 // sync makes the watch of workflowID follow w: started if new, restarted if its epoch
@@ -138,10 +154,11 @@ func (ms *members) sync(ctx context.Context, workflowID string, w watch, resumed
 	m = &member{epoch: memo.Epoch, run: w.run, cancel: cancel, done: make(chan struct{})}
 	ms.byID[workflowID] = m
 	ms.wg.Add(1)
+	targets := ms.targets
 	go func() {
 		defer ms.wg.Done()
 		defer close(m.done)
-		ms.run(mctx, workflowID, *memo, resumed)
+		ms.run(mctx, workflowID, *memo, resumed, targets)
 	}()
 }
 
@@ -158,16 +175,19 @@ func (ms *members) stopAll() {
 
 // run watches one proxy and reports each change to its workflow, carrying the counters on
 // from one change to the next. It ends when ctx does, when the workflow is gone, or when
-// the instance is lost (the workflow then publishes a new epoch for the next one).
-func (ms *members) run(ctx context.Context, workflowID string, memo MonitorMemo, resumed bool) {
+// the instance is lost (the workflow then publishes a new epoch for the next one). Its
+// probes count on targets towards its health-check target's judgement, until it ends.
+func (ms *members) run(ctx context.Context, workflowID string, memo MonitorMemo, resumed bool, targets *targetBoard) {
 	in := memo.Input
-	st := monitorProgress{Health: in.Last, LastReport: time.Now()}
+	judge, forget := targets.judgeFor(workflowID, in.HealthCheck)
+	defer forget()
+	st := monitorProgress{Health: in.Last, LastReport: time.Now(), Reported: in.Last.FailureReason}
 	pause := ms.retry
 	for {
 		// The provider check an unhealthy start makes is made on every start: a member
 		// that takes over (its shard moved, its worker restarted) cannot know whether the
 		// one before it made it, and a lost instance would wait for the next drift check.
-		res, err := ms.a.watch(ctx, in, &st, resumed, true, nil)
+		res, err := ms.a.watch(ctx, in, &st, resumed, true, judge, nil)
 		if ctx.Err() != nil {
 			return
 		}
@@ -303,8 +323,10 @@ type feed struct {
 	lastFull  time.Time
 	// lastChange is when a read last found a change.
 	lastChange time.Time
-	stop       context.CancelFunc
-	done       chan struct{}
+	// targets is the judgement of health-check targets every shard of the feed shares.
+	targets *targetBoard
+	stop    context.CancelFunc
+	done    chan struct{}
 }
 
 type feedKey struct {
@@ -337,12 +359,13 @@ func subscribe(ctx context.Context, a *Activities, queue string, in ShardInput, 
 	if f == nil {
 		fctx, cancel := context.WithCancel(context.Background())
 		f = &feed{a: a, key: k, in: in, queue: queue, subs: map[*feedSub]bool{}, known: map[string]watch{},
-			stop: cancel, done: make(chan struct{})}
+			targets: newTargetBoard(a.Metrics), stop: cancel, done: make(chan struct{})}
 		feeds.m[k] = f
 		go f.run(fctx)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	ms.share(f.targets)
 	sub := &feedSub{ctx: ctx, index: in.Index, count: in.Count, ms: ms, fresh: true}
 	f.subs[sub] = true
 	if f.read {
@@ -563,7 +586,7 @@ func (f *feed) list(ctx context.Context, query string, fn func(listed)) error {
 					last := &memo.Input.Last
 					last.Known, last.Healthy, last.Since, last.LatencyMillis = true, v.Healthy, v.Since, v.LatencyMillis
 					if v.Healthy {
-						last.LastFailure, last.FailureKind, last.FailureReason = "", "", ""
+						last.LastFailure, last.FailureKind, last.FailureReason = "", "", v.FailureReason
 					}
 				}
 			}

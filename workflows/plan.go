@@ -67,6 +67,18 @@ func plan(s *ProxyState, now time.Time) step {
 	}
 	if len(s.Retiring) > 0 {
 		if now.Before(s.DeleteRetryAt) {
+			if s.liveWhileDeleting {
+				// A delete failed and waits for its retry: the live instances go on
+				// meanwhile, so an instance that refuses to go (deletion protection, a
+				// stuck finalizer) does not leave the Proxy without one. Nothing that
+				// needs the deletes done (finishing) and no idle wait, which would not
+				// wake for the retry, is chosen.
+				switch st := planLive(s, now); st {
+				case stepFinish, stepIdle:
+				default:
+					return st
+				}
+			}
 			return stepSteady
 		}
 		return stepDelete
@@ -227,15 +239,25 @@ func status(s *ProxyState, workflowID string) v1alpha1.ProxyStatus {
 	}
 
 	healthy := metav1Condition(v1alpha1.ConditionHealthy, "Unknown", v1alpha1.ReasonNotProbed, "no verdict yet")
+	// The monitor keeps the verdict while the health-check target is down for most of the
+	// fleet (its failures say nothing about this proxy) and says so in FailureReason.
+	targetDown := s.Health.FailureReason == v1alpha1.ReasonHealthCheckTargetDown
 	if s.Health.Known {
 		st.LatencyMillis = s.Health.LatencyMillis
 		if !s.Health.CheckedAt.IsZero() {
 			st.LastHealthCheckTime = &metav1.Time{Time: s.Health.CheckedAt}
 		}
-		if s.Health.Healthy {
+		switch {
+		case s.Health.Healthy && targetDown:
+			// Unknown: probes do not succeed now (True says they do), yet nothing says the
+			// proxy failed (False would make a fleet with a dead target read as a fleet of
+			// dead proxies). The verdict acted on stays healthy, so the phase stays Ready,
+			// the proxy leasable, and Ready True below.
+			healthy = metav1Condition(v1alpha1.ConditionHealthy, "Unknown", v1alpha1.ReasonHealthCheckTargetDown, s.Health.LastFailure)
+		case s.Health.Healthy:
 			healthy = metav1Condition(v1alpha1.ConditionHealthy, "True", v1alpha1.ReasonProbeSucceeded,
 				fmt.Sprintf("probes through the proxy succeed (%dms)", s.Health.LatencyMillis))
-		} else {
+		default:
 			// The failure kind leads, so "proxy_auth: ..." reads the same in kubectl and in
 			// the worker's metrics (its kind label).
 			msg := s.Health.LastFailure
@@ -251,6 +273,9 @@ func status(s *ProxyState, workflowID string) v1alpha1.ProxyStatus {
 			}
 			healthy = metav1Condition(v1alpha1.ConditionHealthy, "False", reason, msg)
 		}
+	} else if targetDown {
+		// No verdict yet, and none can come while the target is down.
+		healthy = metav1Condition(v1alpha1.ConditionHealthy, "Unknown", v1alpha1.ReasonHealthCheckTargetDown, s.Health.LastFailure)
 	}
 
 	quota := metav1Condition(v1alpha1.ConditionQuotaExceeded, "False", v1alpha1.ReasonQuotaAvailable, "")
@@ -259,8 +284,14 @@ func status(s *ProxyState, workflowID string) v1alpha1.ProxyStatus {
 	}
 
 	ready := metav1Condition(v1alpha1.ConditionReady, "False", v1alpha1.ReasonNotReady, "phase "+string(ph))
-	if provisioned.Status == "True" && healthy.Status == "True" && !s.Deleting {
+	// Ready says the proxy can be leased, which a healthy verdict kept through a target's
+	// outage still allows.
+	heldHealthy := targetDown && s.Health.Known && s.Health.Healthy
+	if provisioned.Status == "True" && (healthy.Status == "True" || heldHealthy) && !s.Deleting {
 		ready = metav1Condition(v1alpha1.ConditionReady, "True", v1alpha1.ReasonReady, "provisioned and healthy")
+		if heldHealthy {
+			ready.Message = "provisioned, and healthy when its health-check target last answered"
+		}
 	}
 	st.Conditions = append(st.Conditions, provisioned, healthy, quota, ready)
 	return st

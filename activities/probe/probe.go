@@ -69,6 +69,14 @@ type Result struct {
 	Kind    Kind          `json:"kind,omitempty"`
 	// Message says what failed, in words fit for a status condition.
 	Message string `json:"message,omitempty"`
+	// TargetFailed says the proxy did its part and the target did not: the proxy answered
+	// that it could not reach the target (502, 503 or 504), or opened the tunnel and then
+	// the target's TLS or answer failed or came too late, or the target answered another
+	// status than expected. A Kind alone cannot say it: a timeout is the proxy's when it
+	// never answers and the target's inside an open tunnel. Monitor shards count these
+	// failures per target, so a target that is down for every proxy is told from proxies
+	// that are down (see activities/targets.go).
+	TargetFailed bool `json:"targetFailed,omitempty"`
 }
 
 // Prober sends probes; its zero value is ready to use.
@@ -100,17 +108,23 @@ func Probe(ctx context.Context, req Request) Result {
 	ctx, cancel := context.WithTimeout(ctx, req.Timeout)
 	defer cancel()
 	start := time.Now()
-	status, kind, err := roundTrip(ctx, req, target)
+	status, kind, beyond, err := roundTrip(ctx, req, target)
 	res := Result{Latency: time.Since(start), Status: status}
 	switch {
 	case err != nil:
-		res.Kind, res.Message = kind, err.Error()
+		res.Kind, res.Message, res.TargetFailed = kind, err.Error(), beyond
 		if ctx.Err() != nil || isTimeout(err) {
 			res.Kind = KindTimeout
 			res.Message = fmt.Sprintf("no answer through %s within %s", req.Proxy, req.Timeout)
+			if beyond {
+				res.Message = fmt.Sprintf("the proxy %s opened a tunnel, but %s did not answer through it within %s", req.Proxy, target.Host, req.Timeout)
+			}
 		}
 	case status != req.ExpectedStatus:
-		res.Kind = KindWrongStatus
+		// Through a plain http proxy the status may be the proxy's own error page (Squid
+		// answers 503 when it cannot connect, 403 for a destination it refuses); either way
+		// the proxy answered, and what it could not give is the target's page.
+		res.Kind, res.TargetFailed = KindWrongStatus, true
 		res.Message = fmt.Sprintf("target %s answered %d, want %d", target.Host, status, req.ExpectedStatus)
 	default:
 		res.OK = true
@@ -118,11 +132,14 @@ func Probe(ctx context.Context, req Request) Result {
 	return res
 }
 
-func roundTrip(ctx context.Context, req Request, target *url.URL) (int, Kind, error) {
+// roundTrip sends the probe. beyond says a failure happened past the proxy (see
+// Result.TargetFailed); a failure before the proxy answered is the proxy's, even a timeout
+// waiting for an http answer: a hung proxy and a hung target look the same from here.
+func roundTrip(ctx context.Context, req Request, target *url.URL) (status int, kind Kind, beyond bool, err error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", req.Proxy)
 	if err != nil {
-		return 0, dialKind(err), fmt.Errorf("connect to proxy %s: %w", req.Proxy, err)
+		return 0, dialKind(err), false, fmt.Errorf("connect to proxy %s: %w", req.Proxy, err)
 	}
 	defer conn.Close()
 	if dl, ok := ctx.Deadline(); ok {
@@ -139,20 +156,20 @@ func roundTrip(ctx context.Context, req Request, target *url.URL) (int, Kind, er
 		authorize(get.Header, req.Credentials)
 		get.Close = true
 		if err := get.WriteProxy(conn); err != nil {
-			return 0, KindOther, fmt.Errorf("send request to proxy: %w", err)
+			return 0, KindOther, false, fmt.Errorf("send request to proxy: %w", err)
 		}
 		resp, err := http.ReadResponse(br, get)
 		if err != nil {
-			return 0, KindProxyError, fmt.Errorf("read answer from proxy: %w", err)
+			return 0, KindProxyError, false, fmt.Errorf("read answer from proxy: %w", err)
 		}
 		resp.Body.Close()
 		switch resp.StatusCode {
 		case http.StatusProxyAuthRequired:
-			return resp.StatusCode, KindProxyAuth, authError(req.Credentials)
+			return resp.StatusCode, KindProxyAuth, false, authError(req.Credentials)
 		case http.StatusBadGateway, http.StatusGatewayTimeout:
-			return resp.StatusCode, KindBadGateway, fmt.Errorf("proxy could not reach %s (%d)", target.Host, resp.StatusCode)
+			return resp.StatusCode, KindBadGateway, true, fmt.Errorf("proxy could not reach %s (%d)", target.Host, resp.StatusCode)
 		}
-		return resp.StatusCode, KindNone, nil
+		return resp.StatusCode, KindNone, false, nil
 	}
 
 	host := target.Host
@@ -162,26 +179,29 @@ func roundTrip(ctx context.Context, req Request, target *url.URL) (int, Kind, er
 	connect := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: host}, Host: host, Header: http.Header{}}
 	authorize(connect.Header, req.Credentials)
 	if err := connect.Write(conn); err != nil {
-		return 0, KindOther, fmt.Errorf("send CONNECT to proxy: %w", err)
+		return 0, KindOther, false, fmt.Errorf("send CONNECT to proxy: %w", err)
 	}
 	resp, err := http.ReadResponse(br, connect)
 	if err != nil {
-		return 0, KindProxyError, fmt.Errorf("read CONNECT answer from proxy: %w", err)
+		return 0, KindProxyError, false, fmt.Errorf("read CONNECT answer from proxy: %w", err)
 	}
 	resp.Body.Close()
 	switch {
 	case resp.StatusCode == http.StatusProxyAuthRequired:
-		return 0, KindProxyAuth, authError(req.Credentials)
+		return 0, KindProxyAuth, false, authError(req.Credentials)
 	case resp.StatusCode == http.StatusForbidden:
-		return 0, KindProxyError, fmt.Errorf("proxy refused CONNECT to %s (403): the destination or its port is not allowed (a Managed proxy's spec.egress)", host)
+		// The proxy's own policy, not the target's state: kept on the proxy's side.
+		return 0, KindProxyError, false, fmt.Errorf("proxy refused CONNECT to %s (403): the destination or its port is not allowed (a Managed proxy's spec.egress)", host)
 	case resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusGatewayTimeout || resp.StatusCode == http.StatusServiceUnavailable:
-		return 0, KindBadGateway, fmt.Errorf("proxy could not open a tunnel to %s (%d)", host, resp.StatusCode)
+		return 0, KindBadGateway, true, fmt.Errorf("proxy could not open a tunnel to %s (%d)", host, resp.StatusCode)
 	case resp.StatusCode != http.StatusOK:
-		return 0, KindProxyError, fmt.Errorf("proxy refused CONNECT to %s (%d)", host, resp.StatusCode)
+		return 0, KindProxyError, false, fmt.Errorf("proxy refused CONNECT to %s (%d)", host, resp.StatusCode)
 	}
 	if br.Buffered() > 0 {
-		return 0, KindProxyError, errors.New("proxy sent data before the tunnel opened")
+		return 0, KindProxyError, false, errors.New("proxy sent data before the tunnel opened")
 	}
+	// From here the tunnel is open: the proxy did its part, and whatever fails is the
+	// target's (or the path from the proxy to it).
 
 	cfg := &tls.Config{}
 	if req.TLSConfig != nil {
@@ -190,20 +210,20 @@ func roundTrip(ctx context.Context, req Request, target *url.URL) (int, Kind, er
 	cfg.ServerName = target.Hostname()
 	tconn := tls.Client(conn, cfg)
 	if err := tconn.HandshakeContext(ctx); err != nil {
-		return 0, KindTLS, fmt.Errorf("TLS with %s through the proxy: %w", target.Hostname(), err)
+		return 0, KindTLS, true, fmt.Errorf("TLS with %s through the proxy: %w", target.Hostname(), err)
 	}
 	get, _ := http.NewRequest(http.MethodGet, target.String(), nil)
 	get.Header.Set("User-Agent", "proxyfleet-probe")
 	get.Close = true
 	if err := get.Write(tconn); err != nil {
-		return 0, KindOther, fmt.Errorf("send request through the tunnel: %w", err)
+		return 0, KindOther, true, fmt.Errorf("send request through the tunnel: %w", err)
 	}
 	tresp, err := http.ReadResponse(bufio.NewReader(tconn), get)
 	if err != nil {
-		return 0, KindOther, fmt.Errorf("read answer through the tunnel: %w", err)
+		return 0, KindOther, true, fmt.Errorf("read answer through the tunnel: %w", err)
 	}
 	tresp.Body.Close()
-	return tresp.StatusCode, KindNone, nil
+	return tresp.StatusCode, KindNone, false, nil
 }
 
 // authorize adds the proxy credentials, if any.

@@ -456,6 +456,12 @@ const (
 	ReasonNotProbed = "NotProbed"
 	ReasonReady     = "Ready"
 	ReasonNotReady  = "NotReady"
+
+	// ReasonHealthCheckTargetDown: the health check's URL fails through most of the
+	// proxies probing it at once, so its failures say nothing about this proxy. The last
+	// verdict is kept (a healthy proxy stays leasable and is not replaced) until the target
+	// answers again.
+	ReasonHealthCheckTargetDown = "HealthCheckTargetDown"
 )
 
 // ProxyStatus is written only by the Proxy's workflow, through an activity.
