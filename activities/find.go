@@ -75,6 +75,8 @@ func (a *Activities) FindInstances(ctx context.Context, in FindInput) (FindResul
 		}
 	}
 	addProject(in.Provider, in.Project)
+	// published is the provider of the instance the Proxy last published, when known.
+	var published v1alpha1.Provider
 	if a.Kube != nil && in.Name != "" {
 		p, err := a.ownProxy(ctx, ObjectRef{Namespace: in.Namespace, Name: in.Name, UID: in.ProxyUID})
 		switch {
@@ -84,16 +86,21 @@ func (a *Activities) FindInstances(ctx context.Context, in FindInput) (FindResul
 			a.log().WarnContext(ctx, "reading the Proxy's published replacement count failed; counting from the instances", "error", err)
 		case p != nil:
 			out.Replacements = p.Status.Replacements
-			if cleanup && p.Spec.EffectiveMode() == v1alpha1.ModeManaged {
-				if p.Spec.GCP != nil {
-					addProject(v1alpha1.ProviderGCP, p.Spec.GCP.Project)
-				}
-				addProject(v1alpha1.ProviderGCP, gcpProject(p.Status.ProviderID))
+			if cleanup && p.Spec.EffectiveMode() == v1alpha1.ModeManaged && p.Spec.GCP != nil {
+				addProject(v1alpha1.ProviderGCP, p.Spec.GCP.Project)
+			}
+			// The instance the Proxy last published may be in a project its spec no
+			// longer names (it was edited while no run held the state): a run that adopts
+			// needs it as much as a cleanup run. The sweep lists only default projects,
+			// so a failed list there must not be skipped either.
+			if project := gcpProject(p.Status.ProviderID); project != "" {
+				addProject(v1alpha1.ProviderGCP, project)
+				published = v1alpha1.ProviderGCP
 			}
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(a.Providers)) {
-		mustAnswer := cleanup || name == in.Provider
+		mustAnswer := cleanup || name == in.Provider || name == published
 		for _, project := range append([]string{""}, projects[name]...) {
 			owner := provider.Owner{Installation: a.Installation, ProxyUID: in.ProxyUID, Project: project}
 			cctx, cancel := a.callContext(ctx)

@@ -78,7 +78,7 @@ func (s *ProxyState) applySpec(sig SpecSignal) effect {
 	}
 	if s.UID != "" && sig.UID != s.UID {
 		s.retireAll()
-		*s = ProxyState{Retiring: s.Retiring, legacy: s.legacy, requireAuth: s.requireAuth, createFirst: s.createFirst, nextOnLoss: s.nextOnLoss}
+		*s = ProxyState{Retiring: s.Retiring, legacy: s.legacy, requireAuth: s.requireAuth, createFirst: s.createFirst, nextOnLoss: s.nextOnLoss, liveWhileDeleting: s.liveWhileDeleting}
 		e = effect{note: "spec for a different object UID; retiring the old object's instances", warn: true}
 	}
 	if sig.Generation < s.Generation || sig.Generation == s.Generation && sig.SecretVersion == s.SecretVersion {
@@ -414,6 +414,13 @@ func (s *ProxyState) lostWhileProvisioning(name string, now time.Time, t Tuning)
 func (s *ProxyState) verified(name string, h activities.Health, now time.Time, t Tuning) effect {
 	next := s.Next
 	if next == nil || next.Name != name {
+		if s.nextOnLoss && s.Instance != nil && s.Instance.Name == name && h.Healthy && !(s.Health.Known && s.Health.Healthy) {
+			// It took over from a lost instance while it was being checked: its verdict
+			// is the proxy's.
+			s.Health = h
+			s.Health.Since = now
+			return effect{publish: true}
+		}
 		return effect{}
 	}
 	next.Health = &h
@@ -516,6 +523,11 @@ func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time
 				// arrive while it is), and whatever it was built for is done. It is watched
 				// like any current instance once it runs.
 				s.Instance, s.Next = s.Next, nil
+				if h := s.Instance.Health; h != nil {
+					// Already checked through itself: that verdict is the proxy's now.
+					s.Health = *h
+					s.Health.Since = now
+				}
 				s.Instance.CreatedAt, s.Instance.Health = now, nil
 				s.ReplaceReason, s.Cooldowns, s.Bans = "", nil, nil
 				s.Replacements++

@@ -85,6 +85,7 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 	w.state.requireAuth = w.version >= versionCredentials
 	w.state.createFirst = w.version >= versionLostFirst
 	w.state.nextOnLoss = w.version >= versionServeWhileReplacing
+	w.state.liveWhileDeleting = w.version >= versionServeWhileReplacing
 	if in.State == nil && w.version >= versionLongLived {
 		w.state.Unlisted = true
 	}
@@ -108,8 +109,15 @@ type proxyWorkflow struct {
 	// up to 15) and a verdict must not wait for it.
 	monCh workflow.ReceiveChannel
 	// reported is set when a report was applied by addSignals: steady then returns to
-	// replan, as it did when it read reports itself.
-	reported bool
+	// replan, as it did when it read reports itself. watchLeft is set when a report moved
+	// the run off the watch it published (see reportStale), until the next publish.
+	reported  bool
+	watchLeft bool
+	// urgent is set when what discovery acts on changed (a verdict, an instance): await
+	// publishes it at once; other memo changes (cooldowns) at most every
+	// awaitPublishEvery. publishedAt is when the memo was last written.
+	urgent      bool
+	publishedAt time.Time
 	now      func() time.Time
 	// version is the version this run started with; runStart is when; signals counts the
 	// signals it received. Together they decide when the run has done enough.
@@ -271,11 +279,12 @@ func (w *proxyWorkflow) applyReport(r *activities.MonitorReport) {
 	w.apply(e)
 	w.reported = true
 	if s.Instance != inst {
-		w.interrupt = true
+		w.interrupt, w.watchLeft, w.urgent = true, true, true
 	}
-	if e.publish || s.Instance != inst || before.Known != s.Health.Known || before.Healthy != s.Health.Healthy ||
-		before.LatencyMillis != s.Health.LatencyMillis || before.FailureReason != s.Health.FailureReason ||
-		before.LastFailure != s.Health.LastFailure {
+	if before.Known != s.Health.Known || before.Healthy != s.Health.Healthy || before.FailureReason != s.Health.FailureReason {
+		w.urgent = true
+	}
+	if e.publish || w.urgent || before.LatencyMillis != s.Health.LatencyMillis || before.LastFailure != s.Health.LastFailure {
 		w.memoDirty = true
 	}
 }
@@ -377,36 +386,59 @@ func (w *proxyWorkflow) waitSignals(ctx workflow.Context, until time.Time) error
 // the plan and the activity may be abandoned, its context is cancelled. It reports whether
 // the activity was interrupted.
 func (w *proxyWorkflow) await(ctx workflow.Context, fut workflow.Future, cancel workflow.CancelFunc, interruptible bool, result any) (bool, error) {
+	pctx, cancelPublish := workflow.WithCancel(ctx)
+	defer cancelPublish()
+	var publishTimer workflow.Future
 	for {
-		done := false
+		done, publishDue := false, false
 		sel := workflow.NewSelector(ctx)
 		sel.AddFuture(fut, func(workflow.Future) { done = true })
 		w.addSignals(sel)
+		if publishTimer != nil {
+			sel.AddFuture(publishTimer, func(workflow.Future) { publishDue, publishTimer = true, nil })
+		}
 		sel.Select(ctx)
 		if done {
 			return false, fut.Get(ctx, result)
-		}
-		if w.version >= versionServeWhileReplacing && w.memoDirty {
-			// A verdict or a ban report while a step runs (a delete can take 15 minutes)
-			// reaches discovery now, not when the step ends.
-			if err := w.publishState(ctx); err != nil {
-				return false, err
-			}
-		}
-		if !interruptible {
-			continue
 		}
 		over := false
 		if w.version >= versionLongLived {
 			over, _ = w.overBudget(ctx)
 		}
+		if w.version >= versionServeWhileReplacing && w.memoDirty && !over {
+			// A verdict while a step runs (a delete can take 15 minutes a try) reaches
+			// discovery now, not when the step ends; cooldowns follow within
+			// awaitPublishEvery, so crawlers' reports cannot make one write each. A run
+			// over its budget writes nothing more until the step ends and it continues.
+			next := w.publishedAt.Add(awaitPublishEvery)
+			switch {
+			case w.urgent || publishDue || !workflow.Now(ctx).Before(next):
+				if err := w.publishState(ctx); err != nil {
+					return false, err
+				}
+			case publishTimer == nil:
+				publishTimer = w.timer(pctx, next.Sub(workflow.Now(ctx)), workflow.TimerOptions{Summary: "publish what crawlers reported"})
+			}
+		}
+		if !interruptible {
+			continue
+		}
 		if w.interrupt || over {
+			if w.version >= versionServeWhileReplacing && fut.IsReady() {
+				// The result is here already: a replacement's verdict, say, which the
+				// instance that took over from it goes on with.
+				return false, fut.Get(ctx, result)
+			}
 			cancel()
 			_ = fut.Get(ctx, nil)
 			return true, nil
 		}
 	}
 }
+
+// awaitPublishEvery is how often, at most, await writes memo changes that are not verdicts
+// (cooldowns crawlers report) while an activity runs.
+const awaitPublishEvery = 30 * time.Second
 
 // --- steps ---------------------------------------------------------------------------
 
@@ -738,11 +770,32 @@ func (w *proxyWorkflow) receiveReport(c workflow.ReceiveChannel) *activities.Mon
 	c.ReceiveAsync(&r)
 	w.signals++
 	w.cost += costSignal
-	if !w.watchSet || r.Epoch != w.watchEpoch || r.Epoch == "" {
+	if w.reportStale(r.Epoch) {
 		w.log.Info("dropped a stale monitor report", "uid", w.state.UID, "epoch", r.Epoch, "reason", r.Result.Reason)
 		return nil
 	}
 	return &r
+}
+
+// reportStale reports whether a shard's report for epoch is about something the run no
+// longer watches. Runs of version 4 take only the epoch they last published. Later ones,
+// which read reports in every step, also take the epoch of what they watch now: before
+// their first publish, a continued run carries on its predecessor's watch, and a report
+// for it may already be waiting. And they stop taking the published epoch once a report
+// moved the run off it (the instance was lost): a second copy of that report (reports are
+// delivered at least once) must not be applied to the instance that took over.
+func (w *proxyWorkflow) reportStale(epoch string) bool {
+	if epoch == "" {
+		return true
+	}
+	if w.version < versionServeWhileReplacing {
+		return !w.watchSet || epoch != w.watchEpoch
+	}
+	if w.watchSet && epoch == w.watchEpoch && !w.watchLeft {
+		return false
+	}
+	cur := w.watch()
+	return cur == nil || cur.Epoch != epoch
 }
 
 // watch is what a monitor shard is to watch for this proxy now, or nil for nothing.
@@ -773,7 +826,13 @@ func (w *proxyWorkflow) verdictOf(watch *activities.MonitorMemo) *activities.Ver
 	if watch == nil || !h.Known {
 		return nil
 	}
-	return &activities.Verdict{Epoch: watch.Epoch, Healthy: h.Healthy, Since: h.Since, LatencyMillis: h.LatencyMillis}
+	v := &activities.Verdict{Epoch: watch.Epoch, Healthy: h.Healthy, Since: h.Since, LatencyMillis: h.LatencyMillis}
+	if w.version >= versionServeWhileReplacing {
+		// A member that starts later (its shard moved) must know the reason the run holds,
+		// or it could never report it gone (a health-check target judged down).
+		v.FailureReason = h.FailureReason
+	}
+	return v
 }
 
 // watchEpoch names a watch by everything in it but the last verdict (which the shard
@@ -957,9 +1016,10 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 		return err
 	}
 	w.memo, w.saPhase, w.saHealthy, w.memoDirty = &memo, st.Phase, &healthy, false
+	w.publishedAt, w.urgent = workflow.Now(ctx), false
 	if w.version >= versionShardMonitor {
 		w.verdictPub = verdict
-		w.watchSet, w.watchEpoch = true, ""
+		w.watchSet, w.watchEpoch, w.watchLeft = true, "", false
 		if watch != nil {
 			w.watchEpoch = watch.Epoch
 		}

@@ -271,6 +271,10 @@ type ProxyState struct {
 	// nextOnLoss is set (by the loop) on runs that, when the current instance is lost while
 	// a replacement is under way, make the replacement current rather than build a third.
 	nextOnLoss bool
+	// liveWhileDeleting is set (by the loop) on runs whose live instances go on (created,
+	// replaced) while a failed delete waits for its retry: one instance that refuses to go
+	// must not keep the Proxy without one.
+	liveWhileDeleting bool
 }
 
 // lacksCredentials reports a Managed instance built before instances had credentials: it
