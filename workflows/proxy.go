@@ -118,7 +118,7 @@ type proxyWorkflow struct {
 	// awaitPublishEvery. publishedAt is when the memo was last written.
 	urgent      bool
 	publishedAt time.Time
-	now      func() time.Time
+	now         func() time.Time
 	// version is the version this run started with; runStart is when; signals counts the
 	// signals it received. Together they decide when the run has done enough.
 	version  workflow.Version
