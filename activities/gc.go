@@ -137,6 +137,9 @@ func (a *Activities) deleteOrphan(ctx context.Context, in OrphanInput) error {
 	a.log().WarnContext(ctx, "WARNING: deleting orphaned instance", "provider", in.Provider,
 		"providerID", in.ProviderID, "instance", in.Name, "uid", in.UID)
 	if err := p.Delete(ctx, in.ProviderID); err != nil && !errors.Is(err, provider.ErrNotFound) {
+		if errors.Is(err, provider.ErrInUse) {
+			return err // kept, not failed: the sweep counts it so
+		}
 		return classify("delete orphan "+in.ProviderID, err)
 	}
 	if a.Metrics != nil {

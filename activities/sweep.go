@@ -40,6 +40,9 @@ const (
 	GCReasonLiveProxy   = "its Proxy exists"
 	GCReasonLiveRunning = "its workflow is running"
 	GCReasonOrphan      = "orphan: no Proxy and no running workflow"
+	// GCReasonInUse: judged an orphan, but the provider found it used again when asked to
+	// delete it (a shared firewall rule an instance made since took up).
+	GCReasonInUse = "in use again"
 )
 
 // DecideOrphans is the sweeper's whole judgement, as a pure function: delete only
@@ -227,6 +230,12 @@ func (a *Activities) SweepProvider(ctx context.Context, in SweepInput) (SweepRes
 				cctx, cancel := a.callContext(ctx)
 				err := a.deleteOrphan(cctx, OrphanInput{Provider: in.Provider, ProviderID: it.ProviderID, Name: it.Name, UID: it.UID})
 				cancel()
+				if errors.Is(err, provider.ErrInUse) {
+					it.Reason = GCReasonInUse
+					res.addSpared(it)
+					activity.RecordHeartbeat(ctx, res)
+					continue
+				}
 				if err != nil {
 					if ctx.Err() != nil {
 						return res, ctx.Err()

@@ -342,3 +342,30 @@ func sweep(t *testing.T, f *fixture, in activities.SweepInput) activities.SweepR
 	require.NoError(t, v.Get(&res))
 	return res
 }
+
+// TestSweepCountsAnObjectInUseAsKept: the provider declines to delete an orphan that is in
+// use again by the time it is asked (a shared firewall rule an instance made since uses):
+// the sweep reports it kept, with its reason, not deleted and not failed.
+func TestSweepCountsAnObjectInUseAsKept(t *testing.T) {
+	f := newFixture(t)
+	mem := &memProvider{instances: map[string]provider.Instance{}}
+	for _, name := range []string{"rule", "vm"} {
+		inst := owned(name, "gone", "test", time.Hour)
+		mem.instances[inst.ProviderID] = inst
+	}
+	hp := &hookProvider{memProvider: mem, onDelete: func(_ context.Context, id string) error {
+		if strings.Contains(id, "rule") {
+			return fmt.Errorf("firewall rule %s: %w", id, provider.ErrInUse)
+		}
+		return nil
+	}}
+	f.acts.Providers = provider.Registry{v1alpha1.ProviderLocal: hp}
+	f.acts.Temporal = runningWith(t)
+	res := sweep(t, f, activities.SweepInput{
+		Provider: v1alpha1.ProviderLocal, Installation: "test", MinAge: time.Minute,
+		Live: activities.LiveInput{WorkflowQuery: "q", MemoKey: "proxy"},
+	})
+	assert.Equal(t, 1, res.DeletedCount, "only the VM is deleted")
+	assert.Equal(t, 1, res.SparedBy[activities.GCReasonInUse], "the rule is kept: %+v", res)
+	assert.Zero(t, res.ErrorCount)
+}

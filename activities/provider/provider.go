@@ -181,6 +181,11 @@ func (r Registry) Get(name v1alpha1.Provider) (Provider, error) {
 // ErrNotFound reports an instance that does not exist.
 var ErrNotFound = errors.New("instance not found")
 
+// ErrInUse reports a delete the provider declined because something still uses the
+// object: a shared firewall rule that an instance made since the sweep listed it uses.
+// The sweep counts it as kept, not as deleted.
+var ErrInUse = errors.New("still in use; kept")
+
 // Kind classifies provider errors by what the workflow should do about them.
 type Kind int
 

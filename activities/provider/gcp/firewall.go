@@ -677,8 +677,11 @@ func (p *Provider) deleteSharedRule(ctx context.Context, project, name string) e
 		return nil
 	}
 	used, err := p.ruleUsers(ctx, project, installation, name)
-	if err != nil || used {
+	if err != nil {
 		return err
+	}
+	if used {
+		return fmt.Errorf("firewall rule %s: an instance uses it again: %w", path, provider.ErrInUse)
 	}
 	p.forgetRule(path)
 	return deleteOnce(ctx, callFirewallDelete, path, nameUUID(string(callFirewallDelete)+" "+path), func(id string) (*compute.Operation, error) {

@@ -652,7 +652,8 @@ func TestTheSweepKeepsARuleThatFoundAUserMeanwhile(t *testing.T) {
 	require.Len(t, listed, 1)
 
 	create(t, p, gcpRequest("px-b", minimalSpec()))
-	require.NoError(t, p.Delete(t.Context(), listed[0].ProviderID))
+	// Declined as in use, so the sweep counts it kept, not deleted.
+	require.ErrorIs(t, p.Delete(t.Context(), listed[0].ProviderID), provider.ErrInUse)
 	assert.Equal(t, []string{minimalRule}, ruleNames(srv))
 	assert.Zero(t, srv.Requests(gcptest.MethodFirewallDelete))
 	assert.Contains(t, srv.Filters(gcptest.MethodAggregatedList),
