@@ -351,7 +351,12 @@ func (th thresholds) fold(st *monitorProgress, res probe.Result, target targetJu
 		st.ConsecOK = 0
 		h.LastFailure, h.FailureKind, h.FailureReason = target.message(res), res.Kind, v1alpha1.ReasonHealthCheckTargetDown
 	} else {
-		reason, changed = th.record(st, res, now)
+		rec := th
+		if !res.OK && res.TargetFailed && h.Known && h.Healthy {
+			// Not judged down (yet): see targetFailureMin.
+			rec.failure = max(th.failure, targetFailureMin)
+		}
+		reason, changed = rec.record(st, res, now)
 		switch {
 		case res.OK:
 			if h.FailureReason == v1alpha1.ReasonHealthCheckTargetDown && st.ConsecOK >= th.success {

@@ -179,7 +179,7 @@ func (ms *members) stopAll() {
 // probes count on targets towards its health-check target's judgement, until it ends.
 func (ms *members) run(ctx context.Context, workflowID string, memo MonitorMemo, resumed bool, targets *targetBoard) {
 	in := memo.Input
-	judge, forget := targets.judgeFor(workflowID, in.HealthCheck)
+	judge, forget := targets.judgeFor(workflowID, in.HealthCheck, in.Last.Known && in.Last.Healthy)
 	defer forget()
 	st := monitorProgress{Health: in.Last, LastReport: time.Now(), Reported: in.Last.FailureReason}
 	pause := ms.retry

@@ -3,6 +3,7 @@ package activities
 import (
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -25,6 +26,19 @@ import (
 // more likely one bad target. Below that (a fleet of one or two proxies per target) a
 // failure counts as the proxy's, as it always did.
 const targetDownMin = 3
+
+// targetDownShare is the share, in tenths, of the members with evidence whose latest probe
+// must have failed against the target: nearly all. Half would let one broken half of a
+// fleet (a region, a vendor, whose proxies answer 502 for everything) excuse itself while
+// the other half shows the target up.
+const targetDownShare = 9
+
+// targetFailureMin is the fewest failures in a row against the target that turn a healthy
+// proxy unhealthy, whatever its failureThreshold: the members of a fleet probe at
+// different moments of an interval, so at an outage's onset the first to fail are alone
+// until the others have probed; with failureThreshold 1 they would be judged before the
+// board could see it was the target.
+const targetFailureMin = 3
 
 // targetBoard holds, per health-check target, the latest probe of every member probing it.
 // The shards of one process share one (the feed's), so a fleet spread over shards is
@@ -55,6 +69,11 @@ type memberProbe struct {
 	at      time.Time
 	stale   time.Duration // after this long it no longer counts
 	outcome probeOutcome
+	// worked says the member was seen to work: it started healthy or passed a probe of
+	// this target since. Only those are evidence: a proxy never seen working says nothing
+	// about the target when it fails, and a few such (External proxies anyone may point
+	// at an endpoint that answers 503) could otherwise excuse everyone's failures.
+	worked bool
 }
 
 type probeOutcome int
@@ -118,7 +137,7 @@ func staleAfter(interval, timeout time.Duration) time.Duration { return 2*interv
 
 // observe records member's latest probe of the target named by key and returns the
 // target's judgement with it.
-func (b *targetBoard) observe(key, name, member string, res probe.Result, stale time.Duration, now time.Time) targetJudgement {
+func (b *targetBoard) observe(key, name, member string, startedHealthy bool, res probe.Result, stale time.Duration, now time.Time) targetJudgement {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	t := b.byKey[key]
@@ -126,7 +145,12 @@ func (b *targetBoard) observe(key, name, member string, res probe.Result, stale 
 		t = &targetState{name: name, members: map[string]memberProbe{}, pruned: now}
 		b.byKey[key] = t
 	}
-	t.set(member, memberProbe{at: now, stale: stale, outcome: outcomeOf(res)})
+	worked := res.OK || t.members[member].worked || startedHealthy
+	p := memberProbe{at: now, stale: stale, outcome: outcomeOf(res), worked: worked}
+	if !worked {
+		p.outcome = outcomeProxy
+	}
+	t.set(member, p)
 	if now.Sub(t.pruned) >= time.Second {
 		// At most once a second per target, so the sweep costs O(members) a second rather
 		// than per probe.
@@ -163,7 +187,7 @@ func (b *targetBoard) forget(key, member string) {
 // judge updates t's judgement from its counts, and the gauge of targets judged down with
 // it. b.mu is held.
 func (b *targetBoard) judge(t *targetState) {
-	down := t.failed >= targetDownMin && 2*t.failed >= t.ok+t.failed
+	down := t.failed >= targetDownMin && 10*t.failed >= targetDownShare*(t.ok+t.failed)
 	switch {
 	case down && !t.down:
 		b.metrics.targetDown(1)
@@ -208,7 +232,7 @@ type targetJudge func(res probe.Result, now time.Time) targetJudgement
 
 // judgeFor returns member's judge on b for the health check hc, and the function that
 // forgets it when it stops.
-func (b *targetBoard) judgeFor(member string, hc v1alpha1.HealthCheck) (targetJudge, func()) {
+func (b *targetBoard) judgeFor(member string, hc v1alpha1.HealthCheck, startedHealthy bool) (targetJudge, func()) {
 	interval, err1 := hc.EffectiveInterval()
 	timeout, err2 := hc.EffectiveTimeout()
 	if b == nil || err1 != nil || err2 != nil {
@@ -216,9 +240,12 @@ func (b *targetBoard) judgeFor(member string, hc v1alpha1.HealthCheck) (targetJu
 		return nil, func() {}
 	}
 	key, name := targetKey(hc.URL)
+	// A status is one URL's answer to one expectation: members expecting another status
+	// of the same URL are judged apart.
+	key += "\x00" + strconv.Itoa(int(hc.ExpectedStatus))
 	stale := staleAfter(interval, timeout)
 	return func(res probe.Result, now time.Time) targetJudgement {
-			return b.observe(key, name, member, res, stale, now)
+			return b.observe(key, name, member, startedHealthy, res, stale, now)
 		}, func() {
 			b.forget(key, member)
 		}

@@ -28,8 +28,8 @@ func gauge(t *testing.T, m *Metrics) float64 {
 	return out.GetGauge().GetValue()
 }
 
-// TestTargetBoardJudges: a target is judged down from at least three proxies and at least
-// half of those whose latest probe said anything about it; a proxy that failed on its own
+// TestTargetBoardJudges: a target is judged down from at least three proxies and nine
+// tenths of those whose latest probe said anything about it; a proxy that failed on its own
 // says nothing; a probe too old to be a member's latest, and a member that stopped, no
 // longer count; the worker's gauge follows.
 func TestTargetBoardJudges(t *testing.T) {
@@ -54,8 +54,8 @@ func TestTargetBoardJudges(t *testing.T) {
 	}{
 		{"two failures are not enough, though all fail", fleet(targetFailure, targetFailure), false, 2, 2},
 		{"three of three", fleet(targetFailure, targetFailure, targetFailure), true, 3, 3},
-		{"exactly half", fleet(probeOK, probeOK, probeOK, targetFailure, targetFailure, targetFailure), true, 3, 6},
-		{"under half", fleet(probeOK, probeOK, probeOK, probeOK, targetFailure, targetFailure, targetFailure), false, 3, 7},
+		{"nine of ten", fleet(probeOK, targetFailure, targetFailure, targetFailure, targetFailure, targetFailure, targetFailure, targetFailure, targetFailure, targetFailure), true, 9, 10},
+		{"half is not enough: the other half shows the target up", fleet(probeOK, probeOK, probeOK, targetFailure, targetFailure, targetFailure), false, 3, 6},
 		{"proxies failing on their own say nothing about the target",
 			fleet(proxyFailure, proxyFailure, proxyFailure, proxyFailure, targetFailure, targetFailure, targetFailure), true, 3, 3},
 		{"a fleet of dead proxies is no target down", fleet(proxyFailure, proxyFailure, proxyFailure, proxyFailure), false, 0, 0},
@@ -67,7 +67,7 @@ func TestTargetBoardJudges(t *testing.T) {
 			b := newTargetBoard(m)
 			var j targetJudgement
 			for i, p := range tc.probes {
-				j = b.observe("http://t/", "http://t", p.member, p.res, stale, t0.Add(time.Duration(i)*100*time.Millisecond))
+				j = b.observe("http://t/", "http://t", p.member, true, p.res, stale, t0.Add(time.Duration(i)*100*time.Millisecond))
 			}
 			assert.Equal(t, tc.down, j.Down)
 			assert.Equal(t, tc.failed, j.Failed)
@@ -80,21 +80,21 @@ func TestTargetBoardJudges(t *testing.T) {
 		m := NewMetrics(prometheus.NewRegistry())
 		b := newTargetBoard(m)
 		for _, id := range []string{"a", "b", "c"} {
-			b.observe("k", "n", id, targetFailure, stale, t0)
+			b.observe("k", "n", id, true, targetFailure, stale, t0)
 		}
-		j := b.observe("k", "n", "d", targetFailure, stale, t0.Add(stale/2))
+		j := b.observe("k", "n", "d", true, targetFailure, stale, t0.Add(stale/2))
 		require.True(t, j.Down)
 		assert.Equal(t, 1.0, gauge(t, m))
 		// a, b and c stopped probing: past their staleness only d's probe counts.
-		j = b.observe("k", "n", "d", targetFailure, stale, t0.Add(stale+time.Second))
+		j = b.observe("k", "n", "d", true, targetFailure, stale, t0.Add(stale+time.Second))
 		assert.False(t, j.Down)
 		assert.Equal(t, 1, j.Of)
 		assert.Zero(t, gauge(t, m))
 
 		for _, id := range []string{"a", "b"} {
-			b.observe("k", "n", id, targetFailure, stale, t0.Add(stale+time.Second))
+			b.observe("k", "n", id, true, targetFailure, stale, t0.Add(stale+time.Second))
 		}
-		require.True(t, b.observe("k", "n", "d", targetFailure, stale, t0.Add(stale+time.Second)).Down)
+		require.True(t, b.observe("k", "n", "d", true, targetFailure, stale, t0.Add(stale+time.Second)).Down)
 		b.forget("k", "a")
 		assert.Zero(t, gauge(t, m), "a stopped member still counted")
 		b.forget("k", "b")

@@ -567,7 +567,10 @@ func (s *ProxyState) nextWake() (time.Time, string) {
 	}
 	set(s.RetryAt, wakeRetry)
 	set(s.DeleteRetryAt, wakeRetryDelete)
-	if s.Instance.Running() {
+	if s.Instance.Running() && s.ReplaceReason == "" {
+		// Once a replacement is asked for, neither is news: a wake for a time already
+		// past (a replacement held while a delete waits for its retry) would fire at once,
+		// again and again, without the run ever yielding.
 		if age := s.maxAge(); age > 0 {
 			set(s.Instance.CreatedAt.Add(age), wakeMaxAge)
 		}

@@ -68,14 +68,15 @@ func plan(s *ProxyState, now time.Time) step {
 	if len(s.Retiring) > 0 {
 		if now.Before(s.DeleteRetryAt) {
 			if s.liveWhileDeleting {
-				// A delete failed and waits for its retry: the live instances go on
-				// meanwhile, so an instance that refuses to go (deletion protection, a
-				// stuck finalizer) does not leave the Proxy without one. Nothing that
-				// needs the deletes done (finishing) and no idle wait, which would not
-				// wake for the retry, is chosen.
+				// A delete failed and waits for its retry: what keeps the Proxy served
+				// goes on meanwhile, so an instance that refuses to go (deletion
+				// protection, a stuck finalizer) does not leave the Proxy without one.
+				// Replacements wait: each would add an instance that cannot be deleted
+				// either, one per maxAge for as long as deletes fail. Nor is finishing
+				// (it needs the deletes done) or an idle wait (it would not wake for the
+				// retry) chosen.
 				switch st := planLive(s, now); st {
-				case stepFinish, stepIdle:
-				default:
+				case stepList, stepHash, stepCreate, stepRetireCurrent, stepWaitRunning:
 					return st
 				}
 			}

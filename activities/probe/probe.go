@@ -121,15 +121,21 @@ func Probe(ctx context.Context, req Request) Result {
 			}
 		}
 	case status != req.ExpectedStatus:
-		// Through a plain http proxy the status may be the proxy's own error page (Squid
-		// answers 503 when it cannot connect, 403 for a destination it refuses); either way
-		// the proxy answered, and what it could not give is the target's page.
-		res.Kind, res.TargetFailed = KindWrongStatus, true
+		// Through a tunnel the status is the target's own. Through a plain http proxy it
+		// may be the proxy's own page: only a gateway error (502, 503, 504: the proxy
+		// could not get the target's) is the target's failure; anything else (a 403 for a
+		// destination the proxy refuses, an account suspended) is the proxy's.
+		res.Kind, res.TargetFailed = KindWrongStatus, target.Scheme == "https" || gatewayError(status)
 		res.Message = fmt.Sprintf("target %s answered %d, want %d", target.Host, status, req.ExpectedStatus)
 	default:
 		res.OK = true
 	}
 	return res
+}
+
+// gatewayError reports a status a proxy answers when it could not get the target's answer.
+func gatewayError(status int) bool {
+	return status == http.StatusBadGateway || status == http.StatusServiceUnavailable || status == http.StatusGatewayTimeout
 }
 
 // roundTrip sends the probe. beyond says a failure happened past the proxy (see

@@ -59,6 +59,16 @@ const DefaultMonitorShards = 4
 // than this no longer decides the shard count.
 const DefaultShardLiveness = 3 * time.Minute
 
+// MaxMonitorShards bounds --monitor-shards, and what a poller's identity may claim: each
+// shard is a workflow and a long activity, and a typo or a stray identity must not make
+// every worker start a million of them.
+const MaxMonitorShards = 1024
+
+// shardClockSkew is how far ahead of the reader's clock a poller's start may be and still
+// count: workers' clocks differ a little; a start far in the future (a clock badly wrong,
+// an identity made up) would otherwise win every decision for as long as it polls.
+const shardClockSkew = 5 * time.Minute
+
 // Config is everything the worker is told, from flags or a test.
 type Config struct {
 	// TaskQueue defaults to contract.TaskQueue.
@@ -135,8 +145,8 @@ func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Clie
 	if cfg.TaskQueue == "" {
 		cfg.TaskQueue = contract.TaskQueue
 	}
-	if cfg.MonitorShards < 0 {
-		return nil, fmt.Errorf("monitor shards must be at least 1, not %d", cfg.MonitorShards)
+	if cfg.MonitorShards < 0 || cfg.MonitorShards > MaxMonitorShards {
+		return nil, fmt.Errorf("monitor shards must be from 1 to %d, not %d", MaxMonitorShards, cfg.MonitorShards)
 	}
 	cfg.MonitorShards = cmp.Or(cfg.MonitorShards, DefaultMonitorShards)
 	pcfg := cfg.Providers
@@ -319,7 +329,8 @@ func newestLive(pollers []*taskqueuepb.PollerInfo, self shardPoller, now time.Ti
 	best := self
 	for _, p := range pollers {
 		sp, ok := parseShardIdentity(p.GetIdentity())
-		if !ok || p.GetLastAccessTime() == nil || now.Sub(p.GetLastAccessTime().AsTime()) > liveness {
+		if !ok || p.GetLastAccessTime() == nil || now.Sub(p.GetLastAccessTime().AsTime()) > liveness ||
+			sp.started.After(now.Add(shardClockSkew)) {
 			continue
 		}
 		if sp.started.After(best.started) || sp.started.Equal(best.started) && sp.count > best.count {
@@ -352,7 +363,7 @@ func parseShardIdentity(id string) (shardPoller, bool) {
 	}
 	var count int
 	var nanos int64
-	if _, err := fmt.Sscanf(id[i:], identityShards+"%d"+identityStarted+"%d", &count, &nanos); err != nil || count < 1 {
+	if _, err := fmt.Sscanf(id[i:], identityShards+"%d"+identityStarted+"%d", &count, &nanos); err != nil || count < 1 || count > MaxMonitorShards {
 		return shardPoller{}, false
 	}
 	return shardPoller{count: count, started: time.Unix(0, nanos)}, true
