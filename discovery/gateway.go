@@ -126,6 +126,7 @@ const (
 	failReset       = "reset"       // the connection broke before an answer
 	failAuth        = "auth"        // the proxy refused its credentials (407)
 	failRefused     = "refused"     // the proxy answered CONNECT with another error status
+	failSwitched    = "switched"    // the site switched protocols when it was not asked to
 )
 
 // upstreamFailure is one fleet proxy's failure for one attempt.
@@ -229,6 +230,8 @@ type exchange struct {
 	failures []upstreamFailure
 	// result is a forwarded request's outcome when it is not ok.
 	result string
+	// body is the answer handed to the reverse proxy, whose Close ends the lease.
+	body io.Closer
 }
 
 func (x *exchange) want(ttl time.Duration) Want {
@@ -302,6 +305,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange, kin
 		return g.tunnel(w, r, x)
 	}
 	g.forward.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
+	if x.body != nil {
+		// The answer is over, whichever way the reverse proxy left it (some of its refusals
+		// leave the answer open): its lease ends now. Closing twice is harmless.
+		_ = x.body.Close()
+	}
 	if x.result == "" {
 		return "ok"
 	}
@@ -764,6 +772,17 @@ func (rt gatewayRoundTripper) RoundTrip(req *http.Request) (*http.Response, erro
 			g.reportStatus(req.Context(), x, l, result)
 		}
 		x.span.SetAttributes(attribute.String("proxyfleet.proxy", id), attribute.Int("http.response.status_code", resp.StatusCode))
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			if err := switchAsked(req.Header, resp.Header); err != nil {
+				// The reverse proxy refuses such an answer without closing it, which would
+				// hold the lease (and the connection) for as long as the gateway runs: a
+				// site could pin every slot of the fleet with one URL.
+				resp.Body.Close()
+				g.release(x.auth, l.LeaseID)
+				g.failed(x, upstreamFailure{proxy: id, kind: failSwitched, detail: err.Error()})
+				return nil, err
+			}
+		}
 		resp.Header.Set(GatewayProxyHeader, id)
 		done := func() { g.release(x.auth, l.LeaseID) }
 		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
@@ -771,9 +790,45 @@ func (rt gatewayRoundTripper) RoundTrip(req *http.Request) (*http.Response, erro
 		} else {
 			resp.Body = &leaseBody{ReadCloser: resp.Body, done: done}
 		}
+		x.body = resp.Body
 		return resp, nil
 	}
 	return nil, errUpstream
+}
+
+// switchAsked reports why a 101 answer may not be passed on: the crawler did not ask to
+// switch protocols, or asked for another one than the site switched to (what the reverse
+// proxy checks too, but without ending the answer).
+func switchAsked(req, resp http.Header) error {
+	asked, got := upgradeOf(req), upgradeOf(resp)
+	switch {
+	case asked == "":
+		return fmt.Errorf("the site switched protocols (to %q) though the request did not ask to", got)
+	case !strings.EqualFold(asked, got):
+		return fmt.Errorf("the site switched protocols to %q when %q was asked", got, asked)
+	}
+	return nil
+}
+
+// upgradeOf is the protocol a header asks or answers to switch to: its Upgrade, if its
+// Connection names it; "" otherwise. Non-printable values count as none.
+func upgradeOf(h http.Header) string {
+	named := false
+	for _, v := range h["Connection"] {
+		for _, tok := range strings.Split(v, ",") {
+			named = named || strings.EqualFold(strings.TrimSpace(tok), "upgrade")
+		}
+	}
+	if !named {
+		return ""
+	}
+	up := h.Get("Upgrade")
+	for _, c := range up {
+		if c < ' ' || c > '~' {
+			return ""
+		}
+	}
+	return up
 }
 
 // reportStatus reports the proxy for the request's target on a status that says the

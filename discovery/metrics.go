@@ -147,7 +147,7 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 	}
 	// The label values known in advance are exported at 0 from the start, so that a
 	// dashboard shows them and an alert can compare against 0.
-	for _, kind := range []string{failUnreachable, failTimeout, failReset, failAuth, failRefused} {
+	for _, kind := range []string{failUnreachable, failTimeout, failReset, failAuth, failRefused, failSwitched} {
 		m.gatewayUpstreamFailures.WithLabelValues(kind)
 	}
 	for _, d := range []string{"upstream", "downstream"} {

@@ -201,6 +201,13 @@ func (p *ForwardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// The request went without its Upgrade (a hop-by-hop header this proxy does not
+		// pass on), so the site switched unasked: relaying that would hold the client's
+		// connection (and the site's) open for nothing.
+		http.Error(w, "the target switched protocols unasked; this proxy does not pass upgrades", http.StatusBadGateway)
+		return
+	}
 	removeHopHeaders(resp.Header)
 	for k, vs := range resp.Header {
 		for _, v := range vs {

@@ -376,3 +376,28 @@ func TestForwardProxyWithoutAuthIsClosed(t *testing.T) {
 	assert.Equal(t, http.StatusProxyAuthRequired, status)
 	assert.Empty(t, seen, "the target was never reached")
 }
+
+// TestForwardProxyRefusesAnUnaskedSwitch: a target that answers 101 Switching Protocols
+// (the proxy never passes an Upgrade on, so it is never asked) gets a 502, and neither the
+// client nor the proxy waits on the open connection.
+func TestForwardProxyRefusesAnUnaskedSwitch(t *testing.T) {
+	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
+	require.NoError(t, err)
+	defer d.Close()
+	info, _, err := d.Create("px-switch-1", withAuth(local.CreateRequest{}))
+	require.NoError(t, err)
+	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n")
+		_ = buf.Flush()
+		_, _ = io.Copy(io.Discard, conn)
+	}))
+	defer site.Close()
+	status, body := fetchVia(t, addr(info), site.URL+"/switch", authHeader(creds.Header()))
+	assert.Equal(t, http.StatusBadGateway, status, body)
+	assert.Contains(t, body, "switched protocols")
+}
