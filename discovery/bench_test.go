@@ -63,7 +63,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			st.Release(l.ID)
+			st.Release("", l.ID)
 			b.ResetTimer()
 			i := 0
 			for b.Loop() {
@@ -71,7 +71,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				st.Release(l.ID)
+				st.Release("", l.ID)
 				i++
 			}
 		})
@@ -86,7 +86,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				st.Release(l.ID)
+				st.Release("", l.ID)
 				i++
 			}
 		})
@@ -356,7 +356,7 @@ func BenchmarkRotationSpread(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			st.Release(l.ID)
+			st.Release("", l.ID)
 			uses[l.ProxyID]++
 		}
 		lo, hi := 1000, 0

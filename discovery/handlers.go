@@ -321,7 +321,7 @@ func (s *Server) renew(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	resp, err := s.renewOwned(c.Param("id"), d)
+	resp, err := s.renewOwned(clientName(c), c.Param("id"), d)
 	if err != nil {
 		s.fail(c, err)
 		return
@@ -330,7 +330,7 @@ func (s *Server) renew(c *gin.Context) {
 }
 
 func (s *Server) release(c *gin.Context) {
-	s.releaseOwned(c.Param("id"))
+	s.releaseOwned(clientName(c), c.Param("id"))
 	c.Status(http.StatusNoContent)
 }
 
@@ -347,7 +347,7 @@ func (s *Server) report(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
-	if err := s.reportOwned(c.Param("id"), req.Result, req.Target); err != nil {
+	if err := s.reportOwned(clientName(c), c.Param("id"), req.Result, req.Target); err != nil {
 		s.fail(c, err)
 		return
 	}

@@ -16,6 +16,11 @@ import (
 // owner, so that one process counts every slot of a proxy whichever door a crawler came
 // in by. auth is the crawler's Authorization header, sent along to the owner, which
 // authenticates the crawler itself ("" when authentication is off).
+//
+// A lease is the client's that took it. Renewing, releasing or reporting on it as any
+// other client answers exactly as for a lease that does not exist (404 unknown_lease; a
+// release 204 and no change): the owner decides, from the client its lease records, and
+// the same check in the store serves both, so no other code path tells them apart.
 
 // grant leases a proxy for w, passing over the proxies except names (when not nil).
 func (s *Server) grant(ctx context.Context, w Want, except func(string) bool) (*LeaseResponse, error) {
@@ -45,6 +50,21 @@ func (s *Server) remoteOwner(id string) (owner int, remote bool, err error) {
 		return owner, false, r.ready()
 	}
 	return owner, true, nil
+}
+
+// authClient is the name of the client auth authenticates, for an operation this replica
+// answers itself: "" when authentication is off, and a 401 for a token no client has (any
+// more: the gateway holds a crawler's credentials for as long as its request lasts), as
+// the owner would answer it.
+func (s *Server) authClient(auth string) (string, error) {
+	if s.clients == nil {
+		return "", nil
+	}
+	cl := s.bearerClient(auth)
+	if cl == nil {
+		return "", apiErr(codeUnauthorized, "a valid bearer token is required")
+	}
+	return cl.name, nil
 }
 
 // onOwner sends a request on lease id to its owner and reads the answer into v.
@@ -82,12 +102,16 @@ func (s *Server) renewLease(ctx context.Context, auth, id string, d time.Duratio
 		}
 		return &out, nil
 	}
-	return s.renewOwned(id, d)
+	client, err := s.authClient(auth)
+	if err != nil {
+		return nil, err
+	}
+	return s.renewOwned(client, id, d)
 }
 
-// renewOwned renews a lease this replica owns.
-func (s *Server) renewOwned(id string, d time.Duration) (*LeaseResponse, error) {
-	l, err := s.store.Renew(id, d)
+// renewOwned renews client's lease id, which this replica owns.
+func (s *Server) renewOwned(client, id string, d time.Duration) (*LeaseResponse, error) {
+	l, err := s.store.Renew(client, id, d)
 	if _, gone := errors.AsType[*ProxyGone](err); err == nil || gone {
 		// A renewal, or the end of a lease whose proxy is gone, is copied to the
 		// other replicas before the crawler hears of it.
@@ -112,14 +136,23 @@ func (s *Server) releaseLease(ctx context.Context, auth, id string) error {
 	case remote:
 		return s.onOwner(ctx, owner, auth, http.MethodDelete, leasePath(id, ""), nil, http.StatusNoContent, nil)
 	}
-	s.releaseOwned(id)
+	client, err := s.authClient(auth)
+	if err != nil {
+		return err
+	}
+	s.releaseOwned(client, id)
 	return nil
 }
 
-func (s *Server) releaseOwned(id string) {
-	s.store.Release(id)
+// releaseOwned ends client's lease id, which this replica owns. Another client's lease is
+// left alone, and nothing is copied: as for an unknown lease.
+func (s *Server) releaseOwned(client, id string) {
+	if !s.store.Release(client, id) {
+		return
+	}
 	// A release no replica heard of only keeps the slot counted until the lease's
-	// expiry: answered anyway, since the crawler has stopped using the proxy.
+	// expiry: answered anyway, since the crawler has stopped using the proxy. Releasing
+	// again copies the ended lease again.
 	_ = s.replicateLease(id)
 }
 
@@ -133,13 +166,17 @@ func (s *Server) reportLease(ctx context.Context, auth, id, result, target strin
 		return s.onOwner(ctx, owner, auth, http.MethodPost, leasePath(id, "/report"),
 			ReportRequest{Result: result, Target: target}, http.StatusNoContent, nil)
 	}
-	return s.reportOwned(id, result, target)
+	client, err := s.authClient(auth)
+	if err != nil {
+		return err
+	}
+	return s.reportOwned(client, id, result, target)
 }
 
-// reportOwned records a report on a lease this replica owns: a cooldown of the lease's
-// proxy for target (the lease's own when empty) here at once, and durably in the proxy's
-// workflow through the report queue.
-func (s *Server) reportOwned(id, result, target string) error {
+// reportOwned records client's report on its lease id, which this replica owns: a
+// cooldown of the lease's proxy for target (the lease's own when empty) here at once, and
+// durably in the proxy's workflow through the report queue.
+func (s *Server) reportOwned(client, id, result, target string) error {
 	var window time.Duration
 	switch result {
 	case contract.ReportOK:
@@ -158,7 +195,7 @@ func (s *Server) reportOwned(id, result, target string) error {
 	if window > 0 {
 		until = s.store.Now().Add(window)
 	}
-	l, target, err := s.store.Report(id, target, until)
+	l, target, err := s.store.Report(client, id, target, until)
 	if err != nil {
 		return &opError{op: opReport, leaseID: id, err: err}
 	}

@@ -53,7 +53,9 @@ type lease struct {
 	proxy   *Proxy
 	target  string
 	session string
-	// client is the name of the crawler identity that holds the lease ("" without names).
+	// client is the name of the crawler identity that took the lease ("" when
+	// authentication is off). The lease is that client's alone: to any other, renewals,
+	// releases and reports answer as for a lease that does not exist (see heldBy).
 	client  string
 	expires time.Time
 	// reports counts the cooldowns this lease has reported (MaxReportsPerLease).
@@ -66,6 +68,13 @@ type lease struct {
 	keepUntil time.Time
 	gone      string
 }
+
+// heldBy reports whether client may act on the lease: only the client that took it. The
+// names must be equal, "" included: a lease taken without authentication is anyone's
+// while authentication is off, and nobody's once it is on (no client is named ""), which
+// is also where a copy from a replica too old to send the client lands: it expires
+// unrenewed rather than becoming everyone's.
+func (l *lease) heldBy(client string) bool { return l.client == client }
 
 func (l *lease) export() *Lease {
 	return &Lease{ID: l.key.String(), ProxyID: l.proxyID, Target: l.target, Session: l.session, ExpiresAt: l.expires, Proxy: *l.proxy}
@@ -333,19 +342,27 @@ func (s *Store) noMatch(v *view, sel Selector, target string, now time.Time) *No
 	return nm
 }
 
-// Release ends a lease. Releasing an unknown or already ended lease is not an error.
-func (s *Store) Release(id string) {
+// Release ends client's lease id. Releasing an unknown or already ended lease is not an
+// error, nor is releasing another client's, which changes nothing: to that client the
+// lease does not exist. known is whether the lease, live or ended, is client's.
+func (s *Store) Release(client, id string) (known bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	key, ok := parseLeaseID(id)
 	if !ok {
-		return
+		return false
 	}
 	if l, ok := s.leases[key]; ok {
+		if !l.heldBy(client) {
+			return false
+		}
 		// A crawler often learns it was banned as it finishes: a report right after
 		// release still counts, for the same window as after expiry.
 		s.endLocked(l, s.now().Add(s.cfg.KeepEnded))
+		return true
 	}
+	it, ok := s.ended.get(key)
+	return ok && it.val.heldBy(client)
 }
 
 // endLocked ends a live lease, keeping it for reports until keepUntil.
@@ -374,12 +391,13 @@ func (s *Store) expireLocked(l *lease) {
 	s.endLocked(l, l.expires.Add(s.cfg.KeepEnded))
 }
 
-// Renew extends a live lease to now+ttl, on the same proxy at the same address. If the
-// proxy can no longer serve the lease (it was replaced by an instance with another
+// Renew extends client's live lease id to now+ttl, on the same proxy at the same address.
+// If the proxy can no longer serve the lease (it was replaced by an instance with another
 // address, turned unhealthy or left the fleet) the lease ends and the error is a
 // *ProxyGone saying why: answering with another address would move the crawler's session
-// to another IP without it noticing.
-func (s *Store) Renew(id string, ttl time.Duration) (*Lease, error) {
+// to another IP without it noticing. Another client's lease, live or ended, is
+// ErrUnknownLease, as a lease that never was.
+func (s *Store) Renew(client, id string, ttl time.Duration) (*Lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -388,8 +406,11 @@ func (s *Store) Renew(id string, ttl time.Duration) (*Lease, error) {
 		return nil, ErrUnknownLease
 	}
 	l, ok := s.leases[key]
+	if ok && !l.heldBy(client) {
+		return nil, ErrUnknownLease
+	}
 	if !ok {
-		if it, ended := s.ended.get(key); ended {
+		if it, ended := s.ended.get(key); ended && it.val.heldBy(client) {
 			if it.val.gone != "" {
 				return nil, &ProxyGone{Reason: it.val.gone}
 			}
@@ -429,45 +450,49 @@ func (s *Store) Renew(id string, ttl time.Duration) (*Lease, error) {
 	return l.export(), nil
 }
 
-// find returns a lease, live or ended within its report window.
-func (s *Store) find(id string, now time.Time) (*lease, error) {
+// find returns client's lease id, live or ended within its report window. Another
+// client's is ErrUnknownLease, and left as it is.
+func (s *Store) find(client, id string, now time.Time) (*lease, error) {
 	key, ok := parseLeaseID(id)
 	if !ok {
 		return nil, ErrUnknownLease
 	}
 	if l, ok := s.leases[key]; ok {
+		if !l.heldBy(client) {
+			return nil, ErrUnknownLease
+		}
 		if l.expires.After(now) {
 			return l, nil
 		}
 		// Expired but not swept yet: the report window counts from its expiry.
 		s.expireLocked(l)
 	}
-	if it, ok := s.ended.get(key); ok && it.val.keepUntil.After(now) {
+	if it, ok := s.ended.get(key); ok && it.val.heldBy(client) && it.val.keepUntil.After(now) {
 		return it.val, nil
 	}
 	return nil, ErrUnknownLease
 }
 
-// Lookup returns a lease, live or ended within the report window.
-func (s *Store) Lookup(id string) (*Lease, error) {
+// Lookup returns client's lease id, live or ended within the report window.
+func (s *Store) Lookup(client, id string) (*Lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	l, err := s.find(id, s.now())
+	l, err := s.find(client, id, s.now())
 	if err != nil {
 		return nil, err
 	}
 	return l.export(), nil
 }
 
-// Report records a report on a lease, live or ended within the report window. With a zero
-// until (a success) it only checks the lease. Otherwise it rests the lease's proxy for
-// target (the lease's own target when empty) until then, counting the report against the
-// lease's cap (ErrReportLimit past it). It returns the lease and the target the report is
-// for.
-func (s *Store) Report(id, target string, until time.Time) (*Lease, string, error) {
+// Report records client's report on its lease id, live or ended within the report window
+// (another client's is ErrUnknownLease). With a zero until (a success) it only checks the
+// lease. Otherwise it rests the lease's proxy for target (the lease's own target when
+// empty) until then, counting the report against the lease's cap (ErrReportLimit past
+// it). It returns the lease and the target the report is for.
+func (s *Store) Report(client, id, target string, until time.Time) (*Lease, string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	l, err := s.find(id, s.now())
+	l, err := s.find(client, id, s.now())
 	if err != nil {
 		return nil, "", err
 	}

@@ -125,12 +125,7 @@ func (s *Server) authenticate(c *gin.Context) {
 		c.Next()
 		return
 	}
-	scheme, got, _ := strings.Cut(c.GetHeader("Authorization"), " ")
-	// The scheme name is case-insensitive (RFC 9110).
-	var cl *client
-	if strings.EqualFold(scheme, "Bearer") {
-		cl = s.clients.lookup(got)
-	}
+	cl := s.bearerClient(c.GetHeader("Authorization"))
 	if cl == nil {
 		c.Header("WWW-Authenticate", `Bearer realm="proxyfleet"`)
 		s.fail(c, apiErr(codeUnauthorized, "a valid bearer token is required"))
@@ -144,6 +139,16 @@ func (s *Server) authenticate(c *gin.Context) {
 		}
 	}
 	c.Next()
+}
+
+// bearerClient is the client whose token an Authorization header bears, or nil (also when
+// authentication is off). The scheme name is case-insensitive (RFC 9110).
+func (s *Server) bearerClient(auth string) *client {
+	scheme, token, _ := strings.Cut(auth, " ")
+	if s.clients == nil || !strings.EqualFold(scheme, "Bearer") {
+		return nil
+	}
+	return s.clients.lookup(token)
 }
 
 // throttle holds a client to its requests per second, through the API or the gateway:

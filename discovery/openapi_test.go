@@ -223,6 +223,8 @@ func sortedKeys[V any](m map[string]V) []string {
 type specServer struct {
 	store   *discovery.Store
 	handler http.Handler
+	// client is the name of specToken's client, whose leases the cases act on.
+	client string
 }
 
 // specFleet is the spec server's fleet.
@@ -254,7 +256,7 @@ func newLoadingSpecServer(t *testing.T) *specServer {
 	}
 	srv := discovery.NewServer(discovery.Config{Token: specToken}, store, specSignaler{},
 		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	return &specServer{store: store, handler: srv.Handler()}
+	return &specServer{store: store, handler: srv.Handler(), client: discovery.DefaultClientName}
 }
 
 // newRestoringSpecServer is replica 0 of two, serving specFleet, that has not taken its
@@ -267,7 +269,7 @@ func newRestoringSpecServer(t *testing.T) *specServer {
 	cfg := discovery.Config{Token: specToken, Replicas: discovery.ReplicaConfig{
 		Peers: []string{"http://" + testenv.FreeAddr(t), "http://" + testenv.FreeAddr(t)}, Self: 0, Tokens: []string{"peer"}}}
 	srv := discovery.NewServer(cfg, store, specSignaler{}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	return &specServer{store: store, handler: srv.Handler()}
+	return &specServer{store: store, handler: srv.Handler(), client: discovery.DefaultClientName}
 }
 
 // newLimitedSpecServer serves specFleet to one named client, "spec", with the given limits.
@@ -279,7 +281,7 @@ func newLimitedSpecServer(t *testing.T, c discovery.ClientConfig) *specServer {
 	c.Name, c.Token = "spec", specToken
 	srv := discovery.NewServer(discovery.Config{Clients: discovery.NewClients([]discovery.ClientConfig{c})}, store, specSignaler{},
 		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	s := &specServer{store: store, handler: srv.Handler()}
+	s := &specServer{store: store, handler: srv.Handler(), client: c.Name}
 	if c.RequestsPerSecond > 0 {
 		require.Equal(t, http.StatusOK, s.serve(http.MethodGet, "/v1/proxies", "", specToken).Code)
 	}
@@ -290,10 +292,10 @@ func newLimitedSpecServer(t *testing.T, c discovery.ClientConfig) *specServer {
 	return s
 }
 
-// lease grants a lease directly in the store and returns its ID.
+// lease grants specToken's client a lease directly in the store and returns its ID.
 func (s *specServer) lease(t *testing.T, ttl time.Duration) string {
 	t.Helper()
-	l, err := s.store.Acquire(discovery.Selector{}, "shop.example", ttl)
+	l, err := s.store.Lease(discovery.Want{Client: s.client, Target: "shop.example", TTL: ttl})
 	require.NoError(t, err)
 	return l.ID
 }
@@ -381,15 +383,16 @@ func TestOpenAPIResponses(t *testing.T) {
 	}
 	unknown := func(*testing.T, *specServer) string { return "0123456789abcdef0123456789abcdef" }
 	gone := func(t *testing.T, s *specServer) string {
-		l, err := s.store.Acquire(discovery.Selector{}, "shop.example", time.Hour)
+		id := s.lease(t, time.Hour)
+		l, err := s.store.Lookup(s.client, id)
 		require.NoError(t, err)
 		s.store.Remove(l.ProxyID)
-		return l.ID
+		return id
 	}
 	reported := func(t *testing.T, s *specServer) string {
 		id := s.lease(t, time.Hour)
 		for i := range discovery.DefaultMaxReportsPerLease {
-			_, _, err := s.store.Report(id, fmt.Sprintf("t%d.example", i), time.Now().Add(time.Minute))
+			_, _, err := s.store.Report(s.client, id, fmt.Sprintf("t%d.example", i), time.Now().Add(time.Minute))
 			require.NoError(t, err)
 		}
 		return id
@@ -413,7 +416,7 @@ func TestOpenAPIResponses(t *testing.T) {
 		id, ok := s.store.SessionLease(discovery.DefaultClientName, name)
 		require.True(t, ok)
 		for i := range discovery.DefaultMaxReportsPerLease {
-			_, _, err := s.store.Report(id, fmt.Sprintf("t%d.example", i), time.Now().Add(time.Minute))
+			_, _, err := s.store.Report(s.client, id, fmt.Sprintf("t%d.example", i), time.Now().Add(time.Minute))
 			require.NoError(t, err)
 		}
 		return name

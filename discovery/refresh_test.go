@@ -217,7 +217,7 @@ func TestReplacingProxiesStayLeasable(t *testing.T) {
 	var none *discovery.NoMatch
 	require.ErrorAs(t, err, &none, "a Replacing memo that is not healthy is not leased")
 
-	_, err = store.Renew(l.ID, time.Minute)
+	_, err = store.Renew("", l.ID, time.Minute)
 	require.NoError(t, err, "a lease on the serving instance renews while it is replaced")
 
 	promoted := serving
@@ -225,7 +225,7 @@ func TestReplacingProxiesStayLeasable(t *testing.T) {
 	lister.set(listedRun{memo: promoted, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base.Add(time.Minute)},
 		listedRun{memo: older, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base})
 	require.NoError(t, r.Full(t.Context()))
-	_, err = store.Renew(l.ID, time.Minute)
+	_, err = store.Renew("", l.ID, time.Minute)
 	var gone *discovery.ProxyGone
 	require.ErrorAs(t, err, &gone)
 	assert.Equal(t, discovery.ProxyGoneReplaced, gone.Reason)

@@ -508,7 +508,7 @@ func (s *Server) grantOwned(proxyID string, w Want) (*Lease, error) {
 		return nil, err
 	}
 	if err := s.replicateLease(l.ID); err != nil {
-		s.store.Release(l.ID)
+		s.store.Release(w.Client, l.ID)
 		return nil, err
 	}
 	return l, nil

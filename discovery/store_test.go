@@ -322,9 +322,9 @@ func TestCapacity(t *testing.T) {
 	_, err = s.Acquire(sel, "", time.Minute)
 	require.NoError(t, err)
 	requireNoMatch(t, s, sel, "", NoMatch{Considered: 1, AtCapacity: 1})
-	s.Release(l1.ID)
+	s.Release("", l1.ID)
 	assert.Equal(t, "p", acquireName(t, s, sel, ""), "offered again after a release")
-	s.Release(l1.ID) // twice: no effect on the count
+	s.Release("", l1.ID) // twice: no effect on the count
 	requireNoMatch(t, s, sel, "", NoMatch{Considered: 1, AtCapacity: 1})
 	checkInvariants(t, s)
 
@@ -381,7 +381,7 @@ func TestUpsertMovesBetweenViews(t *testing.T) {
 	requireNoMatch(t, s, us, "", NoMatch{})
 	assert.Equal(t, "p", acquireName(t, s, eu, ""))
 	assert.Equal(t, "p", acquireName(t, s, Selector{"region": "eu", "tier": "gold"}, ""))
-	s.Release(l.ID)
+	s.Release("", l.ID)
 	checkInvariants(t, s)
 }
 
@@ -393,7 +393,7 @@ func TestUpsertReorders(t *testing.T) {
 		t.Helper()
 		l, err := s.Acquire(nil, "", time.Minute)
 		require.NoError(t, err)
-		s.Release(l.ID)
+		s.Release("", l.ID)
 		return l.Proxy.Name
 	}
 	assert.Equal(t, "a", pick())
@@ -430,14 +430,14 @@ func TestRemove(t *testing.T) {
 	requireNoMatch(t, s, sel, "", NoMatch{})
 	assert.Equal(t, 0, s.Len())
 	assert.Equal(t, 1, s.Stats().Leases, "leases outlive their proxy until released")
-	_, err = s.Lookup(la.ID)
+	_, err = s.Lookup("", la.ID)
 	assert.NoError(t, err, "a removed proxy's lease still takes reports")
 
 	t.Run("back while leased keeps its lease count", func(t *testing.T) {
 		s.Upsert(px("a", 1, eu))
 		checkInvariants(t, s)
 		requireNoMatch(t, s, sel, "", NoMatch{Considered: 1, AtCapacity: 1})
-		s.Release(la.ID)
+		s.Release("", la.ID)
 		checkInvariants(t, s)
 		assert.Equal(t, "a", acquireName(t, s, sel, ""))
 	})
@@ -447,7 +447,7 @@ func TestRemove(t *testing.T) {
 		l, err := s.Acquire(nil, "", time.Minute)
 		require.NoError(t, err)
 		s.Remove("ns/a")
-		s.Release(l.ID)
+		s.Release("", l.ID)
 		s.Upsert(px("a", 1, nil))
 		checkInvariants(t, s)
 		assert.Equal(t, 0, s.List(nil, nil)[0].ActiveLeases)
@@ -509,7 +509,7 @@ func TestExpiry(t *testing.T) {
 	assert.Equal(t, clk.Now().Add(time.Minute), l.ExpiresAt)
 
 	clk.Advance(30 * time.Second)
-	r, err := s.Renew(l.ID, time.Minute)
+	r, err := s.Renew("", l.ID, time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, clk.Now().Add(time.Minute), r.ExpiresAt, "renewal counts from now")
 
@@ -519,11 +519,11 @@ func TestExpiry(t *testing.T) {
 	checkInvariants(t, s)
 	assert.Equal(t, 0, s.Stats().Leases)
 	assert.Equal(t, 0, s.List(nil, nil)[0].ActiveLeases)
-	got, err := s.Lookup(l.ID)
+	got, err := s.Lookup("", l.ID)
 	require.NoError(t, err, "an expired lease takes reports within the window")
 	assert.Equal(t, "shop.example", got.Target)
 	assert.Equal(t, "ns/p", got.ProxyID)
-	_, err = s.Renew(l.ID, time.Minute)
+	_, err = s.Renew("", l.ID, time.Minute)
 	assert.ErrorIs(t, err, ErrLeaseExpired)
 
 	l2, err := s.Acquire(nil, "", time.Minute)
@@ -531,13 +531,13 @@ func TestExpiry(t *testing.T) {
 	assert.Equal(t, "p", l2.Proxy.Name)
 
 	clk.Advance(testKeepExpired - time.Second)
-	_, err = s.Lookup(l.ID)
+	_, err = s.Lookup("", l.ID)
 	require.NoError(t, err, "just inside the window")
 	clk.Advance(time.Second)
-	_, err = s.Lookup(l.ID)
+	_, err = s.Lookup("", l.ID)
 	assert.ErrorIs(t, err, ErrUnknownLease, "window over")
 	s.Sweep()
-	_, err = s.Renew(l.ID, time.Minute)
+	_, err = s.Renew("", l.ID, time.Minute)
 	assert.ErrorIs(t, err, ErrUnknownLease, "forgotten after the window")
 	checkInvariants(t, s)
 }
@@ -548,22 +548,22 @@ func TestExpiryWithoutSweep(t *testing.T) {
 	l, err := s.Acquire(nil, "", time.Minute)
 	require.NoError(t, err)
 	clk.Advance(time.Minute)
-	_, err = s.Lookup(l.ID)
+	_, err = s.Lookup("", l.ID)
 	require.NoError(t, err, "expired just now")
 	clk.Advance(testKeepExpired)
-	_, err = s.Lookup(l.ID)
+	_, err = s.Lookup("", l.ID)
 	assert.ErrorIs(t, err, ErrUnknownLease, "expired longer ago than the window, even before a sweep")
 	checkInvariants(t, s)
 
 	l, err = s.Acquire(nil, "", time.Minute)
 	require.NoError(t, err)
 	clk.Advance(time.Minute)
-	_, err = s.Renew(l.ID, time.Minute)
+	_, err = s.Renew("", l.ID, time.Minute)
 	assert.ErrorIs(t, err, ErrLeaseExpired, "renewal checks expiry itself")
 	checkInvariants(t, s)
-	_, err = s.Renew("nope", time.Minute)
+	_, err = s.Renew("", "nope", time.Minute)
 	assert.ErrorIs(t, err, ErrUnknownLease)
-	s.Release(l.ID) // an expired lease: no effect
+	s.Release("", l.ID) // an expired lease: no effect
 	checkInvariants(t, s)
 }
 
@@ -637,8 +637,8 @@ func TestViewEviction(t *testing.T) {
 					}
 				case op < 6 && len(held) > 0:
 					i := rng.IntN(len(held))
-					small.Release(held[i][0])
-					big.Release(held[i][1])
+					small.Release("", held[i][0])
+					big.Release("", held[i][1])
 					held = slices.Delete(held, i, i+1)
 				case op < 8:
 					p := randProxy()
@@ -703,7 +703,7 @@ func TestConcurrentLeases(t *testing.T) {
 					}
 				case op < 8 && len(held) > 0:
 					i := rng.IntN(len(held))
-					s.Release(held[i].ID)
+					s.Release("", held[i].ID)
 					held = slices.Delete(held, i, i+1)
 				case op < 9:
 					i := rng.IntN(proxies)
@@ -740,7 +740,7 @@ func TestConcurrentLeases(t *testing.T) {
 	checkInvariants(t, s)
 	for _, held := range heldBy {
 		for _, l := range held {
-			s.Release(l.ID)
+			s.Release("", l.ID)
 		}
 	}
 	for _, p := range s.List(nil, nil) {
@@ -784,7 +784,7 @@ func TestRotationWalksTheFleet(t *testing.T) {
 		}
 		l, err := s.Acquire(nil, target, time.Minute)
 		require.NoError(t, err)
-		s.Release(l.ID)
+		s.Release("", l.ID)
 		uses[l.Proxy.Name]++
 		if target == "shop.example" {
 			window = append(window, l.Proxy.Name)
@@ -829,14 +829,14 @@ func TestSessions(t *testing.T) {
 	for range 10 {
 		l := lease(s, "crawl-1", "shop.example")
 		assert.Equal(t, first.ProxyID, l.ProxyID, "same session, same proxy")
-		s.Release(l.ID)
+		s.Release("", l.ID)
 	}
 	// Sessions spread: 50 sessions do not share a handful of proxies.
 	used := map[string]bool{}
 	for i := range 50 {
 		l := lease(s, fmt.Sprintf("s-%d", i), "")
 		used[l.ProxyID] = true
-		s.Release(l.ID)
+		s.Release("", l.ID)
 	}
 	assert.Greater(t, len(used), 10, "50 sessions over 20 proxies used only %d", len(used))
 
@@ -886,23 +886,23 @@ func TestRenewTellsTheTruth(t *testing.T) {
 			s.Upsert(p)
 			l, err := s.Acquire(nil, "shop.example", time.Minute)
 			require.NoError(t, err)
-			_, err = s.Renew(l.ID, time.Minute)
+			_, err = s.Renew("", l.ID, time.Minute)
 			require.NoError(t, err, "nothing changed yet")
 			p.LatencyMillis = 99 // a change that keeps the proxy: still renewable
 			s.Upsert(p)
-			_, err = s.Renew(l.ID, time.Minute)
+			_, err = s.Renew("", l.ID, time.Minute)
 			require.NoError(t, err)
 
 			tc.change(s, p)
 			for range 2 {
-				_, err = s.Renew(l.ID, time.Minute)
+				_, err = s.Renew("", l.ID, time.Minute)
 				var gone *ProxyGone
 				require.ErrorAs(t, err, &gone)
 				assert.Equal(t, tc.reason, gone.Reason)
 			}
 			checkInvariants(t, s)
 			assert.Zero(t, s.Stats().Leases, "the lease ended")
-			_, target, err := s.Report(l.ID, "", clk.Now().Add(time.Minute))
+			_, target, err := s.Report("", l.ID, "", clk.Now().Add(time.Minute))
 			require.NoError(t, err, "an ended lease still takes reports")
 			assert.Equal(t, "shop.example", target)
 		})
@@ -935,7 +935,7 @@ func TestRetryAfter(t *testing.T) {
 	requireNoMatch(t, s, Selector{"pool": "a"}, "shop.example",
 		NoMatch{Considered: 3, Unhealthy: 1, AtCapacity: 1, InCooldown: 1, RetryAfter: time.Second})
 	assert.Zero(t, requireNoMatchErr(t, s, Selector{"pool": "a", "absent": "x"}, "").RetryAfter, "nothing matches")
-	l, err := s.Lookup("00000000000000000000000000000000")
+	l, err := s.Lookup("", "00000000000000000000000000000000")
 	assert.Nil(t, l)
 	assert.ErrorIs(t, err, ErrUnknownLease, "a well-formed ID nobody was given")
 	s.Upsert(unhealthy(px("busy", 1, pool)))
@@ -967,13 +967,13 @@ func TestBounds(t *testing.T) {
 	for range 100 {
 		l, err := s.Acquire(nil, "", time.Minute)
 		require.NoError(t, err)
-		s.Release(l.ID)
+		s.Release("", l.ID)
 		ids = append(ids, l.ID)
 	}
 	assert.Equal(t, 10, s.Stats().Ended)
-	_, err := s.Lookup(ids[0])
+	_, err := s.Lookup("", ids[0])
 	assert.ErrorIs(t, err, ErrUnknownLease, "the oldest ended lease was dropped")
-	_, err = s.Lookup(ids[99])
+	_, err = s.Lookup("", ids[99])
 	assert.NoError(t, err, "the newest is kept")
 
 	until := clk.Now().Add(time.Hour)
@@ -991,19 +991,19 @@ func TestBounds(t *testing.T) {
 	for i := range 20 {
 		l, err := s.Lease(Want{Session: fmt.Sprintf("s%d", i), TTL: time.Minute})
 		require.NoError(t, err)
-		s.Release(l.ID)
+		s.Release("", l.ID)
 	}
 	assert.Equal(t, 5, s.Stats().Sessions)
 
 	l, err := s.Acquire(nil, "", time.Minute)
 	require.NoError(t, err)
 	for i := range 3 {
-		_, _, err := s.Report(l.ID, fmt.Sprintf("r%d.example", i), until)
+		_, _, err := s.Report("", l.ID, fmt.Sprintf("r%d.example", i), until)
 		require.NoError(t, err)
 	}
-	_, _, err = s.Report(l.ID, "r9.example", until)
+	_, _, err = s.Report("", l.ID, "r9.example", until)
 	assert.ErrorIs(t, err, ErrReportLimit)
-	_, _, err = s.Report(l.ID, "r9.example", time.Time{})
+	_, _, err = s.Report("", l.ID, "r9.example", time.Time{})
 	assert.NoError(t, err, "a success report is not counted")
 
 	// Sweeping forgets what has run out, oldest first.
