@@ -380,7 +380,13 @@ func (s *Store) endLocked(l *lease, keepUntil time.Time) {
 	}
 	l.keepUntil = keepUntil
 	l.session = ""
-	l.version++
+	if l.key[0] == s.cfg.Replica {
+		// Only the owner changes a lease's version. A copy ended here (its expiry swept)
+		// keeps the owner's version, so the owner's renewal made at that moment, which
+		// carries the next one, still applies here, and a restarted owner restores the
+		// lease as its last renewal left it.
+		l.version++
+	}
 	s.ended.put(l.key, l)
 	for s.ended.len() > s.cfg.MaxEnded {
 		s.ended.remove(s.ended.oldest())

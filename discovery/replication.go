@@ -119,13 +119,26 @@ func (s *Store) Apply(recs []LeaseRecord) {
 			l.keepUntil, l.session = time.Time{}, r.Session
 			s.addLive(l)
 			if e := s.proxies[l.proxyID]; e != nil {
-				s.changeLeases(e, func() { e.held = append(e.held, l) })
+				s.changeLeases(e, func() {
+					e.held = append(e.held, l)
+					if endedItem == nil {
+						// A new lease moves its proxy to the back of the rotation here
+						// too, as a grant of this replica's own would: otherwise every
+						// replica hands out the proxies that others just leased first.
+						s.grants++
+						e.lastUsed = s.grants
+					}
+				})
 			}
 			if l.session != "" {
 				s.touchSession(sessionKey(l.client, l.session), l, now)
 			}
 		case wantLive:
 			l.session = r.Session
+			if l.session != "" {
+				// A renewal keeps its session known here too, not only on its owner.
+				s.touchSession(sessionKey(l.client, l.session), l, now)
+			}
 		case live:
 			s.endLocked(l, keepUntil)
 		case endedItem != nil:
