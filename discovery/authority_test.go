@@ -41,6 +41,7 @@ func TestRotationThroughOneReplicaSpreadsOverTheFleet(t *testing.T) {
 		counts = append(counts, n)
 	}
 	lo, hi := slices.Min(counts), slices.Max(counts)
+	t.Logf("rotation through one replica of three, %d pairs over 6 proxies: %v (max/min %.2f)", pairs, used, float64(hi)/float64(lo))
 	assert.LessOrEqual(t, float64(hi)/float64(lo), 1.5, "rotation max/min over %d pairs: %v", pairs, used)
 }
 
