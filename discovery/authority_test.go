@@ -95,3 +95,24 @@ func TestSessionsStayKnownOnPeersWhileRenewed(t *testing.T) {
 		assert.Equal(t, rec.ID, id)
 	}
 }
+
+// TestReportCountsReachThePeers: a report counted against a lease's cap is in the copies
+// the peers hold, so an owner restored from them still holds the lease to its cap.
+func TestReportCountsReachThePeers(t *testing.T) {
+	rs := newReplicaSet(t, 3, replicaFleet(6, 4))
+	ctx := context.Background()
+	c := rs.client(0)
+	l, err := c.Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, TTL: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, c.Report(ctx, l.ID, "banned", "shop.example"))
+	owner, _ := discovery.LeaseOwner(l.ID)
+	for i := range 3 {
+		if i == owner {
+			continue
+		}
+		require.Eventually(t, func() bool {
+			rec, ok := rs.nodes[i].store.Record(l.ID)
+			return ok && rec.Reports == 1
+		}, 5*time.Second, 5*time.Millisecond, "replica %d's copy counts the report", i)
+	}
+}

@@ -202,6 +202,10 @@ func (s *Server) reportOwned(client, id, result, target string) error {
 	s.metrics.reports.WithLabelValues(result).Inc()
 	if window > 0 {
 		s.forward(l, contract.ReportSignal{Target: target, Result: result, Until: until.UTC()})
+		// The peers' copies carry the count, so the lease's cap holds on an owner restored
+		// from them. The report itself is already taken: a copy no peer took is logged,
+		// not answered as a failure, which a crawler would retry and count twice.
+		_ = s.replicateLease(id)
 	}
 	return nil
 }

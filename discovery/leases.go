@@ -510,6 +510,9 @@ func (s *Store) Report(client, id, target string, until time.Time) (*Lease, stri
 			return nil, "", ErrReportLimit
 		}
 		l.reports++
+		if l.key[0] == s.cfg.Replica {
+			l.version++ // a change of the owner's: its copies carry the count (see Apply)
+		}
 		s.cooldowns.set(l.proxyID, target, until)
 	}
 	return l.export(), target, nil
