@@ -55,6 +55,11 @@ type GatewayConfig struct {
 	// all). A crawler's tool seldom honours Retry-After on a proxy's 503, and slots free
 	// up as other requests end, so a short wait here turns a refusal into a delay.
 	Wait time.Duration
+	// HalfClosedTimeout bounds how long a tunnel (or a switched plain connection) stays
+	// open, and keeps its lease, once one side has ended while the other sends nothing
+	// (default 30s). A crawler that hangs up must not leave its slot to a site that never
+	// finishes, nor a site that is done to a crawler that never closes.
+	HalfClosedTimeout time.Duration
 }
 
 // Defaults of GatewayConfig.
@@ -64,6 +69,7 @@ const (
 	DefaultGatewayConnectTimeout = 10 * time.Second
 	DefaultGatewayHeaderTimeout  = time.Minute
 	DefaultGatewayWait           = 10 * time.Second
+	DefaultGatewayHalfClosed     = 30 * time.Second
 )
 
 // DefaultReportStatuses are the plain HTTP statuses the gateway reports by default.
@@ -98,6 +104,7 @@ func (c *GatewayConfig) defaults() {
 	if c.Wait == 0 {
 		c.Wait = DefaultGatewayWait
 	}
+	orDefault(&c.HalfClosedTimeout, DefaultGatewayHalfClosed)
 }
 
 // Headers of the gateway's answers to the crawler.
@@ -160,16 +167,35 @@ type Gateway struct {
 	// lease ID → the crawler's Authorization, for the lease's owner when it is another
 	// replica.
 	held map[string]string
-	// tunnels are the open tunnels, closed when the gateway stops.
-	tunnels map[*tunnel]struct{}
-	closed  bool
+	// tunnels are the open tunnels, and switched are the plain connections that switched
+	// protocols: both are closed when the gateway stops.
+	tunnels  map[*tunnel]struct{}
+	switched map[*leaseConn]struct{}
+	closed   bool
+
+	// waiters are the requests and tunnels waiting for a slot, woken as the gateway's
+	// leases end; waitPoll is how often each also looks by itself, for slots freed
+	// elsewhere (the API's crawlers, another replica, an expiry).
+	waiters  slotWaiters
+	waitPoll time.Duration
+	// waitChecks counts the grants tried again while waiting: what waiting costs the store.
+	waitChecks atomic.Int64
+	// freed counts the gateway's leases that ended, for a waiter to tell whether one ended
+	// while it was not yet waiting.
+	freed atomic.Uint64
 }
+
+// defaultWaitPoll is how often a waiting request looks for a slot by itself. Slots the
+// gateway frees wake the waiters at once; this only bounds how late one notices a slot
+// freed by another door, at two scans of the fleet a second per waiter.
+const defaultWaitPoll = 500 * time.Millisecond
 
 // NewGateway builds the gateway over the API server's leases.
 func (s *Server) NewGateway(cfg GatewayConfig) *Gateway {
 	cfg.defaults()
 	g := &Gateway{s: s, cfg: cfg, log: s.log.With("component", "gateway"), tracer: otel.Tracer("proxyfleet-gateway"),
-		report: map[int]string{}, held: map[string]string{}, tunnels: map[*tunnel]struct{}{}}
+		report: map[int]string{}, held: map[string]string{}, tunnels: map[*tunnel]struct{}{},
+		switched: map[*leaseConn]struct{}{}, waitPoll: defaultWaitPoll}
 	for _, st := range cfg.ReportStatuses {
 		g.report[st] = contract.ReportBanned
 		if st == http.StatusTooManyRequests {
@@ -192,8 +218,16 @@ func (s *Server) NewGateway(cfg GatewayConfig) *Gateway {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL = pr.In.URL
 			pr.Out.Host = pr.In.Host
-			for _, h := range []string{"Via", "Forwarded", "X-Forwarded-For", "Proxy-Authorization", "Proxy-Connection"} {
+			for _, h := range []string{"Via", "Forwarded", "Proxy-Authorization", "Proxy-Connection"} {
 				pr.Out.Header.Del(h)
+			}
+			// Every X-Forwarded-* (Host, Proto, Port, Server, Prefix, ...), not only the
+			// ones the reverse proxy knows: each tells the site a proxy is in the way, or
+			// where the crawler runs.
+			for h := range pr.Out.Header {
+				if strings.HasPrefix(http.CanonicalHeaderKey(h), "X-Forwarded-") {
+					delete(pr.Out.Header, h) // the key as it is, canonical or not
+				}
 			}
 		},
 		Transport:  gatewayRoundTripper{g},
@@ -263,13 +297,29 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, span := g.tracer.Start(r.Context(), "gateway "+r.Method, trace.WithSpanKind(trace.SpanKindServer))
 	defer span.End()
 	x := &exchange{span: span}
-	outcome := g.serve(w, r.WithContext(ctx), x, kind)
-	span.SetAttributes(attribute.String("proxyfleet.gateway.outcome", outcome),
-		attribute.String("proxyfleet.client", x.clientName()), attribute.Int("proxyfleet.gateway.attempts", len(x.tried)))
-	if outcome != "ok" {
-		span.SetStatus(codes.Error, outcome)
+	record := func(outcome string) {
+		span.SetAttributes(attribute.String("proxyfleet.gateway.outcome", outcome),
+			attribute.String("proxyfleet.client", x.clientName()), attribute.Int("proxyfleet.gateway.attempts", len(x.tried)))
+		if outcome != "ok" {
+			span.SetStatus(codes.Error, outcome)
+		}
+		g.s.metrics.gatewayRequests.WithLabelValues(x.clientName(), kind, outcome).Inc()
 	}
-	g.s.metrics.gatewayRequests.WithLabelValues(x.clientName(), kind, outcome).Inc()
+	defer func() {
+		if p := recover(); p != nil {
+			// The reverse proxy gives up on an answer it cannot finish (the site or the
+			// fleet proxy broke it off, or the crawler left) by panicking with
+			// http.ErrAbortHandler, for the server to cut the crawler's connection: the
+			// answer is counted, and the panic goes on its way.
+			outcome := "aborted"
+			if r.Context().Err() != nil {
+				outcome = "canceled"
+			}
+			record(outcome)
+			panic(p)
+		}
+	}()
+	record(g.serve(w, r.WithContext(ctx), x, kind))
 }
 
 // serve handles one request and returns its outcome, a label of
@@ -304,12 +354,15 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange, kin
 	if kind == "connect" {
 		return g.tunnel(w, r, x)
 	}
+	defer func() {
+		if x.body != nil {
+			// The answer is over, whichever way the reverse proxy left it (some of its
+			// refusals leave the answer open, and an answer it aborts unwinds from here):
+			// its lease ends now. Closing twice is harmless.
+			_ = x.body.Close()
+		}
+	}()
 	g.forward.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
-	if x.body != nil {
-		// The answer is over, whichever way the reverse proxy left it (some of its refusals
-		// leave the answer open): its lease ends now. Closing twice is harmless.
-		_ = x.body.Close()
-	}
 	if x.result == "" {
 		return "ok"
 	}
@@ -449,46 +502,107 @@ func (g *Gateway) failed(x *exchange, f upstreamFailure) {
 	g.log.Info("fleet proxy failed", "proxy", f.proxy, "kind", f.kind, "detail", f.detail, "client", x.clientName())
 }
 
-// leaseFor grants the next attempt's lease, on a proxy not tried yet. While every proxy
-// that could take it is full or resting (or the client holds its cap) it waits, up to
-// Wait, checking again every so often: slots free up as requests and tunnels end.
+// leaseFor grants the next attempt's lease, on a proxy not tried yet, waiting for a slot
+// when none is free (see waitForSlot).
 func (g *Gateway) leaseFor(ctx context.Context, x *exchange) (*LeaseResponse, error) {
-	deadline := time.Now().Add(g.cfg.Wait)
-	pause := 20 * time.Millisecond
-	var l *LeaseResponse
-	for {
-		var err error
-		l, err = g.s.grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
-		if err == nil {
-			break
-		}
-		if !worthWaiting(err) || time.Now().Add(pause).After(deadline) {
+	freed := g.freed.Load()
+	l, err := g.s.grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
+	if err != nil {
+		if l, err = g.waitForSlot(ctx, x, err, freed); err != nil {
 			return nil, err
 		}
-		if pause == 20*time.Millisecond {
-			g.s.metrics.gatewayWaits.Inc()
-		}
-		select {
-		case <-ctx.Done():
-			return nil, err
-		case <-time.After(pause):
-		}
-		pause = min(2*pause, 250*time.Millisecond)
 	}
 	x.tried = append(x.tried, l.Proxy.Namespace+"/"+l.Proxy.Name)
 	g.hold(l.LeaseID, x.auth)
 	return l, nil
 }
 
+// waitForSlot waits up to Wait for a lease the store refused with refusal, while every
+// proxy that could take it is full or resting (or the client holds its cap): slots free
+// up as requests and tunnels end. It tries again when one of the gateway's own leases
+// ends (one waiter at a time, see slotWaiters) and, for slots freed elsewhere, every
+// waitPoll or when the store says one frees up by itself. It returns the last refusal if
+// none came free, or the crawler left. freed is g.freed as it was before the grant that
+// was refused.
+func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, freed uint64) (*LeaseResponse, error) {
+	if g.cfg.Wait < 0 || !worthWaiting(refusal) {
+		return nil, refusal
+	}
+	g.s.metrics.gatewayWaits.Inc()
+	deadline := time.NewTimer(g.cfg.Wait)
+	defer deadline.Stop()
+	poll := time.NewTimer(g.pollAfter(refusal))
+	defer poll.Stop()
+	w := g.waiters.join()
+	defer g.waiters.leave(w)
+	// A lease that ended between the refusal and join woke nobody: look again at once.
+	again := g.freed.Load() != freed
+	for {
+		woken := false
+		if !again {
+			select {
+			case <-ctx.Done():
+				return nil, refusal
+			case <-deadline.C:
+				return nil, refusal
+			case <-w.turn:
+				g.waiters.took(w)
+				woken = true
+			case <-poll.C:
+			}
+		}
+		again = false
+		g.waitChecks.Add(1)
+		l, err := g.s.grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
+		if err == nil {
+			return l, nil
+		}
+		if !worthWaiting(err) {
+			return nil, err
+		}
+		refusal = err
+		if woken {
+			g.waiters.pass(w)
+		}
+		poll.Reset(g.pollAfter(refusal)) // no stale tick survives a Reset since Go 1.23
+	}
+}
+
+// pollAfter is how long a waiter waits before it looks by itself: waitPoll, or less when
+// the store knows a slot frees up sooner (a lease or a cooldown ends).
+func (g *Gateway) pollAfter(refusal error) time.Duration {
+	d := g.waitPoll
+	if nm := noMatchOf(refusal); nm != nil && nm.RetryAfter > 0 {
+		d = min(d, max(nm.RetryAfter, 5*time.Millisecond))
+	}
+	return d
+}
+
+// noMatchOf is the NoMatch a refusal carries: the store's own, or the one another replica
+// answered with.
+func noMatchOf(err error) *NoMatch {
+	if nm, ok := errors.AsType[*NoMatch](err); ok {
+		return nm
+	}
+	if ae, ok := errors.AsType[*APIError](err); ok && ae.Code == codeNoMatch {
+		return ae.NoMatch
+	}
+	return nil
+}
+
 // worthWaiting says whether a refused grant may succeed soon by itself: some matching
 // proxy is full or resting (not when every one is unhealthy or none matches), or the
-// client is at its cap.
+// client is at its cap. The refusal may come from this replica's store or, in a replica
+// set, as the answer of the proxy's owner.
 func worthWaiting(err error) bool {
-	if nm, ok := errors.AsType[*NoMatch](err); ok {
+	if nm := noMatchOf(err); nm != nil {
 		return nm.AtCapacity > 0 || nm.InCooldown > 0
 	}
-	_, limited := errors.AsType[*LeaseLimit](err)
-	return limited
+	if _, limited := errors.AsType[*LeaseLimit](err); limited {
+		return true
+	}
+	ae, ok := errors.AsType[*APIError](err)
+	return ok && ae.Code == codeLeaseLimit
 }
 
 // --- tunnels -------------------------------------------------------------------------
@@ -504,13 +618,25 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 	)
 	for up == nil && len(x.tried) < g.cfg.Attempts {
 		var err error
-		if l, err = g.leaseFor(r.Context(), x); err != nil {
+		l, err = g.leaseFor(r.Context(), x)
+		switch {
+		case r.Context().Err() != nil:
+			// The crawler left (while it waited for a slot, or for a proxy): nobody reads
+			// an answer, and no proxy failed.
+			if err == nil {
+				g.release(x.auth, l.LeaseID)
+			}
+			return "canceled"
+		case err != nil:
 			return g.failNoLease(w, x, err)
 		}
 		var f *upstreamFailure
 		if up, early, f = g.dialTunnel(r.Context(), l, r.Host); f != nil {
-			g.failed(x, *f)
 			g.release(x.auth, l.LeaseID)
+			if r.Context().Err() != nil {
+				return "canceled"
+			}
+			g.failed(x, *f)
 			if !f.retry {
 				break
 			}
@@ -553,8 +679,8 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 	g.s.metrics.gatewayConnectSeconds.Observe(time.Since(start).Seconds())
 	g.s.metrics.gatewayTunnels.Inc()
 	t.left.Store(2)
-	go g.splice(t, t.up, t.client, g.s.metrics.gatewayBytes.WithLabelValues("upstream"))
-	go g.splice(t, t.client, t.up, g.s.metrics.gatewayBytes.WithLabelValues("downstream"))
+	go g.splice(t, t.up, t.client, tunnelBytes{g.s.metrics.gatewayBytes.WithLabelValues("upstream"), &t.moved})
+	go g.splice(t, t.client, t.up, tunnelBytes{g.s.metrics.gatewayBytes.WithLabelValues("downstream"), &t.moved})
 	return "ok"
 }
 
@@ -641,6 +767,9 @@ type tunnel struct {
 	lease, auth string
 	// left counts the directions still copying; the last one to end cleans up.
 	left atomic.Int32
+	// moved counts the bytes carried either way, for closeWhenIdle, and idle is its timer.
+	moved atomic.Int64
+	idle  atomic.Pointer[time.Timer]
 }
 
 func (t *tunnel) close() {
@@ -648,19 +777,67 @@ func (t *tunnel) close() {
 	t.up.Close()
 }
 
+// tunnelBytes counts a tunnel's bytes into the gateway's counter and the tunnel's own.
+type tunnelBytes struct {
+	prometheus.Counter
+	moved *atomic.Int64
+}
+
+func (b tunnelBytes) Add(v float64) {
+	b.Counter.Add(v)
+	b.moved.Add(int64(v))
+}
+
 // splice copies one direction of a tunnel. A direction that ends cleanly half-closes the
-// other side, so each peer sees the other's end of stream; one that fails closes both.
+// other side, so each peer sees the other's end of stream, and leaves the other direction
+// HalfClosedTimeout of silence to finish (closeWhenIdle); one that fails closes both.
 func (g *Gateway) splice(t *tunnel, dst, src net.Conn, bytes prometheus.Counter) {
-	if err := copyCounting(dst, src, bytes); err != nil {
-		t.close()
-	} else {
+	clean := copyCounting(dst, src, bytes) == nil
+	if clean {
 		closeWrite(dst)
+	} else {
+		t.close()
 	}
 	if t.left.Add(-1) == 0 {
+		stopIdle(&t.idle)
 		t.close()
 		g.untrack(t)
 		g.s.metrics.gatewayTunnels.Dec()
 		g.release(t.auth, t.lease)
+		return
+	}
+	if clean {
+		g.closeWhenIdle(&t.idle, &t.moved, func() bool { return t.left.Load() == 0 }, t.close)
+	}
+}
+
+// closeWhenIdle ends a connection one side of which has ended: through closeFn, once moved
+// (its bytes) has stood still for HalfClosedTimeout, unless over says it ended by itself.
+// A crawler that hung up half-closes its tunnel as one that waits for the rest of an answer
+// does, and a site that keeps a connection open while sending nothing would otherwise keep
+// its slot taken for as long as it likes; the same goes for a crawler that never closes a
+// tunnel the site has left. The pending timer is kept in timer, for stopIdle when the
+// connection ends: at thousands of tunnels a second, timers left to run out would pile up.
+func (g *Gateway) closeWhenIdle(timer *atomic.Pointer[time.Timer], moved *atomic.Int64, over func() bool, closeFn func()) {
+	var arm func(last int64)
+	arm = func(last int64) {
+		timer.Store(time.AfterFunc(g.cfg.HalfClosedTimeout, func() {
+			switch n := moved.Load(); {
+			case over():
+			case n != last:
+				arm(n)
+			default:
+				closeFn()
+			}
+		}))
+	}
+	arm(moved.Load())
+}
+
+// stopIdle stops the timer of closeWhenIdle, if one was started.
+func stopIdle(timer *atomic.Pointer[time.Timer]) {
+	if t := timer.Load(); t != nil {
+		t.Stop()
 	}
 }
 
@@ -703,6 +880,18 @@ func (g *Gateway) untrack(t *tunnel) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.tunnels, t)
+}
+
+func (g *Gateway) trackSwitched(c *leaseConn) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.switched[c] = struct{}{}
+}
+
+func (g *Gateway) untrackSwitched(c *leaseConn) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.switched, c)
 }
 
 // --- plain requests ------------------------------------------------------------------
@@ -754,11 +943,19 @@ func (rt gatewayRoundTripper) RoundTrip(req *http.Request) (*http.Response, erro
 				f = ioFailure(id, err)
 				f.retry = idempotent
 			}
-		case resp.StatusCode == http.StatusProxyAuthRequired:
-			// The fleet proxy's own refusal: a site's 407 would mean nothing to a crawler
-			// behind a proxy, and passing it on would say the crawler's credentials were wrong.
+		case resp.StatusCode == http.StatusProxyAuthRequired && resp.Header.Get("Proxy-Authenticate") != "":
+			// The fleet proxy refused its credentials, before anything reached the site: any
+			// request without a body can go to another proxy. (A site's 407 carries no
+			// challenge by the time it gets here, see proxysOwn, and is the site's answer:
+			// sending the request again would repeat whatever it did there.)
 			resp.Body.Close()
 			f = &upstreamFailure{proxy: id, kind: failAuth, detail: "refused its credentials (407)", retry: resendable}
+		case resp.StatusCode/100 == 4 && proxysOwn(resp):
+			// The fleet proxy refused the request itself (a destination or port its rules
+			// deny): another proxy of the fleet applies the same rules, and the site never
+			// saw the request, so it is neither tried again nor a report on the proxy.
+			resp.Body.Close()
+			f = &upstreamFailure{proxy: id, kind: failRefused, detail: "refused the request itself (" + resp.Status + ")"}
 		}
 		if f != nil {
 			g.failed(x, *f)
@@ -768,7 +965,9 @@ func (rt gatewayRoundTripper) RoundTrip(req *http.Request) (*http.Response, erro
 			}
 			continue
 		}
-		if result, ok := g.report[resp.StatusCode]; ok {
+		if result, ok := g.report[resp.StatusCode]; ok && !proxysOwn(resp) {
+			// Only the site's own refusals are reports: the fleet proxy's (a 5xx it gives
+			// when it cannot reach the site) say nothing of how the site treats it.
 			g.reportStatus(req.Context(), x, l, result)
 		}
 		x.span.SetAttributes(attribute.String("proxyfleet.proxy", id), attribute.Int("http.response.status_code", resp.StatusCode))
@@ -786,7 +985,13 @@ func (rt gatewayRoundTripper) RoundTrip(req *http.Request) (*http.Response, erro
 		resp.Header.Set(GatewayProxyHeader, id)
 		done := func() { g.release(x.auth, l.LeaseID) }
 		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
-			resp.Body = &leaseConn{ReadWriteCloser: rwc, done: done}
+			lc := &leaseConn{ReadWriteCloser: rwc, g: g}
+			lc.done = func() {
+				g.untrackSwitched(lc)
+				done()
+			}
+			g.trackSwitched(lc)
+			resp.Body = lc
 		} else {
 			resp.Body = &leaseBody{ReadCloser: resp.Body, done: done}
 		}
@@ -794,6 +999,28 @@ func (rt gatewayRoundTripper) RoundTrip(req *http.Request) (*http.Response, erro
 		return resp, nil
 	}
 	return nil, errUpstream
+}
+
+// proxysOwn says whether a plain answer is the fleet proxy's own rather than the site's,
+// from what only a fleet proxy's own answers carry:
+//
+//   - a 407 with a challenge (Proxy-Authenticate). A proxy must send one with its 407
+//     (RFC 9110, 11.7.1), and the fleet's proxies remove a site's before passing its
+//     answer on (the local proxy as a hop-by-hop header, Squid unless a cache_peer passes
+//     logins through), so a site cannot make its 407 look like the proxy's and have a
+//     request sent again.
+//   - an X-Squid-Error header: Squid names the error page it made itself there (its
+//     denials, ERR_ACCESS_DENIED for a destination its rules deny, and its failures to
+//     reach the site). A site behind a Squid of its own can send one too; its refusal then
+//     goes unreported, which costs less than resting a proxy the site never refused.
+//
+// The realm of a challenge is no marker: a site can name any realm, and a fleet proxy's
+// is configuration.
+func proxysOwn(resp *http.Response) bool {
+	if resp.StatusCode == http.StatusProxyAuthRequired {
+		return resp.Header.Get("Proxy-Authenticate") != ""
+	}
+	return resp.Header.Get("X-Squid-Error") != ""
 }
 
 // switchAsked reports why a 101 answer may not be passed on: the crawler did not ask to
@@ -864,14 +1091,38 @@ func (b *leaseBody) Close() error {
 }
 
 // leaseConn is leaseBody for an upgraded connection (a WebSocket over plain HTTP), which
-// the reverse proxy needs to write to as well.
+// the reverse proxy needs to write to as well. The reverse proxy ends it as soon as the
+// crawler's side ends (it has no CloseWrite); once the site's side has ended, the crawler
+// has HalfClosedTimeout of silence to finish or close.
 type leaseConn struct {
 	io.ReadWriteCloser
-	once sync.Once
-	done func()
+	g      *Gateway
+	once   sync.Once
+	done   func()
+	closed atomic.Bool
+	ended  atomic.Bool
+	// moved counts the bytes the crawler sent, for closeWhenIdle, and idle is its timer.
+	moved atomic.Int64
+	idle  atomic.Pointer[time.Timer]
+}
+
+func (b *leaseConn) Read(p []byte) (int, error) {
+	n, err := b.ReadWriteCloser.Read(p)
+	if err == io.EOF && !b.ended.Swap(true) {
+		b.g.closeWhenIdle(&b.idle, &b.moved, b.closed.Load, func() { _ = b.Close() })
+	}
+	return n, err
+}
+
+func (b *leaseConn) Write(p []byte) (int, error) {
+	n, err := b.ReadWriteCloser.Write(p)
+	b.moved.Add(int64(n))
+	return n, err
 }
 
 func (b *leaseConn) Close() error {
+	b.closed.Store(true)
+	stopIdle(&b.idle)
 	err := b.ReadWriteCloser.Close()
 	b.once.Do(b.done)
 	return err
@@ -884,17 +1135,19 @@ func (g *Gateway) forwardFailed(w http.ResponseWriter, r *http.Request, err erro
 		g.fail(w, err)
 		return
 	}
+	if r.Context().Err() != nil {
+		// The crawler went away (while its request waited for a slot, say): nobody
+		// reads an answer.
+		x.result = "canceled"
+		w.WriteHeader(http.StatusBadGateway)
+		return
+	}
 	if nl, ok := errors.AsType[noLease](err); ok {
 		x.result = g.failNoLease(w, x, nl.err)
 		return
 	}
 	if len(x.failures) > 0 {
 		x.result = g.fail(w, x.upstreamError())
-		return
-	}
-	if r.Context().Err() != nil {
-		x.result = "canceled" // the crawler went away: nobody reads an answer
-		w.WriteHeader(http.StatusBadGateway)
 		return
 	}
 	x.result = g.fail(w, err)
@@ -905,19 +1158,34 @@ func (g *Gateway) forwardFailed(w http.ResponseWriter, r *http.Request, err erro
 func (g *Gateway) hold(id, auth string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if _, ok := g.held[id]; !ok {
+		g.s.metrics.gatewayLeasesHeld.Inc()
+	}
 	g.held[id] = auth
 }
 
-// release ends a lease the gateway held.
-func (g *Gateway) release(auth, id string) {
+// unhold stops renewing lease id, and says whether it was held.
+func (g *Gateway) unhold(id string) bool {
 	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.held[id]; !ok {
+		return false
+	}
 	delete(g.held, id)
-	g.mu.Unlock()
+	g.s.metrics.gatewayLeasesHeld.Dec()
+	return true
+}
+
+// release ends a lease the gateway held, and wakes a request waiting for a slot.
+func (g *Gateway) release(auth, id string) {
+	g.unhold(id)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := g.s.releaseLease(ctx, auth, id); err != nil {
 		g.log.Debug("lease not released; it frees up when it expires", "lease", id, "error", err)
 	}
+	g.freed.Add(1)
+	g.waiters.wake()
 }
 
 // renewHeld renews every lease held, so that a request or tunnel keeps its slot for as
@@ -937,10 +1205,10 @@ func (g *Gateway) renewHeld(ctx context.Context) {
 			if ae, _ := toAPIError(err); ae.Code == codeReplicasUnavailable {
 				continue // the owner will answer again; the lease has LeaseTTL/3*2 left
 			}
-			g.mu.Lock()
-			delete(g.held, id)
-			g.mu.Unlock()
-			g.s.metrics.gatewayLeasesLost.Inc()
+			// A lease released since the pass began is not lost: its request ended.
+			if g.unhold(id) {
+				g.s.metrics.gatewayLeasesLost.Inc()
+			}
 		}
 	})
 }
@@ -964,10 +1232,15 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	for t := range g.tunnels {
 		open = append(open, t)
 	}
+	switched := slices.Collect(maps.Keys(g.switched))
 	g.mu.Unlock()
-	// Each tunnel's splices end and release its lease.
+	// Each tunnel's splices end and release its lease; a switched connection releases its
+	// lease as it closes (the server does not wait for either).
 	for _, t := range open {
 		t.close()
+	}
+	for _, c := range switched {
+		_ = c.Close()
 	}
 	<-renewed
 	return err

@@ -49,22 +49,87 @@ type gatewayEnv struct {
 	srv     *discovery.Server
 	reg     *prometheus.Registry
 	logs    *testenv.LogBuffer
+	gw      *discovery.Gateway
 	addr    string
 	proxies []*fleetProxy
 	signals chan forwarded
 	site    *site
 }
 
-// fleetProxy is one proxy of the fleet: a real local forward proxy.
+// fleetProxy is one proxy of the fleet: a real local forward proxy, which refuses the
+// destinations it is told to deny as Squid does.
 type fleetProxy struct {
 	name   string
 	fp     *localproxy.ForwardProxy
-	ln     net.Listener
+	ln     *trackedListener
 	egress string
 	creds  proxyauth.Credentials
+
+	mu     sync.Mutex
+	denied map[string]bool
 }
 
 func (p *fleetProxy) id() string { return "crawl/" + p.name }
+
+// deny makes the proxy refuse requests to hostport itself, as the fleet's Squid refuses
+// a destination its http_access rules deny.
+func (p *fleetProxy) deny(hostport string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.denied[hostport] = true
+}
+
+// ServeHTTP checks the proxy's credentials first, as Squid does, then answers a denied
+// destination as Squid does, with its own error page named in X-Squid-Error (which is
+// all a client can tell it from a site's 403 by); it hands everything else to the local
+// forward proxy.
+func (p *fleetProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.mu.Lock()
+	denied := p.denied[r.Host]
+	p.mu.Unlock()
+	want := "Basic " + base64.StdEncoding.EncodeToString([]byte(p.creds.Username+":"+p.creds.Password))
+	if denied && r.Header.Get("Proxy-Authorization") == want && p.fp.Fault() == "" {
+		w.Header().Set("Server", "squid")
+		w.Header().Set("Mime-Version", "1.0")
+		w.Header().Set("X-Squid-Error", "ERR_ACCESS_DENIED 0")
+		w.Header().Set("Content-Type", "text/html;charset=utf-8")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = io.WriteString(w, "<html><body><h1>ERROR</h1><p>Access Denied.</p></body></html>")
+		return
+	}
+	p.fp.ServeHTTP(w, r)
+}
+
+// reset breaks every connection the proxy has, as a proxy that crashes or is cut off
+// does: the peers get a reset, not an end of stream.
+func (p *fleetProxy) reset() { p.ln.resetAll() }
+
+// trackedListener remembers the connections it accepted, to break them.
+type trackedListener struct {
+	net.Listener
+	mu    sync.Mutex
+	conns []*net.TCPConn
+}
+
+func (l *trackedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		l.mu.Lock()
+		l.conns = append(l.conns, tc)
+		l.mu.Unlock()
+	}
+	return c, err
+}
+
+func (l *trackedListener) resetAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.conns {
+		_ = c.SetLinger(0) // close sends a reset
+		_ = c.Close()
+	}
+	l.conns = nil
+}
 
 // site is an HTTP site on loopback that records what it was sent and from where, and
 // answers 403 to the addresses it bans.
@@ -146,7 +211,7 @@ func newGatewayEnv(t *testing.T, n int, opts ...gatewayOption) *gatewayEnv {
 	reported := make(chan struct{})
 	go func() { defer close(reported); e.srv.RunReports(ctx) }()
 	t.Cleanup(func() { cancel(); <-reported })
-	e.addr = serveGateway(t, e.srv, gcfg)
+	e.gw, e.addr = serveGatewayOf(t, e.srv, gcfg)
 	return e
 }
 
@@ -161,10 +226,11 @@ func startFleet(t *testing.T, n int) ([]*fleetProxy, []discovery.Proxy) {
 		require.NoError(t, err)
 		port := ln.Addr().(*net.TCPAddr).Port
 		creds := proxyauth.Credentials{Username: "proxyfleet", Password: fmt.Sprintf("fleet-secret-%d-Zq8", i)}
-		p := &fleetProxy{name: fmt.Sprintf("p%d", i), ln: ln, creds: creds, egress: localproxy.EgressIP(port).String(),
+		p := &fleetProxy{name: fmt.Sprintf("p%d", i), ln: &trackedListener{Listener: ln}, creds: creds,
+			egress: localproxy.EgressIP(port).String(), denied: map[string]bool{},
 			fp: &localproxy.ForwardProxy{Auth: local.NewAuth(creds), SourceIP: localproxy.EgressIP(port)}}
-		hs := &http.Server{Handler: p.fp, ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = hs.Serve(ln) }()
+		hs := &http.Server{Handler: p, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = hs.Serve(p.ln) }()
 		t.Cleanup(func() { _ = hs.Close() })
 		proxies = append(proxies, p)
 		fleet = append(fleet, discovery.Proxy{Name: p.name, Namespace: "crawl", IP: "127.0.0.1", Port: int32(port),
@@ -177,13 +243,24 @@ func startFleet(t *testing.T, n int) ([]*fleetProxy, []discovery.Proxy) {
 // returns its address.
 func serveGateway(t *testing.T, srv *discovery.Server, cfg discovery.GatewayConfig) string {
 	t.Helper()
+	_, addr := serveGatewayOf(t, srv, cfg)
+	return addr
+}
+
+// serveGatewayOf is serveGateway, and returns the gateway too.
+func serveGatewayOf(t *testing.T, srv *discovery.Server, cfg discovery.GatewayConfig, before ...func(*discovery.Gateway)) (*discovery.Gateway, string) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
-	go func() { defer close(served); _ = srv.NewGateway(cfg).Serve(ctx, ln) }()
+	g := srv.NewGateway(cfg)
+	for _, f := range before {
+		f(g)
+	}
+	go func() { defer close(served); _ = g.Serve(ctx, ln) }()
 	t.Cleanup(func() { cancel(); <-served })
-	return ln.Addr().String()
+	return g, ln.Addr().String()
 }
 
 // client is an HTTP client whose proxy is the gateway, as a crawler sets it up.
@@ -240,11 +317,13 @@ func (e *gatewayEnv) metric(name string, labels ...string) float64 {
 
 func (e *gatewayEnv) leases() int { return e.store.Stats().Leases }
 
-// waitNoLeases waits for every lease the gateway held to be released.
+// waitNoLeases waits for every lease the gateway held to be released: the store counts
+// none, and neither does the gateway's gauge of the leases it holds.
 func (e *gatewayEnv) waitNoLeases() {
 	e.t.Helper()
-	require.Eventually(e.t, func() bool { return e.leases() == 0 }, 10*time.Second, 5*time.Millisecond,
-		"the gateway still holds %d leases", e.leases())
+	held := func() float64 { return e.metric("proxyfleet_gateway_leases_held") }
+	require.Eventually(e.t, func() bool { return e.leases() == 0 && held() == 0 }, 10*time.Second, 5*time.Millisecond,
+		"the store counts %d leases, the gateway holds %v", e.leases(), held())
 }
 
 func get(t *testing.T, c *http.Client, u string) (*http.Response, string) {
@@ -791,4 +870,224 @@ func blindProxy(t *testing.T) int {
 		}
 	}()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestGatewaySendsNothingAgainThatTheSiteAnswered407: a 407 is a retry on another proxy
+// only when the fleet proxy gave it (with its challenge, before anything reached the
+// site). A site's own 407 is the site's answer: a request without a body that is not
+// idempotent (a DELETE) went to the site once, and its answer goes to the crawler.
+func TestGatewaySendsNothingAgainThatTheSiteAnswered407(t *testing.T) {
+	e := newGatewayEnv(t, 3)
+	var mu sync.Mutex
+	hits := 0
+	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hits++
+		mu.Unlock()
+		w.Header().Set("Proxy-Authenticate", `Basic realm="proxyfleet"`)
+		http.Error(w, "the site wants other credentials", http.StatusProxyAuthRequired)
+	}))
+	t.Cleanup(site.Close)
+	c := e.client(gwClient, gwToken)
+	req, err := http.NewRequest(http.MethodDelete, site.URL+"/cart/7", nil)
+	require.NoError(t, err)
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusProxyAuthRequired, resp.StatusCode, "%s", body)
+	assert.Equal(t, "the site wants other credentials\n", string(body), "the site's own answer")
+	assert.Empty(t, resp.Header.Get(discovery.GatewayErrorHeader), "not the gateway's refusal")
+	assert.NotEmpty(t, resp.Header.Get(discovery.GatewayProxyHeader))
+	mu.Lock()
+	assert.Equal(t, 1, hits, "the DELETE reached the site exactly once")
+	mu.Unlock()
+	assert.Zero(t, e.metric("proxyfleet_gateway_upstream_failures_total", "kind", "auth"), "no fleet proxy refused anything")
+	e.waitNoLeases()
+
+	// The fleet proxy's own 407 is still one: such a DELETE goes to another proxy. (Leases
+	// rotate, so the refusing proxies come up first in turn.)
+	e.proxies[0].fp.SetFault(local.FaultAuth)
+	e.proxies[1].fp.SetFault(local.FaultAuth)
+	for i := range 3 {
+		req, err = http.NewRequest(http.MethodDelete, e.site.URL+"/cart/"+strconv.Itoa(i), nil)
+		require.NoError(t, err)
+		resp, err = c.Do(req)
+		require.NoError(t, err)
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+		assert.Equal(t, e.proxies[2].id(), resp.Header.Get(discovery.GatewayProxyHeader))
+	}
+	assert.Positive(t, e.metric("proxyfleet_gateway_upstream_failures_total", "kind", "auth"))
+	e.waitNoLeases()
+}
+
+// TestGatewayStripsEveryXForwardedHeader: no X-Forwarded-* header of the crawler's
+// reaches the site, whichever its name, as docs/api.md says; its other headers do.
+func TestGatewayStripsEveryXForwardedHeader(t *testing.T) {
+	e := newGatewayEnv(t, 1)
+	req, err := http.NewRequest(http.MethodGet, e.site.URL+"/page", nil)
+	require.NoError(t, err)
+	for _, h := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Forwarded-Port",
+		"X-Forwarded-Server", "X-Forwarded-Prefix", "X-Forwarded-Ssl", "X-Forwarded-Scheme", "X-Forwarded-Uri"} {
+		req.Header.Set(h, "crawler.internal")
+	}
+	req.Header["x-forwarded-client-cert"] = []string{"raw, not canonical"}
+	req.Header.Set("X-Forwarded", "for=192.0.2.7") // not an X-Forwarded-* name: the crawler's own
+	req.Header.Set("X-Shop-Trace", "abc")
+	resp, err := e.client(gwClient, gwToken).Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	seen := e.site.last().header
+	for h := range seen {
+		assert.False(t, strings.HasPrefix(http.CanonicalHeaderKey(h), "X-Forwarded-"), "the site saw %s", h)
+	}
+	assert.Equal(t, "abc", seen.Get("X-Shop-Trace"), "the crawler's own headers go through")
+	e.waitNoLeases()
+}
+
+// TestGatewayNeverReportsTheFleetProxysOwnRefusal: a fleet proxy that refuses a
+// destination itself (Squid's 403, ERR_ACCESS_DENIED) is no ban of the site: nothing is
+// reported, the proxy does not rest for the site, and no other proxy is tried (they all
+// apply the same rules). The crawler gets the gateway's 502 saying which proxy refused.
+func TestGatewayNeverReportsTheFleetProxysOwnRefusal(t *testing.T) {
+	e := newGatewayEnv(t, 2)
+	denied := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Error("a denied destination was reached")
+	}))
+	t.Cleanup(denied.Close)
+	for _, p := range e.proxies {
+		p.deny(strings.TrimPrefix(denied.URL, "http://"))
+	}
+	c := e.client(gwClient, gwToken)
+	resp, body := get(t, c, denied.URL+"/admin")
+	require.Equal(t, http.StatusBadGateway, resp.StatusCode, body)
+	ae := gatewayError(t, resp, body)
+	assert.Equal(t, "upstream_failed", ae.Code)
+	assert.Equal(t, "refused", ae.Reason)
+	assert.Contains(t, ae.Message, "refused the request itself (403 Forbidden)")
+	assert.Equal(t, 1, strings.Count(ae.Message, "crawl/p"), "one proxy tried: %s", ae.Message)
+	assert.Zero(t, e.metric("proxyfleet_gateway_reports_total", "result", "banned"))
+	e.waitNoLeases()
+
+	// Had it been a ban, each proxy tried would now rest for 127.0.0.1, every site here.
+	for range 2 {
+		resp, body = get(t, c, e.site.URL+"/allowed")
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	}
+	select {
+	case f := <-e.signals:
+		t.Fatalf("a report reached the proxy's workflow: %+v", f)
+	default:
+	}
+	e.waitNoLeases()
+}
+
+// connectAsync opens a CONNECT tunnel through the gateway on its own goroutine: the
+// returned channel gets the gateway's status (0 when the connection failed) and keeps the
+// tunnel open until the test ends.
+func (e *gatewayEnv) connectAsync(user, hostport string) <-chan int {
+	got := make(chan int, 1)
+	c, err := net.Dial("tcp", e.addr)
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { c.Close() })
+	go func() {
+		_, _ = io.WriteString(c, "CONNECT "+hostport+" HTTP/1.1\r\nHost: "+hostport+"\r\nProxy-Authorization: Basic "+
+			base64.StdEncoding.EncodeToString([]byte(user+":"+gwToken))+"\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+		if err != nil {
+			got <- 0
+			return
+		}
+		got <- resp.StatusCode
+	}()
+	return got
+}
+
+func status(t *testing.T, got <-chan int, what string) int {
+	t.Helper()
+	select {
+	case s := <-got:
+		return s
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no answer", what)
+		return 0
+	}
+}
+
+// TestGatewayTunnelsWaitCheaplyForASlot: with every slot taken, a CONNECT waits, and gets
+// a slot as soon as a tunnel releases one. The waiters look only when a lease ends (their
+// own check, every waitPoll, is set beyond the test here), first come first served, and a
+// slot the first waiter cannot use goes on to one that can; a wait that comes to nothing
+// did not scan the fleet over and over meanwhile.
+func TestGatewayTunnelsWaitCheaplyForASlot(t *testing.T) {
+	proxies, fleet := startFleet(t, 2)
+	for i := range fleet {
+		fleet[i].MaxLeases = 1
+		fleet[i].Attributes = map[string]string{"slot": fleet[i].Name}
+	}
+	store := discovery.NewStore(30 * time.Minute)
+	store.ReplaceAll(fleet)
+	reg := prometheus.NewRegistry()
+	srv := discovery.NewServer(discovery.Config{Clients: discovery.NewClients([]discovery.ClientConfig{{Name: gwClient, Token: gwToken}})},
+		store, &fakeSignaler{}, slog.New(slog.DiscardHandler), reg)
+	gw, addr := serveGatewayOf(t, srv, discovery.GatewayConfig{Wait: 30 * time.Second},
+		func(g *discovery.Gateway) { g.SetWaitPoll(time.Hour) })
+	e := &gatewayEnv{t: t, store: store, srv: srv, reg: reg, gw: gw, addr: addr, proxies: proxies}
+	s := &site{banned: map[string]bool{}}
+	s.Server = httptest.NewServer(http.HandlerFunc(s.handle))
+	t.Cleanup(s.Close)
+	host := strings.TrimPrefix(s.URL, "http://")
+
+	p0, resp := e.connect(gwClient+";slot=p0", gwToken, host)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	p1, resp := e.connect(gwClient+";slot=p1", gwToken, host)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	// First in the queue: one that wants p0; behind it, one that takes either.
+	first := e.connectAsync(gwClient+";slot=p0", host)
+	require.Eventually(t, func() bool { return e.metric("proxyfleet_gateway_waits_total") == 1 }, 10*time.Second, 5*time.Millisecond)
+	second := e.connectAsync(gwClient, host)
+	require.Eventually(t, func() bool { return e.metric("proxyfleet_gateway_waits_total") == 2 }, 10*time.Second, 5*time.Millisecond)
+
+	p1.Close()
+	assert.Equal(t, http.StatusOK, status(t, second, "the waiter p1's slot suits"), "p0's waiter passed p1's slot on")
+	select {
+	case s := <-first:
+		t.Fatalf("the waiter for p0 got %d while p0 was full", s)
+	default:
+	}
+	p0.Close()
+	assert.Equal(t, http.StatusOK, status(t, first, "p0's waiter"))
+	// Each freed slot cost a check by the first waiter, and by the second for p1's (or an
+	// extra one when a lease ended as a waiter joined): never one per tick of a clock.
+	assert.LessOrEqual(t, gw.WaitChecks(), int64(5))
+	assert.Equal(t, 2.0, e.metric("proxyfleet_gateway_leases_held"), "the two waiters' tunnels")
+}
+
+// TestGatewayWaitsWithoutScanning: a wait for a slot that never frees up ends after Wait
+// with the refusal, having looked at the store once when it began: it did not scan the
+// fleet every few milliseconds meanwhile, nor does it hold a place once the crawler left.
+func TestGatewayWaitsWithoutScanning(t *testing.T) {
+	proxies, fleet := startFleet(t, 1)
+	fleet[0].MaxLeases = 1
+	store := discovery.NewStore(30 * time.Minute)
+	store.ReplaceAll(fleet)
+	reg := prometheus.NewRegistry()
+	srv := discovery.NewServer(discovery.Config{}, store, &fakeSignaler{}, slog.New(slog.DiscardHandler), reg)
+	gw, addr := serveGatewayOf(t, srv, discovery.GatewayConfig{Wait: 300 * time.Millisecond})
+	e := &gatewayEnv{t: t, store: store, srv: srv, reg: reg, gw: gw, addr: addr, proxies: proxies}
+	host := proxies[0].ln.Addr().String() // any address on loopback does
+
+	_, resp := e.connect("", "", host)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	start := time.Now()
+	_, resp = e.connect("", "", host)
+	body, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", body)
+	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "it waited")
+	assert.Equal(t, "no_match", gatewayError(t, resp, string(body)).Code)
+	assert.LessOrEqual(t, gw.WaitChecks(), int64(1), "a scan of the fleet at most each waitPoll (500ms)")
 }

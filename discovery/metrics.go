@@ -36,6 +36,7 @@ type serverMetrics struct {
 	gatewayRetries          prometheus.Counter
 	gatewayConnectSeconds   prometheus.Histogram
 	gatewayTunnels          prometheus.Gauge
+	gatewayLeasesHeld       prometheus.Gauge
 	gatewayBytes            *prometheus.CounterVec
 	gatewayReports          *prometheus.CounterVec
 	gatewayLeasesLost       prometheus.Counter
@@ -109,7 +110,7 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 		}),
 		gatewayRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_requests_total",
-			Help: "Gateway requests (kind http) and tunnels (kind connect) by client and outcome: ok, auth_failed, invalid, throttled, no_proxy, upstream_failed, unavailable, canceled, internal.",
+			Help: "Gateway requests (kind http) and tunnels (kind connect) by client and outcome: ok, auth_failed, invalid, throttled, no_proxy, upstream_failed, unavailable, canceled, aborted (the answer was cut off mid-way by the site or fleet proxy), internal.",
 		}, []string{"client", "kind", "outcome"}),
 		gatewayUpstreamFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_upstream_failures_total",
@@ -127,6 +128,10 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 		gatewayTunnels: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "proxyfleet_gateway_tunnels_open",
 			Help: "CONNECT tunnels open through the gateway.",
+		}),
+		gatewayLeasesHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "proxyfleet_gateway_leases_held",
+			Help: "Leases the gateway holds for requests and tunnels in progress, renewed while they last; back to 0 when no traffic is in flight.",
 		}),
 		gatewayBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_tunnel_bytes_total",
@@ -166,7 +171,7 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 	reg.MustRegister(m.leaseRequests, m.acquireSeconds, m.reports, m.reportsCoalesced, m.reportSignalFailures,
 		m.requests, m.requestSeconds, m.refreshSeconds, m.refreshErrors, m.replicationFailures, m.forwarded,
 		m.clientRequests, m.throttled, m.clientsReloadErrors, m.gatewayRequests, m.gatewayUpstreamFailures, m.gatewayRetries,
-		m.gatewayConnectSeconds, m.gatewayTunnels, m.gatewayBytes, m.gatewayReports, m.gatewayLeasesLost, m.gatewayWaits, clientLeasesCollector{store: store, clients: clients,
+		m.gatewayConnectSeconds, m.gatewayTunnels, m.gatewayLeasesHeld, m.gatewayBytes, m.gatewayReports, m.gatewayLeasesLost, m.gatewayWaits, clientLeasesCollector{store: store, clients: clients,
 			desc: prometheus.NewDesc("proxyfleet_discovery_client_leases", "Live leases by client name.", []string{"client"}, nil)},
 		gauge("proxyfleet_discovery_leases_active", "Leases held right now (in a replica set, every replica counts all of them).", func(s Stats) int { return s.Leases }),
 		gauge("proxyfleet_discovery_cooldowns_active", "Per-target cooldowns known locally.", func(s Stats) int { return s.Cooldowns }),
