@@ -167,6 +167,8 @@ type Gateway struct {
 	// lease ID → the crawler's Authorization, for the lease's owner when it is another
 	// replica.
 	held map[string]string
+	// renewHook, when set (by tests), stands in for renewing a held lease.
+	renewHook func(ctx context.Context, auth, id string) error
 	// tunnels are the open tunnels, and switched are the plain connections that switched
 	// protocols: both are closed when the gateway stops.
 	tunnels  map[*tunnel]struct{}
@@ -1193,24 +1195,56 @@ func (g *Gateway) release(auth, id string) {
 // that cannot be renewed any more (its proxy is gone) is dropped: the request or tunnel
 // on it carries on, uncounted, while it works.
 func (g *Gateway) renewHeld(ctx context.Context) {
-	every(ctx, g.cfg.LeaseTTL/3, func() {
-		g.mu.Lock()
-		held := maps.Clone(g.held)
-		g.mu.Unlock()
-		for id, auth := range held {
-			_, err := g.s.renewLease(ctx, auth, id, g.cfg.LeaseTTL)
+	every(ctx, g.cfg.LeaseTTL/3, func() { g.renewPass(ctx) })
+}
+
+// renewConcurrency bounds the renewals of one pass in flight at once. A renewal may wait
+// for a peer's copy or for the lease's owner (up to seconds when one is slow): one at a
+// time, the leases at the end of a long pass expired under open tunnels.
+const renewConcurrency = 32
+
+// renewPass renews the leases held now, up to renewConcurrency at once, each bounded by
+// the pass interval, so one slow owner or peer delays none of the others.
+func (g *Gateway) renewPass(ctx context.Context) {
+	g.mu.Lock()
+	held := maps.Clone(g.held)
+	g.mu.Unlock()
+	sem := make(chan struct{}, renewConcurrency)
+	var wg sync.WaitGroup
+	for id, auth := range held {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			rctx, cancel := context.WithTimeout(ctx, g.cfg.LeaseTTL/3)
+			defer cancel()
+			err := g.renewOne(rctx, auth, id)
 			if err == nil {
-				continue
+				return
 			}
-			if ae, _ := toAPIError(err); ae.Code == codeReplicasUnavailable {
-				continue // the owner will answer again; the lease has LeaseTTL/3*2 left
+			if ae, _ := toAPIError(err); ae.Code == codeReplicasUnavailable || rctx.Err() != nil && ctx.Err() == nil {
+				return // the owner will answer again; the lease has LeaseTTL/3*2 left
 			}
 			// A lease released since the pass began is not lost: its request ended.
 			if g.unhold(id) {
 				g.s.metrics.gatewayLeasesLost.Inc()
 			}
-		}
-	})
+		})
+	}
+	wg.Wait()
+}
+
+// renewOne renews one held lease (a field only so tests can stand in a slow owner).
+func (g *Gateway) renewOne(ctx context.Context, auth, id string) error {
+	if g.renewHook != nil {
+		return g.renewHook(ctx, auth, id)
+	}
+	_, err := g.s.renewLease(ctx, auth, id, g.cfg.LeaseTTL)
+	return err
 }
 
 // Serve runs the gateway on ln until ctx ends. Then it stops accepting, gives plain

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1090,4 +1091,37 @@ func TestGatewayWaitsWithoutScanning(t *testing.T) {
 	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "it waited")
 	assert.Equal(t, "no_match", gatewayError(t, resp, string(body)).Code)
 	assert.LessOrEqual(t, gw.WaitChecks(), int64(1), "a scan of the fleet at most each waitPoll (500ms)")
+}
+
+// TestGatewayRenewsHeldLeasesInParallel: a pass renews the leases held side by side, so a
+// renewal that waits on a slow owner or peer delays none of the others. Here every renewal
+// waits until all of them have started: one at a time, the pass never gets past the first.
+func TestGatewayRenewsHeldLeasesInParallel(t *testing.T) {
+	srv := discovery.NewServer(discovery.Config{}, discovery.NewStore(time.Minute), &fakeSignaler{},
+		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	g := srv.NewGateway(discovery.GatewayConfig{LeaseTTL: 30 * time.Second})
+	const n = 10
+	var started atomic.Int32
+	all := make(chan struct{})
+	g.SetRenewHook(func(ctx context.Context, _, _ string) error {
+		if started.Add(1) == n {
+			close(all)
+		}
+		select {
+		case <-all:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	for i := range n {
+		g.Hold(fmt.Sprintf("lease-%d", i), "")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { defer close(done); g.RenewPass(ctx) }()
+	require.Eventually(t, func() bool { return started.Load() == n }, 5*time.Second, time.Millisecond,
+		"renewals in flight at once: %d of %d", started.Load(), n)
+	<-done
 }
