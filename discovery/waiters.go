@@ -76,13 +76,6 @@ func (q *slotWaiters) pass(w *slotWaiter) {
 	}
 }
 
-// waiting is the number of waiters.
-func (q *slotWaiters) waiting() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.queue)
-}
-
 // signalLocked wakes the first waiter from index from on that has no wake pending. When
 // every one has, the wake is dropped: each of them will look at the store anyway.
 func (q *slotWaiters) signalLocked(from int) {
