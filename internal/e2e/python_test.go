@@ -22,9 +22,11 @@ import (
 const debianPython = "/usr/bin/python3"
 
 // TestPythonClientAndScrapy runs the Python package's tests (discovery/client/python)
-// against the real stack: the Temporal dev server, the worker and three local proxies,
+// against the real stack: the Temporal dev server, the worker and eight local proxies,
 // each leaving from a loopback address of its own, and discovery with its gateway. Real
-// Scrapy crawls sites on loopback that ban one proxy, by leases and through the gateway.
+// Scrapy crawls sites on loopback that ban one proxy, by leases and through the gateway,
+// and crawls one site spread over the fleet: eight proxies, as many as the crawl's
+// concurrency, so that a crawl that sticks to a few of them shows.
 func TestPythonClientAndScrapy(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the sites tell proxies apart by their 127.88.x.y addresses: Linux only")
@@ -35,18 +37,19 @@ func TestPythonClientAndScrapy(t *testing.T) {
 	s := stack.Start(t, stack.Options{})
 	ctx := context.Background()
 	ns := s.Namespace(t)
-	for i := range 3 {
+	const proxies = 8
+	for i := range proxies {
 		require.NoError(t, s.Kube.Client.Create(ctx, tagged(s.LocalProxy(ns, fmt.Sprintf("py-%d", i)), ns)))
 	}
-	for i := range 3 {
+	for i := range proxies {
 		s.WaitFor(t, ns, fmt.Sprintf("py-%d", i), 2*time.Minute, "Ready", stack.Ready)
 	}
 	d := s.StartDiscovery(t)
 	selector, err := json.Marshal(map[string]string{"run": ns})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		return len(d.Store.List(map[string]string{"run": ns}, ptr(true))) == 3
-	}, time.Minute, 100*time.Millisecond, "discovery never offered the three proxies")
+		return len(d.Store.List(map[string]string{"run": ns}, ptr(true))) == proxies
+	}, time.Minute, 100*time.Millisecond, "discovery never offered every proxy")
 
 	root, err := testenv.RepoRoot()
 	require.NoError(t, err)

@@ -30,9 +30,9 @@ class TourSpider(scrapy.Spider):
 
     def start_requests(self):
         for i in range(6):
-            # A slot per page, so the gateway's sessions (one per slot) rotate.
-            yield scrapy.Request(f"http://127.0.0.1:8089/healthz?page={i}", meta={"download_slot": f"page-{i}"},
-                                 callback=self.parse)
+            # One site: the gateway picks a proxy per request, so its pages spread over
+            # the fleet.
+            yield scrapy.Request(f"http://127.0.0.1:8089/healthz?page={i}", callback=self.parse)
 
     def parse(self, response):
         proxy = response.headers.get("Proxyfleet-Proxy", b"(leased)").decode()

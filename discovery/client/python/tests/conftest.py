@@ -105,3 +105,14 @@ def resting_for(client, selector, target):
     """The proxies (namespace/name) of the selector that rest for target now."""
     return sorted(f"{p['namespace']}/{p['name']}" for p in client.list_proxies(selector)
                   if target in p.get("cooldowns", {}))
+
+
+def ipv6_request(url, **kwargs):
+    """A Scrapy request for an IPv6 literal URL with its brackets, as Scrapy makes it with a
+    w3lib that keeps them. Debian's (2.1.1) drops them, and with them the host (Scrapy
+    sends http://::1:8080/ then), so the URL is put back as given."""
+    from scrapy import Request
+
+    req = Request(url, **kwargs)
+    req._url = url
+    return req
