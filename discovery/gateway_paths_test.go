@@ -311,6 +311,15 @@ func TestGatewayEveryPathEndsItsLease(t *testing.T) {
 			resp, b, err := get(e, blind, "/upgrade?force=1")
 			require.NoError(t, err)
 			assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "%s", b)
+			assert.Contains(t, string(b), "switched protocols")
+		}},
+		{"101 to another protocol than asked", func(t *testing.T, e env) {
+			c := e.rawCrawler(blind)
+			c.send(http.MethodGet, e.site.URL+"/upgrade?force=1", e.site.host(), true, "Connection: Upgrade", "Upgrade: websocket")
+			resp := c.read(http.MethodGet)
+			b, _ := io.ReadAll(resp.Body)
+			assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "%s", b)
+			assert.Contains(t, string(b), "switched protocols")
 		}},
 		{"HEAD", func(t *testing.T, e env) {
 			for _, user := range []string{local, blind} {

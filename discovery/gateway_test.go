@@ -794,47 +794,6 @@ func TestGatewayRenewsTheLeaseOfAnOpenTunnel(t *testing.T) {
 	assert.Zero(t, e.metric("proxyfleet_gateway_leases_lost_total"))
 }
 
-// TestGatewayEndsTheLeaseOfASwitchItCannotPassOn: a site answers 101 Switching Protocols
-// to a request that did not ask to switch (or asked for another protocol). The gateway
-// cannot pass such an answer on; it says so with a 502, and the lease ends: a site must
-// not be able to pin a slot of the fleet (every slot, fetched often enough) with one URL.
-func TestGatewayEndsTheLeaseOfASwitchItCannotPassOn(t *testing.T) {
-	// The fleet's local proxies refuse a switch themselves; a proxy that relays answers
-	// byte for byte (as one configured to pass upgrades does) hands it to the gateway.
-	blind := blindProxy(t)
-	e := newGatewayEnv(t, 1, func(_ *discovery.Config, _ *discovery.GatewayConfig, fleet []discovery.Proxy) {
-		fleet[0].Port = int32(blind)
-	})
-	switching := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		conn, buf, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		_, _ = buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n")
-		_ = buf.Flush()
-		// The site keeps the connection open, as one pinning the lease would.
-		_, _ = io.Copy(io.Discard, conn)
-	}))
-	t.Cleanup(switching.Close)
-	c := e.client(gwClient, gwToken)
-	for _, asked := range []string{"", "websocket"} {
-		req, err := http.NewRequest(http.MethodGet, switching.URL+"/switch", nil)
-		require.NoError(t, err)
-		if asked != "" {
-			req.Header.Set("Connection", "Upgrade")
-			req.Header.Set("Upgrade", asked)
-		}
-		resp, err := c.Do(req)
-		require.NoError(t, err)
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "asked %q: %s", asked, body)
-		assert.Contains(t, string(body), "switched protocols", "asked %q", asked)
-		e.waitNoLeases()
-	}
-}
-
 // blindProxy runs a forward proxy on loopback that sends each request on to its site and
 // relays the site's bytes back untouched, switches of protocol included; it returns its
 // port.
