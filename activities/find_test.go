@@ -31,27 +31,26 @@ func (p *projectLister) ListOwned(_ context.Context, owner provider.Owner) ([]pr
 	return p.byProject[owner.Project], nil
 }
 
-// TestACleanupRunFindsWhereTheInstancesAre: a run started for the delete alone has no spec;
-// it reads the Proxy (kept by its finalizer) and lists the spec's project and the project
-// of the last instance published, not only the provider's default project.
-func TestACleanupRunFindsWhereTheInstancesAre(t *testing.T) {
-	f := newFixture(t)
+// movedProxy creates a GCP Proxy whose spec names spec-project, and publishes its instance
+// as one in old-project: a Proxy moved while its instance still runs where it was.
+func (f *fixture) movedProxy(t *testing.T, name, instance string) *v1alpha1.Proxy {
+	t.Helper()
 	p := &v1alpha1.Proxy{}
-	p.Namespace, p.Name, p.Finalizers = f.ns, "elsewhere", []string{v1alpha1.Finalizer}
+	p.Namespace, p.Name, p.Finalizers = f.ns, name, []string{v1alpha1.Finalizer}
 	p.Spec = v1alpha1.ProxySpec{Provider: v1alpha1.ProviderGCP, HealthCheck: v1alpha1.HealthCheck{URL: "http://127.0.0.1:1/"},
 		GCP: &v1alpha1.GCPSpec{Project: "spec-project", Zone: "europe-west1-b", MachineType: "e2-micro",
 			Image: "projects/debian-cloud/global/images/family/debian-12", AllowedSourceRanges: []v1alpha1.CIDR{"203.0.113.0/24"}}}
 	require.NoError(t, testenv.Kube(t).Client.Create(context.Background(), p))
 	_, err := f.env.ExecuteActivity(f.acts.PublishStatus, activities.PublishInput{Namespace: f.ns, Name: p.Name, UID: string(p.UID),
-		Status: v1alpha1.ProxyStatus{Phase: v1alpha1.PhaseReady, ProviderID: "projects/old-project/zones/europe-west1-b/instances/px-a-1"}})
+		Status: v1alpha1.ProxyStatus{Phase: v1alpha1.PhaseReady, ProviderID: "projects/old-project/zones/europe-west1-b/instances/" + instance}})
 	require.NoError(t, err)
+	return p
+}
 
-	inst := func(name string) provider.Instance { return owned(name, string(p.UID), "test", 0) }
-	gcp := &projectLister{byProject: map[string][]provider.Instance{
-		"spec-project": {inst("px-a-2")}, "old-project": {inst("px-a-1")},
-	}}
-	f.acts.Providers = provider.Registry{v1alpha1.ProviderGCP: gcp}
-	v, err := f.env.ExecuteActivity(f.acts.FindInstances, activities.FindInput{ProxyUID: string(p.UID), Namespace: f.ns, Name: p.Name})
+// found runs FindInstances and returns the names of the instances it found.
+func (f *fixture) found(t *testing.T, in activities.FindInput) []string {
+	t.Helper()
+	v, err := f.env.ExecuteActivity(f.acts.FindInstances, in)
 	require.NoError(t, err)
 	var res activities.FindResult
 	require.NoError(t, v.Get(&res))
@@ -59,6 +58,22 @@ func TestACleanupRunFindsWhereTheInstancesAre(t *testing.T) {
 	for _, o := range res.Instances {
 		names = append(names, o.Instance.Name)
 	}
+	return names
+}
+
+// TestACleanupRunFindsWhereTheInstancesAre: a run started for the delete alone has no spec;
+// it reads the Proxy (kept by its finalizer) and lists the spec's project and the project
+// of the last instance published, not only the provider's default project.
+func TestACleanupRunFindsWhereTheInstancesAre(t *testing.T) {
+	f := newFixture(t)
+	p := f.movedProxy(t, "elsewhere", "px-a-1")
+
+	inst := func(name string) provider.Instance { return owned(name, string(p.UID), "test", 0) }
+	gcp := &projectLister{byProject: map[string][]provider.Instance{
+		"spec-project": {inst("px-a-2")}, "old-project": {inst("px-a-1")},
+	}}
+	f.acts.Providers = provider.Registry{v1alpha1.ProviderGCP: gcp}
+	names := f.found(t, activities.FindInput{ProxyUID: string(p.UID), Namespace: f.ns, Name: p.Name})
 	assert.ElementsMatch(t, []string{"px-a-1", "px-a-2"}, names, "asked: %q", gcp.asked)
 	assert.ElementsMatch(t, []string{"", "spec-project", "old-project"}, gcp.asked)
 }

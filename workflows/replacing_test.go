@@ -26,6 +26,21 @@ func slowVerify(n int, d time.Duration) func(*harness) {
 	}
 }
 
+// turnsUnhealthy makes the watch of instance n, once it has a verdict, find it failing
+// after(), and then nothing more.
+func turnsUnhealthy(h *harness, n int, after func() time.Duration) {
+	h.shard.models = append(h.shard.models, func(in activities.MonitorInput) (activities.MonitorResult, time.Duration, bool) {
+		if in.Instance == nil || in.Instance.Name != InstanceName(h.uid, n) || !in.Last.Known {
+			return activities.MonitorResult{}, 0, false
+		}
+		if !in.Last.Healthy {
+			return activities.MonitorResult{}, 1000 * time.Hour, true
+		}
+		return activities.MonitorResult{Reason: activities.MonitorVerdict,
+			Health: activities.Health{Known: true, Healthy: false, LastFailure: "connect: refused"}}, after(), true
+	})
+}
+
 // TestReplacementKeepsTheProxyLeasable: while a maxAge replacement is built and verified,
 // the instance that still serves stays in the pool (memo Healthy in phase Replacing), and
 // leaves it only when the replacement takes its place. An unhealthy one does not stay.
@@ -56,17 +71,8 @@ func TestReplacementKeepsTheProxyLeasable(t *testing.T) {
 // is unhealthy does not put it back in the pool.
 func TestUnhealthyInstanceIsNotLeasedWhileReplaced(t *testing.T) {
 	h := newHarness(t, slowVerify(2, 10*time.Minute), func(h *harness) {
-		// The first instance's watch finds it dead five minutes in, and then nothing more.
-		h.shard.models = append(h.shard.models, func(in activities.MonitorInput) (activities.MonitorResult, time.Duration, bool) {
-			if in.Instance == nil || in.Instance.Name != InstanceName(h.uid, 1) || !in.Last.Known {
-				return activities.MonitorResult{}, 0, false
-			}
-			if !in.Last.Healthy {
-				return activities.MonitorResult{}, 1000 * time.Hour, true
-			}
-			return activities.MonitorResult{Reason: activities.MonitorVerdict,
-				Health: activities.Health{Known: true, Healthy: false, LastFailure: "connect: refused"}}, max(h.start.Add(5*time.Minute).Sub(h.env.Now()), 0), true
-		})
+		// The first instance's watch finds it dead five minutes in.
+		turnsUnhealthy(h, 1, func() time.Duration { return max(h.start.Add(5*time.Minute).Sub(h.env.Now()), 0) })
 	})
 	grace := v1alpha1.Duration("1m")
 	h.specAt(0, 1, h.spec(func(s *v1alpha1.ProxySpec) { s.Lifecycle = &v1alpha1.Lifecycle{UnhealthyReplaceAfter: &grace} }))
@@ -98,17 +104,8 @@ func TestVerdictAppliedWhileDeleting(t *testing.T) {
 		h.env.OnActivity(acts.DeleteInstance, mock.Anything, mock.Anything).Return(func(ctx context.Context, in activities.InstanceInput) error {
 			return h.prov.Delete(ctx, in.ProviderID)
 		})
-		// The replacement's watch finds it dead two minutes in, and then nothing more.
-		h.shard.models = append(h.shard.models, func(in activities.MonitorInput) (activities.MonitorResult, time.Duration, bool) {
-			if in.Instance == nil || in.Instance.Name != InstanceName(h.uid, 2) || !in.Last.Known {
-				return activities.MonitorResult{}, 0, false
-			}
-			if !in.Last.Healthy {
-				return activities.MonitorResult{}, 1000 * time.Hour, true
-			}
-			return activities.MonitorResult{Reason: activities.MonitorVerdict,
-				Health: activities.Health{Known: true, Healthy: false, LastFailure: "connect: refused"}}, 2 * time.Minute, true
-		})
+		// The replacement's watch finds it dead two minutes in.
+		turnsUnhealthy(h, 2, func() time.Duration { return 2 * time.Minute })
 	})
 	h.specAt(0, 1, h.spec())
 	h.specAt(20*time.Minute, 2, h.spec(func(s *v1alpha1.ProxySpec) { s.Port = 8080 }))
