@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -27,6 +28,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/activities/provider/squid"
+	"github.com/proxyfleet/proxyfleet/activities/provider/squid/squidtest"
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
@@ -62,11 +65,24 @@ func benchFleetFrom(b testing.TB, first, n, maxLeases int) []discovery.Proxy {
 	return fleet
 }
 
-// benchGateway serves a gateway without authentication over fleet and returns its address.
+// benchToken is the crawlers' token in the gateway benchmarks: the gateway checks it on
+// every request and tunnel, as in a deployment, and the Squid baseline checks the same
+// credentials.
+const benchToken = "bench-gateway-token"
+
+// benchUser is the gateway credentials of the benchmarks' crawlers.
+var benchUser = url.UserPassword("default", benchToken)
+
+// benchProxyAuthorization is benchUser as a Proxy-Authorization header's value.
+var benchProxyAuthorization = "Basic " + base64.StdEncoding.EncodeToString([]byte("default:"+benchToken))
+
+// benchGateway serves a gateway over fleet, as deployed: crawlers authenticate with
+// benchToken, every request and tunnel holds a lease, and plain answers' statuses are
+// checked for reports. It returns the gateway's address.
 func benchGateway(b testing.TB, fleet []discovery.Proxy) string {
 	st := discovery.NewStore(time.Hour)
 	st.ReplaceAll(fleet)
-	srv := discovery.NewServer(discovery.Config{}, st, nopSignaler{}, slog.New(slog.DiscardHandler), nil)
+	srv := discovery.NewServer(discovery.Config{Token: benchToken}, st, nopSignaler{}, slog.New(slog.DiscardHandler), nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -151,11 +167,15 @@ func benchDuration() time.Duration {
 }
 
 // BenchmarkGatewayThroughput: fetches per second of 64 crawler connections through the
-// gateway, against the same 64 sent straight through the same 4 fleet proxies (16 each),
-// for plain HTTP and for HTTPS in tunnels (kept open, and one tunnel per fetch). Two
-// settings: "shared", everything in this process on every core; and "own-core", the
-// crawlers, fleet and sites on core 0 in both runs and the gateway in a process of its
-// own on core 1, as a discovery replica has CPU of its own in a deployment (taskset).
+// gateway, against two baselines in the same run over the same 4 fleet proxies and the
+// same sites: the same 64 connections sent straight through the fleet proxies (16 each),
+// and through Debian's Squid set up as the round-robin gateway a user would build instead
+// (squidGateway). Each for plain HTTP and for HTTPS in tunnels (kept open, and one tunnel
+// per fetch). Two settings: "shared", everything on every core; and "own-core", the
+// crawlers, fleet and sites on core 0 and the gateway under test (ours, or Squid) alone on
+// core 1, as a discovery replica has CPU of its own in a deployment (taskset). The
+// gateway runs as deployed: crawlers authenticate, every request and tunnel holds a lease,
+// plain answers are checked for reports; Squid checks the same credentials.
 func BenchmarkGatewayThroughput(b *testing.B) {
 	fleet := benchFleetProxies(b, 4, 64)
 	body := strings.Repeat("x", 1024)
@@ -165,10 +185,11 @@ func BenchmarkGatewayThroughput(b *testing.B) {
 	defer tlsSite.Close()
 	d := benchDuration()
 	for _, setting := range []string{"shared", "own-core"} {
-		var gw *url.URL
+		var gw, sq *url.URL
 		switch setting {
 		case "shared":
-			gw = &url.URL{Scheme: "http", Host: benchGateway(b, fleet)}
+			gw = &url.URL{Scheme: "http", Host: benchGateway(b, fleet), User: benchUser}
+			sq = squidGateway(b, fleet, []string{site.URL, tlsSite.URL}, "")
 		case "own-core":
 			if _, err := exec.LookPath("taskset"); err != nil || runtime.NumCPU() < 2 {
 				b.Logf("own-core skipped: needs taskset and 2 cores")
@@ -179,7 +200,8 @@ func BenchmarkGatewayThroughput(b *testing.B) {
 			h := startHelper(b, "gateway", "FLEET="+string(raw), "TASKSET=1")
 			var addr string
 			require.NoError(b, h.out.Decode(&addr))
-			gw = &url.URL{Scheme: "http", Host: addr}
+			gw = &url.URL{Scheme: "http", Host: addr, User: benchUser}
+			sq = squidGateway(b, fleet, []string{site.URL, tlsSite.URL}, "1")
 		}
 		for _, tc := range []struct {
 			name      string
@@ -191,17 +213,84 @@ func BenchmarkGatewayThroughput(b *testing.B) {
 			{"https-tunnel-per-fetch", tlsSite.URL + "/page", false},
 		} {
 			b.Run(setting+"/"+tc.name, func(b *testing.B) {
-				direct, _ := fetchLoad(b, 64, d, tc.url, func(i int) *http.Client { return benchClient(proxyURL(fleet[i%len(fleet)]), tc.keepAlive) })
+				straight := func(i int) *http.Client { return benchClient(proxyURL(fleet[i%len(fleet)]), tc.keepAlive) }
+				direct, _ := fetchLoad(b, 64, d, tc.url, straight)
 				through, _ := fetchLoad(b, 64, d, tc.url, func(int) *http.Client { return benchClient(gw, tc.keepAlive) })
-				again, _ := fetchLoad(b, 64, d, tc.url, func(i int) *http.Client { return benchClient(proxyURL(fleet[i%len(fleet)]), tc.keepAlive) })
+				squid, _ := fetchLoad(b, 64, d, tc.url, func(int) *http.Client { return benchClient(sq, tc.keepAlive) })
+				again, _ := fetchLoad(b, 64, d, tc.url, straight)
 				base := (direct + again) / 2
 				b.ReportMetric(base, "direct-fetches/s")
 				b.ReportMetric(through, "gateway-fetches/s")
+				b.ReportMetric(squid, "squid-fetches/s")
 				b.ReportMetric(through/base, "ratio")
-				b.Logf("%s/%s: direct %.0f and %.0f fetches/s, gateway %.0f fetches/s: %.2f of direct", setting, tc.name, direct, again, through, through/base)
+				b.ReportMetric(through/squid, "squid-ratio")
+				b.Logf("%s/%s: direct %.0f and %.0f fetches/s, gateway %.0f, squid %.0f: %.2f of direct, %.2f of squid",
+					setting, tc.name, direct, again, through, squid, through/base, through/squid)
 			})
 		}
 	}
+}
+
+// squidGateway runs Debian's Squid as the gateway a team would configure instead of ours:
+// every fleet proxy a parent (cache_peer … parent … round-robin login=…), never direct,
+// nothing cached, nothing logged per request, the crawlers' credentials checked by Squid's
+// own helper (with their answers cached, as a deployment would), and nothing added that
+// names the client. sites are the URLs crawlers fetch. cores, unless empty, is where Squid
+// runs (taskset), as the own-core setting puts our gateway. It returns Squid's URL with the
+// crawlers' credentials.
+func squidGateway(b *testing.B, fleet []discovery.Proxy, sites []string, cores string) *url.URL {
+	// The passwd file and paths of the fleet's own rendering; the configuration is this one.
+	port := squidtest.FreePort(b)
+	files, err := squid.Render(squid.Config{Credentials: proxyauth.Credentials{Username: "default", Password: benchToken},
+		Port: port, Listen: "127.0.0.1", Paths: squidtest.TempPaths(b)})
+	require.NoError(b, err)
+	p := files.Paths
+	var c strings.Builder
+	line := func(format string, args ...any) { fmt.Fprintf(&c, format+"\n", args...) }
+	line("http_port 127.0.0.1:%d", port)
+	line("visible_hostname gateway")
+	line("pid_filename %s", p.PidFile)
+	line("cache_log %s", p.CacheLog)
+	line("access_log none")
+	line("icp_port 0")
+	line("htcp_port 0")
+	line("pinger_enable off")
+	line("netdb_filename none")
+	line("digest_generation off")
+	line("cache deny all")
+	line("auth_param basic program %s %s", p.AuthHelper, p.Passwd)
+	line("auth_param basic children 5 startup=1 idle=1")
+	line("auth_param basic realm gateway")
+	line("auth_param basic credentialsttl 5 minutes")
+	line("acl crawlers proxy_auth REQUIRED")
+	line("http_access allow crawlers")
+	line("http_access deny all")
+	line("never_direct allow all")
+	for _, f := range fleet {
+		line("cache_peer %s parent %d 0 no-query no-digest round-robin login=%s:%s name=%s",
+			f.IP, f.Port, f.Credentials.Username, f.Credentials.Password, f.Name)
+	}
+	line("forwarded_for delete")
+	line("via off")
+	files.Conf = []byte(c.String())
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port)))
+	inst := squidtest.Run(b, files, addr)
+	if cores != "" {
+		// Its helpers, started later, inherit the core.
+		out, err := exec.Command("taskset", "-a", "-p", "-c", cores, strconv.Itoa(inst.Pid())).CombinedOutput()
+		require.NoError(b, err, "%s", out)
+	}
+	u := &url.URL{Scheme: "http", Host: addr, User: benchUser}
+	// One fetch through it, so a configuration Squid took but cannot serve fails here and
+	// not as a rate of zero.
+	for _, site := range sites {
+		resp, err := benchClient(u, false).Get(site)
+		require.NoError(b, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(b, http.StatusOK, resp.StatusCode, "a fetch of %s through the Squid gateway:\n%s", site, inst.Logs())
+	}
+	return u
 }
 
 // pin moves every thread of this process to the given cores until the benchmark ends.
@@ -218,7 +307,7 @@ func pin(b *testing.B, cores string) {
 // through the fleet proxy.
 func BenchmarkGatewayLatency(b *testing.B) {
 	fleet := benchFleetProxies(b, 1, 4)
-	gw := &url.URL{Scheme: "http", Host: benchGateway(b, fleet)}
+	gw := &url.URL{Scheme: "http", Host: benchGateway(b, fleet), User: benchUser}
 	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
 	defer site.Close()
 	d := benchDuration()
@@ -260,9 +349,14 @@ func TestGatewayBenchHelper(t *testing.T) {
 		var fleet []discovery.Proxy
 		require.NoError(t, json.Unmarshal([]byte(os.Getenv("FLEET")), &fleet))
 		// The index's JSON has no credentials: the fleet's are known by construction.
+		// Capacity is no limit unless MAX_LEASES says.
+		maxLeases, err := strconv.Atoi(os.Getenv("MAX_LEASES"))
+		if err != nil {
+			maxLeases = 100_000
+		}
 		for i := range fleet {
 			fleet[i].Credentials = proxyauth.Credentials{Username: "proxyfleet", Password: fleet[i].Name + "-password"}
-			fleet[i].MaxLeases = 100_000
+			fleet[i].MaxLeases = maxLeases
 		}
 		_ = out.Encode(benchGateway(t, fleet))
 	case "echo":
@@ -422,7 +516,7 @@ func BenchmarkGatewayTunnelMemory(b *testing.B) {
 	for i := range n {
 		c, err := net.Dial("tcp", gwAddrs[i%len(gwAddrs)])
 		require.NoError(b, err)
-		_, err = io.WriteString(c, "CONNECT "+target+" HTTP/1.1\r\nHost: "+target+"\r\n\r\n")
+		_, err = io.WriteString(c, "CONNECT "+target+" HTTP/1.1\r\nHost: "+target+"\r\nProxy-Authorization: "+benchProxyAuthorization+"\r\n\r\n")
 		require.NoError(b, err)
 		br := bufio.NewReader(c)
 		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})

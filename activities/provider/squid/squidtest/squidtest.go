@@ -261,6 +261,9 @@ func (i *Instance) waitReady() error {
 	}
 }
 
+// Pid is the process ID of Squid's main process (a benchmark pins it to a core).
+func (i *Instance) Pid() int { return i.cmd.Process.Pid }
+
 // Stop kills Squid and its helpers and waits for Squid to exit. It is safe to call more
 // than once; the test's cleanup calls it too.
 func (i *Instance) Stop() {

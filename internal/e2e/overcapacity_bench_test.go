@@ -1,0 +1,139 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// BenchmarkGatewayOverCapacity: what one crawler more than the fleet has slots costs the
+// crawlers that are served. 3 fleet proxies of maxLeases 4 (12 slots) behind the gateway,
+// which runs in a process of its own; 12 crawlers (exactly the slots: the baseline, run
+// before and after) and then 13, each with one connection fetching a local site as fast as
+// it can. It reports the fetches per second of 13 against 12 (the goal is at least 0.95:
+// the one that finds no slot waits, or is told to come back, without slowing the rest),
+// the CPU the gateway's process spends in each run, and the difference per second: what
+// the waiting crawler costs discovery. Feeds the "Demand over capacity" table of
+// docs/benchmarks.md.
+//
+//	go test ./internal/e2e -run '^$' -bench GatewayOverCapacity -benchtime 1x -timeout 30m
+func BenchmarkGatewayOverCapacity(b *testing.B) {
+	const proxies, maxLeases = 3, 4
+	slots := proxies * maxLeases
+	fleet := benchFleetProxies(b, proxies, maxLeases)
+	body := strings.Repeat("x", 1024)
+	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, body) }))
+	defer site.Close()
+	tlsSite := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, body) }))
+	defer tlsSite.Close()
+	raw, _ := json.Marshal(fleet)
+	h := startHelper(b, "gateway", "FLEET="+string(raw), "MAX_LEASES="+strconv.Itoa(maxLeases))
+	var addr string
+	require.NoError(b, h.out.Decode(&addr))
+	gw := &url.URL{Scheme: "http", Host: addr, User: benchUser}
+	d := benchDuration()
+	for _, tc := range []struct {
+		name      string
+		url       string
+		keepAlive bool
+	}{
+		// A tunnel holds its slot while it is open: the 13th waits for one to close.
+		{"https-tunnel-kept", tlsSite.URL + "/page", true},
+		// A lease per request: the 13th takes its turn as requests end.
+		{"http", site.URL + "/page", true},
+		{"https-tunnel-per-fetch", tlsSite.URL + "/page", false},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			client := func(int) *http.Client { return benchClient(gw, tc.keepAlive) }
+			run := func(n int) (rate, cpu float64, refused int64) {
+				before := procCPU(b, h.cmd.Process.Pid)
+				t0 := time.Now()
+				rate, refused = fetchLoadServed(b, n, d, tc.url, client)
+				cpu = (procCPU(b, h.cmd.Process.Pid) - before).Seconds() / time.Since(t0).Seconds()
+				return rate, cpu, refused
+			}
+			baseRate, baseCPU, baseRefused := run(slots)
+			overRate, overCPU, overRefused := run(slots + 1)
+			againRate, againCPU, againRefused := run(slots)
+			require.Zero(b, baseRefused+againRefused, "crawlers refused with exactly as many crawlers as slots")
+			rate, cpu := (baseRate+againRate)/2, (baseCPU+againCPU)/2
+			b.ReportMetric(rate, "slots-fetches/s")
+			b.ReportMetric(overRate, "over-fetches/s")
+			b.ReportMetric(overRate/rate, "ratio")
+			b.ReportMetric(cpu, "slots-gateway-cpu")
+			b.ReportMetric(overCPU, "over-gateway-cpu")
+			b.ReportMetric(float64(overRefused), "over-refused")
+			b.Logf("%s: %d crawlers %.0f and %.0f fetches/s (gateway CPU %.2f and %.2f cores), %d crawlers %.0f fetches/s "+
+				"(gateway CPU %.2f cores, %d fetches refused after waiting): %.3f of the served rate, the waiting one costs %.3f cores",
+				tc.name, slots, baseRate, againRate, baseCPU, againCPU, slots+1, overRate, overCPU, overRefused, overRate/rate, overCPU-cpu)
+		})
+	}
+}
+
+// fetchLoadServed is fetchLoad for a load over capacity: a fetch the gateway refuses (its
+// 503 after waiting for a slot) is counted, not a failure of the benchmark. It returns the
+// fetches per second that got their page and the number refused.
+func fetchLoadServed(b testing.TB, workers int, d time.Duration, u string, clientFor func(i int) *http.Client) (float64, int64) {
+	var served, refused, failed atomic.Int64
+	stop := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for i := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := clientFor(i)
+			defer c.CloseIdleConnections()
+			for time.Now().Before(stop) {
+				resp, err := c.Get(u)
+				switch {
+				case err != nil && strings.Contains(err.Error(), http.StatusText(http.StatusServiceUnavailable)):
+					refused.Add(1) // a tunnel's CONNECT refused
+					continue
+				case err != nil:
+					failed.Add(1)
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				switch resp.StatusCode {
+				case http.StatusOK:
+					served.Add(1)
+				case http.StatusServiceUnavailable:
+					refused.Add(1)
+				default:
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.Zero(b, failed.Load(), "fetches failed")
+	return float64(served.Load()) / d.Seconds(), refused.Load()
+}
+
+// procCPU is the CPU time (user and system) process pid has used so far.
+func procCPU(b testing.TB, pid int) time.Duration {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	require.NoError(b, err)
+	// The fields after the command name, which is in parentheses and may hold spaces:
+	// utime and stime are the 14th and 15th of the line, in clock ticks (100 a second
+	// on Linux for this file, whatever the kernel's own tick).
+	s := string(raw)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	utime, err := strconv.ParseInt(fields[11], 10, 64)
+	require.NoError(b, err)
+	stime, err := strconv.ParseInt(fields[12], 10, 64)
+	require.NoError(b, err)
+	return time.Duration(utime+stime) * (time.Second / 100)
+}
