@@ -16,6 +16,8 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -184,12 +186,18 @@ func BenchmarkGatewayThroughput(b *testing.B) {
 	tlsSite := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, body) }))
 	defer tlsSite.Close()
 	d := benchDuration()
+	rounds := 3
+	if v, err := strconv.Atoi(os.Getenv("GATEWAY_BENCH_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
 	for _, setting := range []string{"shared", "own-core"} {
 		var gw, sq *url.URL
+		// The processes whose CPU time is read, when the gateways run apart (own-core).
+		var gwPid, sqPid int
 		switch setting {
 		case "shared":
 			gw = &url.URL{Scheme: "http", Host: benchGateway(b, fleet), User: benchUser}
-			sq = squidGateway(b, fleet, []string{site.URL, tlsSite.URL}, "")
+			sq, _ = squidGateway(b, fleet, []string{site.URL, tlsSite.URL}, "")
 		case "own-core":
 			if _, err := exec.LookPath("taskset"); err != nil || runtime.NumCPU() < 2 {
 				b.Logf("own-core skipped: needs taskset and 2 cores")
@@ -201,7 +209,8 @@ func BenchmarkGatewayThroughput(b *testing.B) {
 			var addr string
 			require.NoError(b, h.out.Decode(&addr))
 			gw = &url.URL{Scheme: "http", Host: addr, User: benchUser}
-			sq = squidGateway(b, fleet, []string{site.URL, tlsSite.URL}, "1")
+			gwPid = h.cmd.Process.Pid
+			sq, sqPid = squidGateway(b, fleet, []string{site.URL, tlsSite.URL}, "1")
 		}
 		for _, tc := range []struct {
 			name      string
@@ -214,18 +223,52 @@ func BenchmarkGatewayThroughput(b *testing.B) {
 		} {
 			b.Run(setting+"/"+tc.name, func(b *testing.B) {
 				straight := func(i int) *http.Client { return benchClient(proxyURL(fleet[i%len(fleet)]), tc.keepAlive) }
+				// one runs the load through a gateway and returns its rate and the CPU the
+				// gateway's process spent per fetch (0 when it shares this process).
+				one := func(u *url.URL, pid int) (float64, float64) {
+					var before time.Duration
+					if pid != 0 {
+						before = procCPU(b, pid)
+					}
+					rate, _ := fetchLoad(b, 64, d, tc.url, func(int) *http.Client { return benchClient(u, tc.keepAlive) })
+					if pid == 0 {
+						return rate, 0
+					}
+					return rate, float64((procCPU(b, pid) - before).Microseconds()) / (rate * d.Seconds())
+				}
 				direct, _ := fetchLoad(b, 64, d, tc.url, straight)
-				through, _ := fetchLoad(b, 64, d, tc.url, func(int) *http.Client { return benchClient(gw, tc.keepAlive) })
-				squid, _ := fetchLoad(b, 64, d, tc.url, func(int) *http.Client { return benchClient(sq, tc.keepAlive) })
+				// Rounds of ours, Squid, Squid, ours: a drift of the machine's speed over
+				// the run weighs the same on each, and the spread of the rounds' ratios
+				// shows how far one run can be trusted.
+				var ours, theirs, oursCPU, theirsCPU float64
+				var ratios []float64
+				for range rounds {
+					o1, oc1 := one(gw, gwPid)
+					t1, tc1 := one(sq, sqPid)
+					t2, tc2 := one(sq, sqPid)
+					o2, oc2 := one(gw, gwPid)
+					ours, theirs = ours+o1+o2, theirs+t1+t2
+					oursCPU, theirsCPU = oursCPU+oc1+oc2, theirsCPU+tc1+tc2
+					ratios = append(ratios, (o1+o2)/(t1+t2))
+				}
 				again, _ := fetchLoad(b, 64, d, tc.url, straight)
-				base := (direct + again) / 2
+				n := float64(2 * rounds)
+				base, through, squid := (direct+again)/2, ours/n, theirs/n
 				b.ReportMetric(base, "direct-fetches/s")
 				b.ReportMetric(through, "gateway-fetches/s")
 				b.ReportMetric(squid, "squid-fetches/s")
 				b.ReportMetric(through/base, "ratio")
 				b.ReportMetric(through/squid, "squid-ratio")
-				b.Logf("%s/%s: direct %.0f and %.0f fetches/s, gateway %.0f, squid %.0f: %.2f of direct, %.2f of squid",
-					setting, tc.name, direct, again, through, squid, through/base, through/squid)
+				b.ReportMetric(slices.Min(ratios), "squid-ratio-min")
+				b.ReportMetric(slices.Max(ratios), "squid-ratio-max")
+				cpu := ""
+				if gwPid != 0 {
+					b.ReportMetric(oursCPU/n, "gateway-cpu-µs/fetch")
+					b.ReportMetric(theirsCPU/n, "squid-cpu-µs/fetch")
+					cpu = fmt.Sprintf("; CPU per fetch: gateway %.1f µs, squid %.1f µs", oursCPU/n, theirsCPU/n)
+				}
+				b.Logf("%s/%s: direct %.0f and %.0f fetches/s, gateway %.0f, squid %.0f: %.2f of direct, %.2f of squid (rounds %.2f)%s",
+					setting, tc.name, direct, again, through, squid, through/base, through/squid, ratios, cpu)
 			})
 		}
 	}
@@ -237,8 +280,8 @@ func BenchmarkGatewayThroughput(b *testing.B) {
 // own helper (with their answers cached, as a deployment would), and nothing added that
 // names the client. sites are the URLs crawlers fetch. cores, unless empty, is where Squid
 // runs (taskset), as the own-core setting puts our gateway. It returns Squid's URL with the
-// crawlers' credentials.
-func squidGateway(b *testing.B, fleet []discovery.Proxy, sites []string, cores string) *url.URL {
+// crawlers' credentials and Squid's process ID.
+func squidGateway(b *testing.B, fleet []discovery.Proxy, sites []string, cores string) (*url.URL, int) {
 	// The passwd file and paths of the fleet's own rendering; the configuration is this one.
 	port := squidtest.FreePort(b)
 	files, err := squid.Render(squid.Config{Credentials: proxyauth.Credentials{Username: "default", Password: benchToken},
@@ -290,7 +333,7 @@ func squidGateway(b *testing.B, fleet []discovery.Proxy, sites []string, cores s
 		resp.Body.Close()
 		require.Equal(b, http.StatusOK, resp.StatusCode, "a fetch of %s through the Squid gateway:\n%s", site, inst.Logs())
 	}
-	return u
+	return u, inst.Pid()
 }
 
 // pin moves every thread of this process to the given cores until the benchmark ends.
@@ -340,6 +383,13 @@ func TestGatewayBenchHelper(t *testing.T) {
 		t.Skip("run by BenchmarkGatewayTunnelMemory")
 	}
 	raiseFileLimit()
+	if f := os.Getenv("GATEWAY_BENCH_CPUPROFILE"); f != "" && role == "gateway" {
+		// Where a gateway's time goes under a benchmark's load: go tool pprof on the file.
+		w, err := os.Create(f + "." + strconv.Itoa(os.Getpid()))
+		require.NoError(t, err)
+		require.NoError(t, pprof.StartCPUProfile(w))
+		defer func() { pprof.StopCPUProfile(); _ = w.Close() }()
+	}
 	out := json.NewEncoder(os.Stdout)
 	switch role {
 	case "fleet":
