@@ -347,24 +347,43 @@ func pin(b *testing.B, cores string) {
 
 // BenchmarkGatewayLatency: what the gateway adds to one fetch, with one crawler
 // connection sending one request at a time, against the same fetches sent straight
-// through the fleet proxy.
+// through the fleet proxy, and what the Squid gateway of BenchmarkGatewayThroughput adds
+// in the same run: for plain HTTP, and for HTTPS in a tunnel kept open and in a tunnel per
+// fetch (the CONNECT, the TLS handshake and the request).
 func BenchmarkGatewayLatency(b *testing.B) {
 	fleet := benchFleetProxies(b, 1, 4)
 	gw := &url.URL{Scheme: "http", Host: benchGateway(b, fleet), User: benchUser}
 	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
 	defer site.Close()
+	tlsSite := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	defer tlsSite.Close()
+	sq, _ := squidGateway(b, fleet, []string{site.URL, tlsSite.URL}, "")
 	d := benchDuration()
-	_, direct := fetchLoad(b, 1, d, site.URL+"/", func(int) *http.Client { return benchClient(proxyURL(fleet[0]), true) })
-	_, through := fetchLoad(b, 1, d, site.URL+"/", func(int) *http.Client { return benchClient(gw, true) })
-	for _, q := range []struct {
-		name string
-		q    float64
-	}{{"p50", 0.5}, {"p99", 0.99}} {
-		dq, gq := quantile(direct, q.q), quantile(through, q.q)
-		b.ReportMetric(float64(dq.Microseconds()), "direct-"+q.name+"-µs")
-		b.ReportMetric(float64(gq.Microseconds()), "gateway-"+q.name+"-µs")
-		b.ReportMetric(float64((gq - dq).Microseconds()), "added-"+q.name+"-µs")
-		b.Logf("%s: direct %s, gateway %s: adds %s (%d and %d fetches)", q.name, dq, gq, gq-dq, len(direct), len(through))
+	for _, tc := range []struct {
+		name      string
+		url       string
+		keepAlive bool
+	}{
+		{"http", site.URL + "/", true},
+		{"https-tunnel-kept", tlsSite.URL + "/", true},
+		{"https-tunnel-per-fetch", tlsSite.URL + "/", false},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			_, direct := fetchLoad(b, 1, d, tc.url, func(int) *http.Client { return benchClient(proxyURL(fleet[0]), tc.keepAlive) })
+			_, through := fetchLoad(b, 1, d, tc.url, func(int) *http.Client { return benchClient(gw, tc.keepAlive) })
+			_, squid := fetchLoad(b, 1, d, tc.url, func(int) *http.Client { return benchClient(sq, tc.keepAlive) })
+			for _, q := range []struct {
+				name string
+				q    float64
+			}{{"p50", 0.5}, {"p99", 0.99}} {
+				dq, gq, sq := quantile(direct, q.q), quantile(through, q.q), quantile(squid, q.q)
+				b.ReportMetric(float64(dq.Microseconds()), "direct-"+q.name+"-µs")
+				b.ReportMetric(float64((gq - dq).Microseconds()), "added-"+q.name+"-µs")
+				b.ReportMetric(float64((sq - dq).Microseconds()), "squid-added-"+q.name+"-µs")
+				b.Logf("%s %s: direct %s, gateway %s (adds %s), squid %s (adds %s); %d, %d and %d fetches",
+					tc.name, q.name, dq, gq, gq-dq, sq, sq-dq, len(direct), len(through), len(squid))
+			}
+		})
 	}
 }
 
