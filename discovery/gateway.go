@@ -48,7 +48,8 @@ type GatewayConfig struct {
 	// ConnectTimeout bounds connecting to a fleet proxy and, for a tunnel, its answer to
 	// CONNECT (default 10s).
 	ConnectTimeout time.Duration
-	// ResponseHeaderTimeout bounds the wait for a plain answer's headers (default 1m).
+	// ResponseHeaderTimeout bounds the wait for a plain answer's headers, and any silence
+	// of the site in its body after them (default 1m).
 	ResponseHeaderTimeout time.Duration
 	// Wait is how long a request or tunnel waits for a proxy to free a slot when every
 	// one that could take it is at capacity or resting (default 10s; negative: not at
@@ -507,10 +508,10 @@ func (g *Gateway) failed(x *exchange, f upstreamFailure) {
 // leaseFor grants the next attempt's lease, on a proxy not tried yet, waiting for a slot
 // when none is free (see waitForSlot).
 func (g *Gateway) leaseFor(ctx context.Context, x *exchange) (*LeaseResponse, error) {
-	freed := g.freed.Load()
+	freed, storeFreed := g.freed.Load(), g.s.store.Freed()
 	l, err := g.s.grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
 	if err != nil {
-		if l, err = g.waitForSlot(ctx, x, err, freed); err != nil {
+		if l, err = g.waitForSlot(ctx, x, err, freed, storeFreed); err != nil {
 			return nil, err
 		}
 	}
@@ -523,10 +524,11 @@ func (g *Gateway) leaseFor(ctx context.Context, x *exchange) (*LeaseResponse, er
 // proxy that could take it is full or resting (or the client holds its cap): slots free
 // up as requests and tunnels end. It tries again when one of the gateway's own leases
 // ends (one waiter at a time, see slotWaiters) and, for slots freed elsewhere, every
-// waitPoll or when the store says one frees up by itself. It returns the last refusal if
-// none came free, or the crawler left. freed is g.freed as it was before the grant that
-// was refused.
-func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, freed uint64) (*LeaseResponse, error) {
+// waitPoll if the store's count of freeing changes moved (Store.Freed), or when the
+// refusal said one frees up by itself. It returns the last refusal if none came free, or
+// the crawler left. freed and storeFreed are g.freed and the store's count as they were
+// before the grant that was refused.
+func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, freed, storeFreed uint64) (*LeaseResponse, error) {
 	if g.cfg.Wait < 0 || !worthWaiting(refusal) {
 		return nil, refusal
 	}
@@ -539,6 +541,9 @@ func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, f
 	defer g.waiters.leave(w)
 	// A lease that ended between the refusal and join woke nobody: look again at once.
 	again := g.freed.Load() != freed
+	// The store's count of freeing changes at the last look: a tick of poll that finds it
+	// unmoved, and no time the refusal named come, looks at nothing.
+	seen, due := storeFreed, time.Time{}
 	for {
 		woken := false
 		if !again {
@@ -551,9 +556,14 @@ func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, f
 				g.waiters.took(w)
 				woken = true
 			case <-poll.C:
+				if g.s.store.Freed() == seen && (due.IsZero() || time.Now().Before(due)) {
+					poll.Reset(g.pollAfter(refusal))
+					continue
+				}
 			}
 		}
 		again = false
+		seen = g.s.store.Freed()
 		g.waitChecks.Add(1)
 		l, err := g.s.grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
 		if err == nil {
@@ -565,6 +575,10 @@ func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, f
 		refusal = err
 		if woken {
 			g.waiters.pass(w)
+		}
+		due = time.Time{}
+		if nm := noMatchOf(refusal); nm != nil && nm.RetryAfter > 0 {
+			due = time.Now().Add(nm.RetryAfter) // a lease or cooldown ends by then, unswept
 		}
 		poll.Reset(g.pollAfter(refusal)) // no stale tick survives a Reset since Go 1.23
 	}
@@ -884,10 +898,17 @@ func (g *Gateway) untrack(t *tunnel) {
 	delete(g.tunnels, t)
 }
 
-func (g *Gateway) trackSwitched(c *leaseConn) {
+// trackSwitched records a connection that switched protocols, to be closed when the
+// gateway stops; once it has stopped (a switch answered after Serve returned), it says
+// no: nothing would close the connection, nor renew its lease.
+func (g *Gateway) trackSwitched(c *leaseConn) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.closed {
+		return false
+	}
 	g.switched[c] = struct{}{}
+	return true
 }
 
 func (g *Gateway) untrackSwitched(c *leaseConn) {
@@ -992,10 +1013,14 @@ func (rt gatewayRoundTripper) RoundTrip(req *http.Request) (*http.Response, erro
 				g.untrackSwitched(lc)
 				done()
 			}
-			g.trackSwitched(lc)
+			if !g.trackSwitched(lc) {
+				rwc.Close()
+				g.release(x.auth, l.LeaseID)
+				return nil, apiErr(codeReplicasUnavailable, "the gateway stopped while the site answered")
+			}
 			resp.Body = lc
 		} else {
-			resp.Body = &leaseBody{ReadCloser: resp.Body, done: done}
+			resp.Body = &leaseBody{ReadCloser: resp.Body, done: done, silence: g.cfg.ResponseHeaderTimeout}
 		}
 		x.body = resp.Body
 		return resp, nil
@@ -1080,10 +1105,31 @@ func (copyBuffers) Get() []byte  { return *responseBuffers.Get().(*[]byte) }
 func (copyBuffers) Put(b []byte) { responseBuffers.Put(&b) }
 
 // leaseBody releases a plain request's lease once its answer has been read or dropped.
+//
+// A read that waits longer than silence for the site's next bytes ends the answer (a
+// site that stalls mid-answer would otherwise keep the lease for as long as it likes, the
+// crawler's hang-up unseen when it has sent anything after its request): only time spent
+// waiting on the site counts, not a crawler's slow reading.
 type leaseBody struct {
 	io.ReadCloser
-	once sync.Once
-	done func()
+	once    sync.Once
+	done    func()
+	silence time.Duration
+	timer   *time.Timer
+}
+
+func (b *leaseBody) Read(p []byte) (int, error) {
+	if b.silence <= 0 {
+		return b.ReadCloser.Read(p)
+	}
+	if b.timer == nil {
+		b.timer = time.AfterFunc(b.silence, func() { _ = b.Close() })
+	} else {
+		b.timer.Reset(b.silence)
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.timer.Stop()
+	return n, err
 }
 
 func (b *leaseBody) Close() error {

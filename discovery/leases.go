@@ -367,6 +367,7 @@ func (s *Store) Release(client, id string) (known bool) {
 
 // endLocked ends a live lease, keeping it for reports until keepUntil.
 func (s *Store) endLocked(l *lease, keepUntil time.Time) {
+	s.freed.Add(1)
 	delete(s.leases, l.key)
 	if s.byClient[l.client]--; s.byClient[l.client] <= 0 {
 		delete(s.byClient, l.client)

@@ -242,6 +242,12 @@ type Store struct {
 	tick   uint64
 	// grants numbers the leases granted, for entry.lastUsed.
 	grants uint64
+	// freed counts the changes that may let a refused grant through: a lease that ended
+	// (released, expired, or a peer's copy ended) and a proxy that came, turned healthy,
+	// took more leases or changed attributes. A request waiting for a slot looks again
+	// when it moved, not on every tick of its clock: waiting costs the store nothing while
+	// nothing changes, however many wait.
+	freed atomic.Uint64
 
 	leases map[leaseKey]*lease
 	// byClient counts the live leases by client name.
@@ -412,6 +418,9 @@ func (s *Store) upsertLocked(p Proxy) {
 	}
 	id := p.ID()
 	e, ok := s.proxies[id]
+	if !ok || (p.Healthy && !e.p.Healthy) || p.MaxLeases > e.p.MaxLeases || !maps.Equal(p.Attributes, e.p.Attributes) {
+		s.freed.Add(1)
+	}
 	if ok {
 		s.detach(e)
 		s.syncRing(e) // off the rings of the views it is in now; attach puts it back
@@ -526,6 +535,10 @@ func (s *Store) ReplaceAll(ps []Proxy) {
 // only see what changed, never the whole fleet. It stays true afterwards: a later failed
 // refresh leaves the last full index in place, which is still worth serving.
 func (s *Store) Loaded() bool { return s.loaded.Load() }
+
+// Freed counts the changes that may let a grant refused before through (see Store.freed):
+// while it stands still, a grant refused for want of a slot is refused again.
+func (s *Store) Freed() uint64 { return s.freed.Load() }
 
 // Len is the number of proxies in the index.
 func (s *Store) Len() int {
