@@ -77,7 +77,7 @@ func (s *Server) onOwner(ctx context.Context, owner int, auth, method, path stri
 	if auth != "" {
 		h = http.Header{"Authorization": {auth}}
 	}
-	resp, err := s.replicas.call(ctx, owner, method, path, raw, h)
+	resp, err := s.replicas.call(context.WithoutCancel(ctx), owner, method, path, raw, h)
 	if err != nil {
 		s.replicas.markDown(owner, 2*time.Second)
 		return unavailable("replica %d, which owns the lease, did not answer", owner)

@@ -43,8 +43,8 @@ func parseLeaseID(id string) (leaseKey, bool) {
 }
 
 // lease is the store's record of a lease, live or ended. An ended lease keeps only what a
-// report needs: the proxy (a snapshot shared with the index), the target and the count of
-// reports, until keepUntil.
+// report needs: the proxy (a snapshot shared with the index), the target, the count of
+// reports and its session (a report by session names it), until keepUntil.
 type lease struct {
 	key     leaseKey
 	proxyID string
@@ -53,6 +53,10 @@ type lease struct {
 	proxy   *Proxy
 	target  string
 	session string
+	// sessionAt is when the session last pointed at this lease (its grant or latest
+	// renewal): copies carry it, so that a replica restored from them remembers the
+	// session as its owner does, idle for as long.
+	sessionAt time.Time
 	// client is the name of the crawler identity that took the lease ("" when
 	// authentication is off). The lease is that client's alone: to any other, renewals,
 	// releases and reports answer as for a lease that does not exist (see heldBy).
@@ -303,6 +307,7 @@ func (s *Store) grantLocked(pick *entry, w Want, now time.Time) *lease {
 
 // touchSession records that the session name was last served by lease l.
 func (s *Store) touchSession(name string, l *lease, now time.Time) {
+	l.sessionAt = now
 	s.sessions.put(name, session{proxyID: l.proxyID, lease: l.key, lastUsed: now})
 	for s.sessions.len() > s.cfg.MaxSessions {
 		s.sessions.remove(s.sessions.oldest())
@@ -379,8 +384,9 @@ func (s *Store) endLocked(l *lease, keepUntil time.Time) {
 			})
 		}
 	}
+	// The session stays: a report by session names an ended lease as well as a live one,
+	// and the copies of the ended lease carry it to a replica that restarts.
 	l.keepUntil = keepUntil
-	l.session = ""
 	if l.key[0] == s.cfg.Replica {
 		// Only the owner changes a lease's version. A copy ended here (its expiry swept)
 		// keeps the owner's version, so the owner's renewal made at that moment, which

@@ -40,7 +40,9 @@ type ReplicaConfig struct {
 	// leases (default: the longest TTL). By then each lease it granted before it stopped
 	// has expired unless renewed since, so starting without them oversubscribes nothing.
 	RestoreLimit time.Duration
-	// Timeout bounds each call to a peer (default 2s).
+	// Timeout bounds each call to a peer (default 2s). An owner waits at most half of it
+	// for its peers' copies of a change, so that it answers a replica that forwarded the
+	// request before that replica gives up.
 	Timeout time.Duration
 }
 
@@ -70,6 +72,8 @@ func (c ReplicaConfig) Validate() error {
 const (
 	peerLeasesPath = "/peer/v1/leases"
 	peerGrantPath  = "/peer/v1/grant"
+	// peerReleasePath ends a lease granted for a crawler that left before it got it.
+	peerReleasePath = "/peer/v1/release"
 	// forwardedHeader marks a crawler's request one replica forwarded to the lease's
 	// owner, which must answer it itself.
 	forwardedHeader = "Proxyfleet-Forwarded-By"
@@ -159,6 +163,13 @@ func (r *replicas) canGrant(replica int) bool {
 // --- calls to peers ----------------------------------------------------------------
 
 // call sends a request to a peer with the replicas' token. A nil body sends none.
+//
+// A call made on a crawler's behalf (a grant, or a renewal, release or report forwarded
+// to the lease's owner) runs on a context detached from the crawler's request
+// (context.WithoutCancel), bounded by the peer timeout alone: a crawler that hangs up
+// must not be taken for a peer that failed, which marks the peer down and passes over
+// its proxies for everyone, and a change the owner made meanwhile is answered rather than
+// left behind (see handOver).
 func (r *replicas) call(ctx context.Context, peer int, method, path string, body []byte, header http.Header) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
@@ -182,25 +193,61 @@ func (r *replicas) call(ctx context.Context, peer int, method, path string, body
 	return r.hc.Do(req)
 }
 
-// replicate copies lease changes to every peer, each call bounded by the timeout, and
-// succeeds if at least one took them: a replica that restarts takes its leases back from
-// all its peers, so one copy outlives the owner's memory. It waits for every peer rather
-// than the first, so that each peer that is up holds every change, and losing a second
-// replica loses only what the first could not copy to the third.
+// replicate copies lease changes to every peer and succeeds if at least one took them: a
+// replica that restarts takes its leases back from all its peers, so one copy outlives
+// the owner's memory. It waits for every peer that is keeping up rather than the first,
+// so that each of them holds every change, and losing a second replica loses only what
+// the first could not copy to the third. It waits half the peer timeout at most: a peer
+// that has not taken the copy by then (hung, or slow) is behind, and is waited for no
+// more until it has taken every lease this replica owns again (see catchUp). A hung
+// peer so costs one wait, not one for every change while it hangs, and an owner answers a
+// forwarded grant or renewal before the replica that forwarded it gives up on it.
 func (r *replicas) replicate(rec LeaseRecord) error {
-	var acks []<-chan error
-	for _, l := range r.links {
-		if l != nil {
-			acks = append(acks, r.send(l, rec))
-		}
+	type waiting struct {
+		l   *peerLink
+		ack <-chan error
 	}
+	var acks []waiting
 	var errs []error
-	for _, ack := range acks {
-		if err := <-ack; err != nil {
-			errs = append(errs, err)
+	for _, l := range r.links {
+		if l == nil {
+			continue
+		}
+		if ack := r.send(l, rec); ack != nil {
+			acks = append(acks, waiting{l, ack})
+		} else {
+			errs = append(errs, fmt.Errorf("replica %d is behind", l.peer))
 		}
 	}
-	if len(errs) == len(acks) {
+	deadline := time.NewTimer(r.cfg.Timeout / 2)
+	defer deadline.Stop()
+	took, late := 0, false
+	for _, w := range acks {
+		var err error
+		if late {
+			select {
+			case err = <-w.ack:
+			default:
+				err = errLate
+			}
+		} else {
+			select {
+			case err = <-w.ack:
+			case <-deadline.C:
+				late, err = true, errLate
+			}
+		}
+		switch {
+		case err == errLate:
+			r.fallBehind(w.l)
+			errs = append(errs, fmt.Errorf("replica %d did not take the copy within %s", w.l.peer, r.cfg.Timeout/2))
+		case err != nil:
+			errs = append(errs, err)
+		default:
+			took++
+		}
+	}
+	if took == 0 {
 		return fmt.Errorf("no replica took the lease's copy: %w", errors.Join(errs...))
 	}
 	return nil
@@ -214,6 +261,12 @@ type peerLink struct {
 	mu      sync.Mutex
 	pending []queued
 	sending bool
+	// behind is set while the peer may lack some of this replica's changes: a request to
+	// it failed, or it took longer than replicate waits. Changes are not queued for it
+	// then; the link sends it every lease this replica owns instead, at most once a
+	// timeout, until it takes them (catchUp). tried is when it last tried.
+	behind bool
+	tried  time.Time
 }
 
 // queued is one change waiting for its peer, and where its outcome goes.
@@ -225,11 +278,20 @@ type queued struct {
 // maxBatch caps the records in one request to a peer (about 150 KiB).
 const maxBatch = 512
 
-// send queues rec for the peer and returns where the outcome of its request arrives.
+// send queues rec for the peer and returns where the outcome of its request arrives, or
+// nil when the peer is behind: then it starts catching the peer up, if it is time to try
+// again.
 func (r *replicas) send(l *peerLink, rec LeaseRecord) <-chan error {
-	ack := make(chan error, 1)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.behind {
+		if !l.sending && time.Since(l.tried) >= r.cfg.Timeout {
+			l.sending = true
+			go r.drain(l)
+		}
+		return nil
+	}
+	ack := make(chan error, 1)
 	l.pending = append(l.pending, queued{rec, ack})
 	if !l.sending {
 		l.sending = true
@@ -238,11 +300,45 @@ func (r *replicas) send(l *peerLink, rec LeaseRecord) <-chan error {
 	return ack
 }
 
+// errLate stands for a copy a peer did not take in time (see replicate).
+var errLate = errors.New("the replica did not take the copy in time")
+
+// errBehind answers the changes queued for a peer when it fell behind: the catch-up
+// carries them.
+var errBehind = errors.New("the replica fell behind")
+
+// fallBehind marks the peer behind (see peerLink.behind): the changes queued for it are
+// answered as not taken, and new ones are not queued.
+func (r *replicas) fallBehind(l *peerLink) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.behind {
+		return
+	}
+	l.behind = true
+	for _, q := range l.pending {
+		q.ack <- errBehind
+	}
+	l.pending = nil
+	r.log.Warn("a replica fell behind: not waiting for its copies until it takes every lease this one owns", "replica", l.peer)
+}
+
 // drain sends the peer's queued changes until none are left, then stops: an idle link
-// holds no goroutine.
+// holds no goroutine. A peer that is behind is caught up first; if that fails, the link
+// stops until a change after the next timeout tries again.
 func (r *replicas) drain(l *peerLink) {
 	for {
 		l.mu.Lock()
+		if l.behind {
+			l.mu.Unlock()
+			if !r.catchUp(l) {
+				l.mu.Lock()
+				l.tried, l.sending = time.Now(), false
+				l.mu.Unlock()
+				return
+			}
+			continue
+		}
 		if len(l.pending) == 0 {
 			l.sending = false
 			l.mu.Unlock()
@@ -257,10 +353,37 @@ func (r *replicas) drain(l *peerLink) {
 			recs[i] = q.rec
 		}
 		err := r.post(l.peer, recs)
+		if err != nil {
+			r.fallBehind(l)
+		}
 		for _, q := range batch {
 			q.ack <- err
 		}
 	}
+}
+
+// catchUp brings a peer that is behind up to date, and reports whether it did: once the
+// peer answers, its changes are queued again, and it is sent every lease this replica
+// owns as of then (copies keep the highest version, so the ones it had already change
+// nothing). Each change is thus in that copy or queued after it.
+func (r *replicas) catchUp(l *peerLink) bool {
+	if err := r.post(l.peer, []LeaseRecord{}); err != nil {
+		return false
+	}
+	l.mu.Lock()
+	l.behind = false
+	l.mu.Unlock()
+	recs := r.store.Owned()
+	for len(recs) > 0 {
+		n := min(len(recs), maxBatch)
+		if err := r.post(l.peer, recs[:n]); err != nil {
+			r.fallBehind(l)
+			return false
+		}
+		recs = recs[n:]
+	}
+	r.log.Info("a replica caught up with this one's leases", "replica", l.peer)
+	return true
 }
 
 // post sends records to a peer.
@@ -399,6 +522,9 @@ func (s *Server) acquireReplicated(ctx context.Context, w Want, d time.Duration,
 		return false
 	}
 	for range maxPicks {
+		if ctx.Err() != nil {
+			return nil, errCrawlerLeft()
+		}
 		id, err := s.store.Pick(w, skip)
 		if nm, ok := errors.AsType[*NoMatch](err); ok && lastErr == nil {
 			return nil, refusedAsFull(nm, len(refused))
@@ -420,11 +546,11 @@ func (s *Server) acquireReplicated(ctx context.Context, w Want, d time.Duration,
 				return nil, err
 			}
 			resp := leaseResponse(l, d)
-			return &resp, nil
+			return s.handOver(ctx, owner, w.Client, &resp)
 		}
 		body, _ := json.Marshal(grantRequest{ProxyID: id, Selector: w.Selector, Target: w.Target, Session: w.Session,
 			TTLSeconds: int(d / time.Second), Client: w.Client, MaxLeases: w.MaxLeases})
-		resp, err := r.call(ctx, owner, http.MethodPost, peerGrantPath, body, nil)
+		resp, err := r.call(context.WithoutCancel(ctx), owner, http.MethodPost, peerGrantPath, body, nil)
 		if err != nil {
 			r.markDown(owner, 2*time.Second)
 			lastErr = unavailable("replica %d, which owns the proxy picked, did not answer", owner)
@@ -445,7 +571,7 @@ func (s *Server) acquireReplicated(ctx context.Context, w Want, d time.Duration,
 		if err := peerAnswer(resp, http.StatusCreated, &granted); err != nil {
 			return nil, err
 		}
-		return &granted, nil
+		return s.handOver(ctx, owner, w.Client, &granted)
 	}
 	if lastErr == nil {
 		// Every pick lost the race for its proxy's last slot to other crawlers: the
@@ -453,6 +579,39 @@ func (s *Server) acquireReplicated(ctx context.Context, w Want, d time.Duration,
 		return nil, refusedAsFull(s.store.Explain(w), len(refused))
 	}
 	return nil, lastErr
+}
+
+// errCrawlerLeft answers a crawler that hung up before its lease was granted: nobody
+// reads it.
+func errCrawlerLeft() error { return unavailable("the crawler left before its lease was granted") }
+
+// handOver hands a lease just granted to the crawler that asked, or, if it has left
+// meanwhile, ends it on its owner: nobody would hold it, and it would take its slot for
+// its whole TTL.
+func (s *Server) handOver(ctx context.Context, owner int, client string, l *LeaseResponse) (*LeaseResponse, error) {
+	if ctx.Err() == nil {
+		return l, nil
+	}
+	r := s.replicas
+	if owner == r.cfg.Self {
+		s.releaseOwned(client, l.LeaseID)
+		return nil, errCrawlerLeft()
+	}
+	body, _ := json.Marshal(peerRelease{LeaseID: l.LeaseID, Client: client})
+	resp, err := r.call(context.WithoutCancel(ctx), owner, http.MethodPost, peerReleasePath, body, nil)
+	if err == nil {
+		err = peerAnswer(resp, http.StatusNoContent, nil)
+	}
+	if err != nil {
+		s.log.Info("a lease granted for a crawler that left was not ended: it frees up when it expires", "lease", l.LeaseID, "error", err)
+	}
+	return nil, errCrawlerLeft()
+}
+
+// peerRelease asks a lease's owner to end it for the replica that asked for the grant.
+type peerRelease struct {
+	LeaseID string `json:"leaseID"`
+	Client  string `json:"client,omitempty"`
 }
 
 // peerAnswer reads another replica's answer: into v (when not nil) if it has the status
@@ -573,7 +732,7 @@ func (s *Server) ownLease(c *gin.Context) bool {
 	if len(body) == 0 {
 		body = nil
 	}
-	resp, err := r.call(c.Request.Context(), owner, c.Request.Method, c.Request.URL.RequestURI(), body,
+	resp, err := r.call(context.WithoutCancel(c.Request.Context()), owner, c.Request.Method, c.Request.URL.RequestURI(), body,
 		http.Header{"Authorization": c.Request.Header.Values("Authorization")})
 	if err != nil {
 		r.markDown(owner, 2*time.Second)
@@ -664,6 +823,30 @@ func (s *Server) peerGrant(c *gin.Context) {
 		s.fail(c, err)
 		return
 	}
+	if c.Request.Context().Err() != nil {
+		// The replica that asked gave up before the copies were taken (its timeout, or
+		// it went away): nobody will hold this lease.
+		s.releaseOwned(req.Client, l.ID)
+		return
+	}
 	s.metrics.leaseRequests.WithLabelValues("granted").Inc()
 	c.JSON(http.StatusCreated, leaseResponse(l, d))
+}
+
+// peerReleaseLease ends a lease this replica granted for another replica whose crawler
+// left before it got it.
+func (s *Server) peerReleaseLease(c *gin.Context) {
+	var req peerRelease
+	if err := DecodeJSON(c.Request.Body, &req, false); err != nil {
+		s.fail(c, err)
+		return
+	}
+	if owner, ok := LeaseOwner(req.LeaseID); ok && owner == s.replicas.cfg.Self {
+		if err := s.replicas.ready(); err != nil {
+			s.fail(c, err)
+			return
+		}
+		s.releaseOwned(req.Client, req.LeaseID)
+	}
+	c.Status(http.StatusNoContent)
 }

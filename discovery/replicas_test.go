@@ -299,6 +299,7 @@ func TestPeerRoutesAreForReplicas(t *testing.T) {
 		{http.MethodGet, "/peer/v1/leases?owner=0", ""},
 		{http.MethodPost, "/peer/v1/leases", "[]"},
 		{http.MethodPost, "/peer/v1/grant", `{"proxyID":"crawl/p00"}`},
+		{http.MethodPost, "/peer/v1/release", `{"leaseID":"00aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}`},
 	} {
 		req, err := http.NewRequest(tc.method, rs.urls[0]+tc.path, strings.NewReader(tc.body))
 		require.NoError(t, err)

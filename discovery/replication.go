@@ -16,14 +16,18 @@ type LeaseRecord struct {
 	ProxyID string `json:"proxyID"`
 	// IP, Port and Instance are the proxy as the lease was granted or last renewed: a
 	// proxy that no longer has them was replaced under the lease.
-	IP       string    `json:"ip"`
-	Port     int32     `json:"port"`
-	Instance string    `json:"instance,omitempty"`
-	Target   string    `json:"target,omitempty"`
-	Session  string    `json:"session,omitempty"`
-	Client   string    `json:"client,omitempty"`
-	Expires  time.Time `json:"expires"`
-	Reports  int       `json:"reports,omitempty"`
+	IP       string `json:"ip"`
+	Port     int32  `json:"port"`
+	Instance string `json:"instance,omitempty"`
+	Target   string `json:"target,omitempty"`
+	// Session is the lease's sticky session, live or ended: a report by session names
+	// the session's latest lease. SessionAt is when the session last pointed at this
+	// lease (its grant or latest renewal, on the owner's clock).
+	Session   string    `json:"session,omitempty"`
+	SessionAt time.Time `json:"sessionAt,omitzero"`
+	Client    string    `json:"client,omitempty"`
+	Expires   time.Time `json:"expires"`
+	Reports   int       `json:"reports,omitempty"`
 	// Ended is set once the lease was released or its proxy gone (Gone says why); it
 	// takes reports until KeepUntil.
 	Ended     bool      `json:"ended,omitempty"`
@@ -33,8 +37,8 @@ type LeaseRecord struct {
 
 func (l *lease) record() LeaseRecord {
 	return LeaseRecord{ID: l.key.String(), Version: l.version, ProxyID: l.proxyID, IP: l.proxy.IP, Port: l.proxy.Port,
-		Instance: l.proxy.Instance, Target: l.target, Session: l.session, Client: l.client, Expires: l.expires, Reports: l.reports,
-		Ended: !l.keepUntil.IsZero(), KeepUntil: l.keepUntil, Gone: l.gone}
+		Instance: l.proxy.Instance, Target: l.target, Session: l.session, SessionAt: l.sessionAt, Client: l.client,
+		Expires: l.expires, Reports: l.reports, Ended: !l.keepUntil.IsZero(), KeepUntil: l.keepUntil, Gone: l.gone}
 }
 
 // Record is the lease with this ID as replicas copy it, live or ended within its report
@@ -56,8 +60,9 @@ func (s *Store) Record(id string) (LeaseRecord, bool) {
 }
 
 // Snapshot is what a replica sends one that starts: every live lease (so that it counts
-// them all when it picks) and the ended ones owned by that replica (so that its leases
-// still take their late reports).
+// them all when it picks), the ended ones owned by that replica (so that its leases still
+// take their late reports) and the ended ones of a session (so that it knows the session's
+// latest lease, which a report by session names, as its peers do).
 func (s *Store) Snapshot(owner int) []LeaseRecord {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -66,7 +71,26 @@ func (s *Store) Snapshot(owner int) []LeaseRecord {
 		out = append(out, l.record())
 	}
 	for it := s.ended.oldest(); it != nil; it = it.prev {
-		if int(it.key[0]) == owner {
+		if int(it.key[0]) == owner || it.val.session != "" {
+			out = append(out, it.val.record())
+		}
+	}
+	return out
+}
+
+// Owned is every lease this replica owns, live or ended within its report window: what
+// it sends a peer that missed some of its changes (see peerLink.behind).
+func (s *Store) Owned() []LeaseRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []LeaseRecord
+	for _, l := range s.leases {
+		if l.key[0] == s.cfg.Replica {
+			out = append(out, l.record())
+		}
+	}
+	for it := s.ended.oldest(); it != nil; it = it.prev {
+		if it.key[0] == s.cfg.Replica {
 			out = append(out, it.val.record())
 		}
 	}
@@ -106,7 +130,7 @@ func (s *Store) Apply(recs []LeaseRecord) {
 		if l == nil {
 			l = &lease{key: key}
 		}
-		l.proxyID, l.target, l.expires, l.reports, l.gone = r.ProxyID, r.Target, r.Expires, r.Reports, r.Gone
+		l.proxyID, l.target, l.session, l.expires, l.reports, l.gone = r.ProxyID, r.Target, r.Session, r.Expires, r.Reports, r.Gone
 		if !live {
 			l.client = r.Client // a live lease is counted under its client: it never changes
 		}
@@ -116,7 +140,7 @@ func (s *Store) Apply(recs []LeaseRecord) {
 			if endedItem != nil {
 				s.ended.remove(endedItem)
 			}
-			l.keepUntil, l.session = time.Time{}, r.Session
+			l.keepUntil = time.Time{}
 			s.addLive(l)
 			if e := s.proxies[l.proxyID]; e != nil {
 				s.changeLeases(e, func() {
@@ -130,15 +154,7 @@ func (s *Store) Apply(recs []LeaseRecord) {
 					}
 				})
 			}
-			if l.session != "" {
-				s.touchSession(sessionKey(l.client, l.session), l, now)
-			}
 		case wantLive:
-			l.session = r.Session
-			if l.session != "" {
-				// A renewal keeps its session known here too, not only on its owner.
-				s.touchSession(sessionKey(l.client, l.session), l, now)
-			}
 		case live:
 			s.endLocked(l, keepUntil)
 		case endedItem != nil:
@@ -151,6 +167,32 @@ func (s *Store) Apply(recs []LeaseRecord) {
 			}
 		}
 		l.version = r.Version
+		if l.session != "" {
+			// A grant or renewal keeps its session known here too, not only on its
+			// owner, and so does an ended lease restored after a restart.
+			at := r.SessionAt
+			if at.IsZero() && wantLive {
+				at = now // a copy from a replica older than SessionAt
+			}
+			s.adoptSession(l, at, now)
+		}
+	}
+}
+
+// adoptSession makes a copied lease its session's latest, as of at, unless this replica
+// knows a later one (copies arrive in any order) or the session has been idle too long.
+func (s *Store) adoptSession(l *lease, at, now time.Time) {
+	if at.IsZero() || now.Sub(at) >= s.cfg.SessionIdle {
+		return
+	}
+	name := sessionKey(l.client, l.session)
+	if it, ok := s.sessions.get(name); ok && it.val.lastUsed.After(at) {
+		return
+	}
+	l.sessionAt = at
+	s.sessions.put(name, session{proxyID: l.proxyID, lease: l.key, lastUsed: at})
+	for s.sessions.len() > s.cfg.MaxSessions {
+		s.sessions.remove(s.sessions.oldest())
 	}
 }
 

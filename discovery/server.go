@@ -152,6 +152,7 @@ func (s *Server) Handler() http.Handler {
 		peer.POST("/leases", s.peerApply)
 		peer.GET("/leases", s.peerSnapshot)
 		peer.POST("/grant", s.peerGrant)
+		peer.POST("/release", s.peerReleaseLease)
 	}
 	return r
 }

@@ -1,0 +1,255 @@
+package discovery_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/proxyfleet/proxyfleet/discovery"
+	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
+)
+
+// review30Owner is the replica of n that owns proxyID: the rendezvous hash of
+// replicas.ownerOf, repeated here so that a test can build a fleet one replica owns.
+func review30Owner(proxyID string, n int) int {
+	best, owner := uint64(0), 0
+	var num [4]byte
+	for i := range n {
+		h := sha256.New()
+		h.Write([]byte(proxyID))
+		binary.BigEndian.PutUint32(num[:], uint32(i))
+		h.Write(num[:])
+		if v := binary.BigEndian.Uint64(h.Sum(nil)[:8]); i == 0 || v > best {
+			best, owner = v, i
+		}
+	}
+	return owner
+}
+
+// review30FleetOwnedBy is count proxies of maxLeases max, every one owned by replica owner
+// of a set of n.
+func review30FleetOwnedBy(owner, n, count, max int) []discovery.Proxy {
+	var ps []discovery.Proxy
+	for i := 0; len(ps) < count; i++ {
+		name := fmt.Sprintf("q%03d", i)
+		if review30Owner("crawl/"+name, n) != owner {
+			continue
+		}
+		p := proxy(name, 10, true, map[string]string{"region": "eu"})
+		p.IP, p.MaxLeases = fmt.Sprintf("10.0.1.%d", len(ps)+1), max
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// review30FleetOwnedBy01 is count proxies of maxLeases max, each owned by replica 0 or 1 of
+// a set of three, alternately.
+func review30FleetOwnedBy01(count, max int) []discovery.Proxy {
+	var ps []discovery.Proxy
+	for i := 0; len(ps) < count; i++ {
+		name := fmt.Sprintf("r%03d", i)
+		if review30Owner("crawl/"+name, 3) != len(ps)%2 {
+			continue
+		}
+		p := proxy(name, 10, true, map[string]string{"region": "eu"})
+		p.IP, p.MaxLeases = fmt.Sprintf("10.0.2.%d", len(ps)+1), max
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+// blackHole takes replica i's address over with a listener that accepts connections and
+// never answers: a replica that hangs (a stuck process, a network that drops its
+// packets), not one that refuses at once.
+func (rs *replicaSet) blackHole(i int) {
+	rs.t.Helper()
+	rs.kill(i)
+	ln, err := net.Listen("tcp", rs.addrs[i])
+	require.NoError(rs.t, err)
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	rs.t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+}
+
+// TestReview30SlowPeerLeavesOrphanGrants: with one replica hung (not down: it accepts and
+// never answers), a crawler that acquires through replica 0 a proxy that replica 1 owns is
+// told 503 replicas_unavailable, yet replica 1 did grant the lease: it waited for the hung
+// replica's copy for as long as replica 0 waited for it (both the peer timeout), so
+// replica 0 gave up first. Nobody holds that lease, and its slot stays taken for the
+// whole TTL (5 minutes here, up to an hour): the only slot of the fleet is gone, and the
+// crawler's retry gets a 409. Expected: a grant whose asker gave up holds no slot (the
+// owner answers within the asker's timeout, or ends a grant its asker never received).
+//
+// Met by the first: an owner waits for its peers' copies half the peer timeout at most,
+// so the crawler gets the lease (replica 0 holds the copy), and the slot it holds is the
+// crawler's, freed by its release. The second is TestReview30AskerGoneEndsTheGrant.
+func TestReview30SlowPeerLeavesOrphanGrants(t *testing.T) {
+	fleet := review30FleetOwnedBy(1, 3, 1, 1)
+	rs := newReplicaSet(t, 3, fleet)
+	rs.blackHole(2)
+	ctx := context.Background()
+	l, err := rs.client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
+	require.NoError(t, err, "replica 1 answers before replica 0 gives up")
+	_, ok := rs.nodes[0].store.Record(l.ID)
+	require.True(t, ok, "replica 0 holds the lease's copy")
+	require.Equal(t, 1, rs.nodes[1].store.Stats().Leases)
+	require.NoError(t, rs.client(0).Release(ctx, l.ID))
+	require.Zero(t, rs.nodes[1].store.Stats().Leases, "the crawler's release freed the only slot")
+	l, err = rs.client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
+	require.NoError(t, err, "the slot is free again")
+	require.NoError(t, rs.client(0).Release(ctx, l.ID))
+}
+
+// TestReview30AskerGoneEndsTheGrant: a replica that asked an owner for a grant and gave up
+// before the answer (its timeout, shorter here than the owner's wait for a hung peer's
+// copy) received no lease, so the owner ends the one it granted instead of holding its
+// slot for the TTL.
+func TestReview30AskerGoneEndsTheGrant(t *testing.T) {
+	rs := newReplicaSet(t, 3, review30FleetOwnedBy(1, 3, 1, 1))
+	rs.blackHole(2)
+	body := `{"proxyID":"` + review30FleetOwnedBy(1, 3, 1, 1)[0].Namespace + "/" + review30FleetOwnedBy(1, 3, 1, 1)[0].Name +
+		`","selector":{"region":"eu"},"ttlSeconds":300}`
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rs.urls[1]+"/peer/v1/grant", strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+peerToken)
+	req.Header.Set("Content-Type", "application/json")
+	_, err = http.DefaultClient.Do(req)
+	require.Error(t, err, "the owner answers once it stopped waiting for the hung replica's copy")
+	require.Eventually(t, func() bool { return rs.nodes[1].store.Stats().Leases == 0 }, 5*time.Second, 10*time.Millisecond,
+		"replica 1 holds a lease no replica received")
+	l, err := rs.client(0).Acquire(context.Background(), dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
+	require.NoError(t, err, "the only slot is free")
+	require.NoError(t, rs.client(0).Release(context.Background(), l.ID))
+}
+
+// TestReview30RenewalStormBehindAHungPeer: the gateway renews its held leases at most 32
+// at a time, and with one replica hung every renewal takes the peer timeout (the owner
+// waits for every peer's copy, and a renewal forwarded to another owner waits for that
+// owner's). A pass over N leases then takes N/32 timeouts: at 10,000 held leases and the
+// default 2 s timeout, over ten minutes, against a lease TTL of one minute. The leases at
+// the end of the pass have expired before their renewal starts, and are counted free
+// while their tunnels are open. Scaled down here: 384 leases of a 6 s TTL, a 1 s peer
+// timeout. Expected: one hung replica makes no held lease expire (the two that answer
+// renew them all within the TTL).
+func TestReview30RenewalStormBehindAHungPeer(t *testing.T) {
+	rs := newReplicaSet(t, 3, review30FleetOwnedBy01(8, 64))
+	const n = 384
+	var ids []string
+	for len(ids) < n {
+		l, err := rs.client(len(ids)%2).Acquire(context.Background(), dclient.AcquireRequest{TTL: 6 * time.Second})
+		require.NoError(t, err)
+		ids = append(ids, l.ID)
+	}
+	g := rs.nodes[0].srv.NewGateway(discovery.GatewayConfig{LeaseTTL: 6 * time.Second})
+	for _, id := range ids {
+		g.Hold(id, "Bearer "+testToken)
+	}
+	rs.blackHole(2)
+	start := time.Now()
+	g.RenewPass(context.Background())
+	t.Logf("a pass over %d leases took %s", n, time.Since(start).Round(time.Millisecond))
+	expired := 0
+	now := time.Now()
+	for _, id := range ids {
+		owner, _ := discovery.LeaseOwner(id)
+		rec, ok := rs.nodes[owner].store.Record(id)
+		if !ok || rec.Ended || !rec.Expires.After(now) {
+			expired++
+		}
+	}
+	require.Zero(t, expired, "held leases that expired before their renewal while one replica hung, of %d", n)
+}
+
+// TestReview30SessionsForgottenByARestartedReplica: a session is remembered for an hour
+// after its last lease, on every replica, and a report by session works through any of
+// them. But a replica that restarts (a rollout restarts them all) restores only leases:
+// a session whose latest lease has ended (the gateway's per-request leases end as each
+// request does, and an API crawler releases when done) comes back with no session, since
+// an ended lease's copy drops it. A report by session through the restarted replica
+// answers 404 unknown_session, for a lease that still takes reports on its owner.
+// Expected: the restarted replica knows the session as its peers still do (204).
+func TestReview30SessionsForgottenByARestartedReplica(t *testing.T) {
+	rs := newReplicaSet(t, 3, replicaFleet(6, 2))
+	ctx := context.Background()
+	const session = "basket-9"
+	l, err := rs.client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, Session: session})
+	require.NoError(t, err)
+	require.NoError(t, rs.client(0).Release(ctx, l.ID))
+	for i := range 3 {
+		status, body := reportBySession(t, rs.urls[i], session)
+		require.Equal(t, http.StatusNoContent, status, "replica %d right after the release: %s", i, body)
+	}
+	for i := range 3 {
+		rs.kill(i)
+		rs.start(i)
+		rs.waitReady(i)
+		status, body := reportBySession(t, rs.urls[i], session)
+		require.Equal(t, http.StatusNoContent, status, "replica %d after its restart: %s", i, body)
+	}
+}
+
+// TestReview30HangUpMarksAHealthyOwnerDown: a replica that asks a proxy's owner for a
+// grant on behalf of a crawler does so in the crawler's request context; when the crawler
+// hangs up meanwhile the call fails, and the replica marks the owner down for 2 s, passing
+// over every proxy it owns: the next crawlers through that replica get 503
+// replicas_unavailable though the owner is fine. A crawler that sends an acquire and hangs
+// up (a client timeout, a crawler killed, the gateway's crawlers hanging up as they wait)
+// so takes a healthy replica's proxies away from everyone, for as long as it goes on. And
+// if the owner had granted already, that lease is nobody's and holds its slot for its
+// TTL. Expected: a crawler leaving marks nobody down, and leaves no lease behind.
+func TestReview30HangUpMarksAHealthyOwnerDown(t *testing.T) {
+	rs := newReplicaSet(t, 3, review30FleetOwnedBy(1, 3, 4, 4))
+	ctx := context.Background()
+	body := `{"selector":{"region":"eu"},"ttlSeconds":600}`
+	unavailable := 0
+	for range 50 {
+		c, err := net.Dial("tcp", rs.addrs[0])
+		require.NoError(t, err)
+		_, err = io.WriteString(c, "POST /v1/leases HTTP/1.1\r\nHost: "+rs.addrs[0]+"\r\nAuthorization: Bearer "+testToken+
+			"\r\nContent-Type: application/json\r\nContent-Length: "+fmt.Sprint(len(body))+"\r\n\r\n"+body)
+		require.NoError(t, err)
+		require.NoError(t, c.Close()) // the crawler gives up at once
+		l, err := rs.client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
+		if dclient.IsReplicasUnavailable(err) {
+			unavailable++
+			continue
+		}
+		if dclient.IsNoMatch(err) {
+			continue // the hung-up crawlers' leases took the slots (see below)
+		}
+		require.NoError(t, err)
+		require.NoError(t, rs.client(0).Release(ctx, l.ID))
+	}
+	t.Logf("leases replica 1 holds for crawlers that hung up: %d", rs.nodes[1].store.Stats().Leases)
+	require.Zero(t, unavailable, "acquires through replica 0 refused as if replica 1, which owns every proxy and answers, were down")
+}
