@@ -168,6 +168,33 @@ func benchDuration() time.Duration {
 	return 10 * time.Second
 }
 
+// benchLoad is one kind of fetch the gateway benchmarks load it with.
+type benchLoad struct {
+	name      string
+	url       string
+	keepAlive bool
+}
+
+// benchLoads are plain HTTP to site, and HTTPS to tlsSite in tunnels kept open and in a
+// tunnel per fetch.
+func benchLoads(site, tlsSite string) []benchLoad {
+	return []benchLoad{
+		{"http", site + "/page", true},
+		{"https-tunnel-kept", tlsSite + "/page", true},
+		{"https-tunnel-per-fetch", tlsSite + "/page", false},
+	}
+}
+
+// startGatewayHelper runs a gateway over fleet in a process of its own (env as
+// startHelper's) and returns its URL with the crawlers' credentials, and its process ID.
+func startGatewayHelper(b *testing.B, fleet []discovery.Proxy, env ...string) (*url.URL, int) {
+	raw, _ := json.Marshal(fleet)
+	h := startHelper(b, "gateway", append([]string{"FLEET=" + string(raw)}, env...)...)
+	var addr string
+	require.NoError(b, h.out.Decode(&addr))
+	return &url.URL{Scheme: "http", Host: addr, User: benchUser}, h.cmd.Process.Pid
+}
+
 // BenchmarkGatewayThroughput: fetches per second of 64 crawler connections through the
 // gateway, against two baselines in the same run over the same 4 fleet proxies and the
 // same sites: the same 64 connections sent straight through the fleet proxies (16 each),
@@ -200,12 +227,7 @@ func BenchmarkGatewayThroughput(b *testing.B) {
 		case "shared":
 			// In a process of its own, as Squid is: in this one it would share the
 			// crawlers' scheduler, which Squid cannot.
-			raw, _ := json.Marshal(fleet)
-			h := startHelper(b, "gateway", "FLEET="+string(raw))
-			var addr string
-			require.NoError(b, h.out.Decode(&addr))
-			gw = &url.URL{Scheme: "http", Host: addr, User: benchUser}
-			gwPid = h.cmd.Process.Pid
+			gw, gwPid = startGatewayHelper(b, fleet)
 			sq, sqPid = squidGateway(b, fleet, []string{site.URL, tlsSite.URL}, "")
 		case "own-core":
 			if _, err := exec.LookPath("taskset"); err != nil || runtime.NumCPU() < 2 {
@@ -213,23 +235,10 @@ func BenchmarkGatewayThroughput(b *testing.B) {
 				continue
 			}
 			pin(b, "0")
-			raw, _ := json.Marshal(fleet)
-			h := startHelper(b, "gateway", "FLEET="+string(raw), "TASKSET=1")
-			var addr string
-			require.NoError(b, h.out.Decode(&addr))
-			gw = &url.URL{Scheme: "http", Host: addr, User: benchUser}
-			gwPid = h.cmd.Process.Pid
+			gw, gwPid = startGatewayHelper(b, fleet, "TASKSET=1")
 			sq, sqPid = squidGateway(b, fleet, []string{site.URL, tlsSite.URL}, "1")
 		}
-		for _, tc := range []struct {
-			name      string
-			url       string
-			keepAlive bool
-		}{
-			{"http", site.URL + "/page", true},
-			{"https-tunnel-kept", tlsSite.URL + "/page", true},
-			{"https-tunnel-per-fetch", tlsSite.URL + "/page", false},
-		} {
+		for _, tc := range benchLoads(site.URL, tlsSite.URL) {
 			b.Run(setting+"/"+tc.name, func(b *testing.B) {
 				straight := func(i int) *http.Client { return benchClient(proxyURL(fleet[i%len(fleet)]), tc.keepAlive) }
 				// one runs the load through a gateway and returns its rate and the CPU the

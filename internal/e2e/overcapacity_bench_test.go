@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -38,30 +36,18 @@ func BenchmarkGatewayOverCapacity(b *testing.B) {
 	defer site.Close()
 	tlsSite := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, body) }))
 	defer tlsSite.Close()
-	raw, _ := json.Marshal(fleet)
-	h := startHelper(b, "gateway", "FLEET="+string(raw), "MAX_LEASES="+strconv.Itoa(maxLeases))
-	var addr string
-	require.NoError(b, h.out.Decode(&addr))
-	gw := &url.URL{Scheme: "http", Host: addr, User: benchUser}
+	gw, pid := startGatewayHelper(b, fleet, "MAX_LEASES="+strconv.Itoa(maxLeases))
 	d := benchDuration()
-	for _, tc := range []struct {
-		name      string
-		url       string
-		keepAlive bool
-	}{
-		// A tunnel holds its slot while it is open: the 13th waits for one to close.
-		{"https-tunnel-kept", tlsSite.URL + "/page", true},
-		// A lease per request: the 13th takes its turn as requests end.
-		{"http", site.URL + "/page", true},
-		{"https-tunnel-per-fetch", tlsSite.URL + "/page", false},
-	} {
+	// In kept tunnels a tunnel holds its slot while it is open, and the 13th waits for one
+	// to close; with a lease per request (plain HTTP) it takes its turn as requests end.
+	for _, tc := range benchLoads(site.URL, tlsSite.URL) {
 		b.Run(tc.name, func(b *testing.B) {
 			client := func(int) *http.Client { return benchClient(gw, tc.keepAlive) }
 			run := func(n int) (rate, cpu float64, refused int64) {
-				before := procCPU(b, h.cmd.Process.Pid)
+				before := procCPU(b, pid)
 				t0 := time.Now()
 				rate, refused = fetchLoadServed(b, n, d, tc.url, client)
-				cpu = (procCPU(b, h.cmd.Process.Pid) - before).Seconds() / time.Since(t0).Seconds()
+				cpu = (procCPU(b, pid) - before).Seconds() / time.Since(t0).Seconds()
 				return rate, cpu, refused
 			}
 			// Rounds of slots, slots+1, slots+1, slots: a drift of the machine's speed
