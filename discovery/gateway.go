@@ -695,6 +695,9 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 	g.s.metrics.gatewayConnectSeconds.Observe(time.Since(start).Seconds())
 	g.s.metrics.gatewayTunnels.Inc()
 	t.left.Store(2)
+	if tc, ok := up.(*net.TCPConn); ok {
+		t.keep = time.AfterFunc(upstreamKeepAliveAfter, func() { _ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true}) })
+	}
 	go g.splice(t, t.up, t.client, tunnelBytes{g.s.metrics.gatewayBytes.WithLabelValues("upstream"), &t.moved})
 	go g.splice(t, t.client, t.up, tunnelBytes{g.s.metrics.gatewayBytes.WithLabelValues("downstream"), &t.moved})
 	return "ok"
@@ -708,7 +711,8 @@ func (g *Gateway) dialTunnel(ctx context.Context, l *LeaseResponse, hostport str
 	deadline := time.Now().Add(g.cfg.ConnectTimeout)
 	dctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	c, err := (&net.Dialer{}).DialContext(dctx, "tcp", net.JoinHostPort(l.Proxy.IP, strconv.Itoa(int(l.Proxy.Port))))
+	// No keepalive yet: a tunnel that lasts gets it (upstreamKeepAliveAfter).
+	c, err := (&net.Dialer{KeepAlive: -1}).DialContext(dctx, "tcp", net.JoinHostPort(l.Proxy.IP, strconv.Itoa(int(l.Proxy.Port))))
 	if err != nil {
 		return nil, nil, dialFailure(id, err, true)
 	}
@@ -786,7 +790,16 @@ type tunnel struct {
 	// moved counts the bytes carried either way, for closeWhenIdle, and idle is its timer.
 	moved atomic.Int64
 	idle  atomic.Pointer[time.Timer]
+	// keep turns keepalive on for the fleet proxy's connection once the tunnel has lasted
+	// upstreamKeepAliveAfter (see Gateway.tunnel).
+	keep *time.Timer
 }
+
+// upstreamKeepAliveAfter is how long a tunnel lasts before its fleet proxy's connection
+// gets TCP keepalive, which notices a fleet proxy gone without a word (a VM lost) and frees
+// the slot. Set at the dial, it would cost four system calls for every tunnel, most of
+// which carry one fetch and end within this.
+var upstreamKeepAliveAfter = 15 * time.Second
 
 func (t *tunnel) close() {
 	t.client.Close()
@@ -816,6 +829,9 @@ func (g *Gateway) splice(t *tunnel, dst, src net.Conn, bytes prometheus.Counter)
 	}
 	if t.left.Add(-1) == 0 {
 		stopIdle(&t.idle)
+		if t.keep != nil {
+			t.keep.Stop()
+		}
 		t.close()
 		g.untrack(t)
 		g.s.metrics.gatewayTunnels.Dec()

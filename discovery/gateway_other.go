@@ -3,6 +3,7 @@
 package discovery
 
 import (
+	"context"
 	"net"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,4 +12,10 @@ import (
 // copyCounting copies src to dst until src ends, counting bytes (see copyChunks).
 func copyCounting(dst, src net.Conn, bytes prometheus.Counter) error {
 	return copyChunks(dst, src, bytes)
+}
+
+// ListenGateway listens for crawlers on addr, with Go's default TCP keepalive.
+func ListenGateway(ctx context.Context, addr string) (net.Listener, error) {
+	var lc net.ListenConfig
+	return lc.Listen(ctx, "tcp", addr)
 }

@@ -113,7 +113,7 @@ func main() {
 		}
 		var gw net.Listener
 		if *gatewayListen != "" {
-			if gw, err = net.Listen("tcp", *gatewayListen); err != nil {
+			if gw, err = discovery.ListenGateway(ctx, *gatewayListen); err != nil {
 				return fmt.Errorf("--gateway-listen: %w", err)
 			}
 			p.Log.Info("gateway listening", "addr", gw.Addr().String())

@@ -85,7 +85,7 @@ func benchGateway(b testing.TB, fleet []discovery.Proxy) string {
 	st := discovery.NewStore(time.Hour)
 	st.ReplaceAll(fleet)
 	srv := discovery.NewServer(discovery.Config{Token: benchToken}, st, nopSignaler{}, slog.New(slog.DiscardHandler), nil)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := discovery.ListenGateway(context.Background(), "127.0.0.1:0") // as cmd/discovery listens
 	require.NoError(b, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

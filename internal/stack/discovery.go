@@ -45,7 +45,7 @@ func (s *Stack) StartDiscovery(t testing.TB, options ...func(*discovery.ServiceC
 	svc := discovery.NewService(cfg, s.Temporal.Client, s.logger(), nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	gw, err := net.Listen("tcp", "127.0.0.1:0")
+	gw, err := discovery.ListenGateway(context.Background(), "127.0.0.1:0") // as cmd/discovery listens
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
