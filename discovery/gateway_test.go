@@ -408,6 +408,19 @@ func TestGatewayTunnelsHoldALeaseWhileOpen(t *testing.T) {
 	assert.Positive(t, e.metric("proxyfleet_gateway_tunnel_bytes_total", "direction", "downstream"))
 }
 
+// newOneSlotGatewayEnv is a gateway without authentication over one real fleet proxy that
+// takes one lease: the second request or tunnel has to wait.
+func newOneSlotGatewayEnv(t *testing.T, cfg discovery.GatewayConfig) *gatewayEnv {
+	proxies, fleet := startFleet(t, 1)
+	fleet[0].MaxLeases = 1
+	store := discovery.NewStore(30 * time.Minute)
+	store.ReplaceAll(fleet)
+	reg := prometheus.NewRegistry()
+	srv := discovery.NewServer(discovery.Config{}, store, &fakeSignaler{}, slog.New(slog.DiscardHandler), reg)
+	gw, addr := serveGatewayOf(t, srv, cfg)
+	return &gatewayEnv{t: t, store: store, srv: srv, reg: reg, gw: gw, addr: addr, proxies: proxies}
+}
+
 // connect opens a raw CONNECT tunnel through the gateway and returns the connection
 // and the gateway's answer.
 func (e *gatewayEnv) connect(user, password, hostport string) (net.Conn, *http.Response) {
@@ -1031,15 +1044,9 @@ func TestGatewayTunnelsWaitCheaplyForASlot(t *testing.T) {
 // with the refusal, having looked at the store once when it began: it did not scan the
 // fleet every few milliseconds meanwhile, nor does it hold a place once the crawler left.
 func TestGatewayWaitsWithoutScanning(t *testing.T) {
-	proxies, fleet := startFleet(t, 1)
-	fleet[0].MaxLeases = 1
-	store := discovery.NewStore(30 * time.Minute)
-	store.ReplaceAll(fleet)
-	reg := prometheus.NewRegistry()
-	srv := discovery.NewServer(discovery.Config{}, store, &fakeSignaler{}, slog.New(slog.DiscardHandler), reg)
-	gw, addr := serveGatewayOf(t, srv, discovery.GatewayConfig{Wait: 300 * time.Millisecond})
-	e := &gatewayEnv{t: t, store: store, srv: srv, reg: reg, gw: gw, addr: addr, proxies: proxies}
-	host := proxies[0].ln.Addr().String() // any address on loopback does
+	e := newOneSlotGatewayEnv(t, discovery.GatewayConfig{Wait: 300 * time.Millisecond})
+	gw := e.gw
+	host := e.proxies[0].ln.Addr().String() // any address on loopback does
 
 	_, resp := e.connect("", "", host)
 	require.Equal(t, http.StatusOK, resp.StatusCode)

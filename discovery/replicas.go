@@ -128,10 +128,13 @@ func newReplicas(cfg ReplicaConfig, store *Store, log *slog.Logger, m *serverMet
 // ownerOf is the replica that owns a proxy: the highest hash of the proxy's ID with each
 // replica's number (rendezvous hashing). Every replica computes the same owner, and adding
 // a replica moves only the proxies it now wins.
-func (r *replicas) ownerOf(proxyID string) int {
+func (r *replicas) ownerOf(proxyID string) int { return rendezvousOwner(proxyID, len(r.cfg.Peers)) }
+
+// rendezvousOwner is ownerOf for a set of n replicas.
+func rendezvousOwner(proxyID string, n int) int {
 	best, owner := uint64(0), 0
 	var num [4]byte
-	for i := range r.cfg.Peers {
+	for i := range n {
 		h := sha256.New()
 		h.Write([]byte(proxyID))
 		binary.BigEndian.PutUint32(num[:], uint32(i))

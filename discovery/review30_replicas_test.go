@@ -2,8 +2,6 @@ package discovery_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -19,30 +17,13 @@ import (
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 )
 
-// review30Owner is the replica of n that owns proxyID: the rendezvous hash of
-// replicas.ownerOf, repeated here so that a test can build a fleet one replica owns.
-func review30Owner(proxyID string, n int) int {
-	best, owner := uint64(0), 0
-	var num [4]byte
-	for i := range n {
-		h := sha256.New()
-		h.Write([]byte(proxyID))
-		binary.BigEndian.PutUint32(num[:], uint32(i))
-		h.Write(num[:])
-		if v := binary.BigEndian.Uint64(h.Sum(nil)[:8]); i == 0 || v > best {
-			best, owner = v, i
-		}
-	}
-	return owner
-}
-
 // review30FleetOwnedBy is count proxies of maxLeases max, every one owned by replica owner
 // of a set of n.
 func review30FleetOwnedBy(owner, n, count, max int) []discovery.Proxy {
 	var ps []discovery.Proxy
 	for i := 0; len(ps) < count; i++ {
 		name := fmt.Sprintf("q%03d", i)
-		if review30Owner("crawl/"+name, n) != owner {
+		if discovery.OwnerOf("crawl/"+name, n) != owner {
 			continue
 		}
 		p := proxy(name, 10, true, map[string]string{"region": "eu"})
@@ -58,7 +39,7 @@ func review30FleetOwnedBy01(count, max int) []discovery.Proxy {
 	var ps []discovery.Proxy
 	for i := 0; len(ps) < count; i++ {
 		name := fmt.Sprintf("r%03d", i)
-		if review30Owner("crawl/"+name, 3) != len(ps)%2 {
+		if discovery.OwnerOf("crawl/"+name, 3) != len(ps)%2 {
 			continue
 		}
 		p := proxy(name, 10, true, map[string]string{"region": "eu"})

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
@@ -130,15 +128,9 @@ func TestReview30SwitchAfterShutdownIsNeverClosed(t *testing.T) {
 // cost of waiting does not grow with the number of waiters while nothing changes (a waiter
 // looks again when the store has changed, or one look serves every waiter of a want).
 func TestReview30WaitersPollCostGrowsWithWaiters(t *testing.T) {
-	proxies, fleet := startFleet(t, 1)
-	fleet[0].MaxLeases = 1
-	store := discovery.NewStore(30 * time.Minute)
-	store.ReplaceAll(fleet)
-	reg := prometheus.NewRegistry()
-	srv := discovery.NewServer(discovery.Config{}, store, &fakeSignaler{}, slog.New(slog.DiscardHandler), reg)
-	gw, addr := serveGatewayOf(t, srv, discovery.GatewayConfig{Wait: time.Minute})
-	e := &gatewayEnv{t: t, store: store, srv: srv, reg: reg, gw: gw, addr: addr, proxies: proxies}
-	host := proxies[0].ln.Addr().String()
+	e := newOneSlotGatewayEnv(t, discovery.GatewayConfig{Wait: time.Minute})
+	gw := e.gw
+	host := e.proxies[0].ln.Addr().String()
 	_, resp := e.connect("", "", host)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 
