@@ -111,12 +111,19 @@ func benchClient(proxy *url.URL, keepAlive bool) *http.Client {
 }
 
 // fetchLoad runs workers, each with its own client (clientFor(i)), fetching u for d, and
-// returns fetches per second and every latency.
+// returns fetches per second and every latency. Every fetch must succeed.
 func fetchLoad(b testing.TB, workers int, d time.Duration, u string, clientFor func(i int) *http.Client) (float64, []time.Duration) {
-	var total atomic.Int64
+	rate, lat, _ := runLoad(b, workers, d, u, clientFor, false)
+	return rate, lat
+}
+
+// runLoad is fetchLoad that, when refusals are allowed (a load over capacity), counts a
+// fetch the gateway refused (its 503 after waiting for a slot, for a request or a
+// tunnel's CONNECT) instead of failing, and returns their number too.
+func runLoad(b testing.TB, workers int, d time.Duration, u string, clientFor func(i int) *http.Client, refusals bool) (float64, []time.Duration, int64) {
+	var total, refused, failed atomic.Int64
 	var mu sync.Mutex
 	var lat []time.Duration
-	var failed atomic.Int64
 	stop := time.Now().Add(d)
 	var wg sync.WaitGroup
 	for i := range workers {
@@ -128,19 +135,24 @@ func fetchLoad(b testing.TB, workers int, d time.Duration, u string, clientFor f
 			var mine []time.Duration
 			for time.Now().Before(stop) {
 				t0 := time.Now()
+				status := 0
 				resp, err := c.Get(u)
-				if err != nil {
-					failed.Add(1)
-					continue
+				if err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					status = resp.StatusCode
+				} else if strings.Contains(err.Error(), http.StatusText(http.StatusServiceUnavailable)) {
+					status = http.StatusServiceUnavailable // a tunnel's CONNECT refused
 				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
+				switch {
+				case status == http.StatusOK:
+					mine = append(mine, time.Since(t0))
+					total.Add(1)
+				case refusals && status == http.StatusServiceUnavailable:
+					refused.Add(1)
+				default:
 					failed.Add(1)
-					continue
 				}
-				mine = append(mine, time.Since(t0))
-				total.Add(1)
 			}
 			mu.Lock()
 			lat = append(lat, mine...)
@@ -149,7 +161,7 @@ func fetchLoad(b testing.TB, workers int, d time.Duration, u string, clientFor f
 	}
 	wg.Wait()
 	require.Zero(b, failed.Load(), "fetches failed")
-	return float64(total.Load()) / d.Seconds(), lat
+	return float64(total.Load()) / d.Seconds(), lat, refused.Load()
 }
 
 func quantile(ds []time.Duration, q float64) time.Duration {

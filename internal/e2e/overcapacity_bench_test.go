@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,7 +44,7 @@ func BenchmarkGatewayOverCapacity(b *testing.B) {
 			run := func(n int) (rate, cpu float64, refused int64) {
 				before := procCPU(b, pid)
 				t0 := time.Now()
-				rate, refused = fetchLoadServed(b, n, d, tc.url, client)
+				rate, _, refused = runLoad(b, n, d, tc.url, client, true)
 				cpu = (procCPU(b, pid) - before).Seconds() / time.Since(t0).Seconds()
 				return rate, cpu, refused
 			}
@@ -84,47 +82,6 @@ func BenchmarkGatewayOverCapacity(b *testing.B) {
 				tc.name, slots, rate, cpu, slots+1, overRate, overCPU, overRefused, overRate/rate, ratios, overCPU-cpu)
 		})
 	}
-}
-
-// fetchLoadServed is fetchLoad for a load over capacity: a fetch the gateway refuses (its
-// 503 after waiting for a slot) is counted, not a failure of the benchmark. It returns the
-// fetches per second that got their page and the number refused.
-func fetchLoadServed(b testing.TB, workers int, d time.Duration, u string, clientFor func(i int) *http.Client) (float64, int64) {
-	var served, refused, failed atomic.Int64
-	stop := time.Now().Add(d)
-	var wg sync.WaitGroup
-	for i := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := clientFor(i)
-			defer c.CloseIdleConnections()
-			for time.Now().Before(stop) {
-				resp, err := c.Get(u)
-				switch {
-				case err != nil && strings.Contains(err.Error(), http.StatusText(http.StatusServiceUnavailable)):
-					refused.Add(1) // a tunnel's CONNECT refused
-					continue
-				case err != nil:
-					failed.Add(1)
-					continue
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				switch resp.StatusCode {
-				case http.StatusOK:
-					served.Add(1)
-				case http.StatusServiceUnavailable:
-					refused.Add(1)
-				default:
-					failed.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	require.Zero(b, failed.Load(), "fetches failed")
-	return float64(served.Load()) / d.Seconds(), refused.Load()
 }
 
 // procCPU is the CPU time (user and system) process pid has used so far.
