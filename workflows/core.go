@@ -405,7 +405,7 @@ func (s *ProxyState) waited(name string, res activities.WaitResult) effect {
 func (s *ProxyState) lostWhileProvisioning(name string, now time.Time, t Tuning) {
 	s.Attempt++
 	s.LastError = "instance " + name + " vanished or stopped before it ever ran"
-	s.RetryAt = now.Add(t.backoff(s.Attempt))
+	s.RetryAt = now.Add(t.Backoff(s.Attempt))
 }
 
 // verified records the replacement's own health verdict. A healthy replacement is promoted
@@ -430,7 +430,7 @@ func (s *ProxyState) verified(name string, h activities.Health, now time.Time, t
 	s.retire(name)
 	s.LastError = "replacement " + name + " failed its health check: " + h.LastFailure
 	s.Attempt++
-	s.RetryAt = now.Add(t.backoff(s.Attempt))
+	s.RetryAt = now.Add(t.Backoff(s.Attempt))
 	return effect{note: "replacement failed its health check; keeping the current instance: " + name, warn: true}
 }
 
@@ -471,7 +471,7 @@ func (s *ProxyState) deleted(name string) {
 // deleteFailed holds off deletes after a failed one, separately from creates.
 func (s *ProxyState) deleteFailed(msg string, now time.Time, t Tuning) {
 	s.DeleteAttempts++
-	s.DeleteRetryAt = now.Add(t.backoff(s.DeleteAttempts))
+	s.DeleteRetryAt = now.Add(t.Backoff(s.DeleteAttempts))
 	s.LastError = msg
 }
 
@@ -611,10 +611,10 @@ func (s *ProxyState) failed(kind failKind, msg string, now time.Time, t Tuning) 
 	case failCloudInit:
 		s.CloudInitError = msg
 		s.NeedHash = true
-		s.RetryAt = now.Add(t.backoff(s.Attempt))
+		s.RetryAt = now.Add(t.Backoff(s.Attempt))
 	default:
 		s.LastError = msg
-		s.RetryAt = now.Add(t.backoff(s.Attempt))
+		s.RetryAt = now.Add(t.Backoff(s.Attempt))
 	}
 	return effect{note: fmt.Sprintf("provisioning step failed (attempt %d): %s", s.Attempt, msg), warn: true}
 }
@@ -622,15 +622,6 @@ func (s *ProxyState) failed(kind failKind, msg string, now time.Time, t Tuning) 
 // succeeded clears the failure record after a provider call went through.
 func (s *ProxyState) succeeded() {
 	s.Attempt, s.LastError, s.Quota, s.RetryAt = 0, "", "", time.Time{}
-}
-
-// backoff is RetryBase·2^(attempt-1), capped at RetryMax.
-func (t Tuning) backoff(attempt int) time.Duration {
-	d := t.RetryBase
-	for i := 1; i < attempt && d < t.RetryMax; i++ {
-		d *= 2
-	}
-	return min(d, t.RetryMax)
 }
 
 // successor is the state a new run starts from for the object that took this name while

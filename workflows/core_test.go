@@ -371,7 +371,7 @@ func TestCreateTransitions(t *testing.T) {
 		tu := Tuning{RetryBase: time.Second, RetryMax: 10 * time.Second}
 		var got []time.Duration
 		for i := 1; i <= 6; i++ {
-			got = append(got, tu.backoff(i))
+			got = append(got, tu.Backoff(i))
 		}
 		assert.Equal(t, []time.Duration{1e9, 2e9, 4e9, 8e9, 10e9, 10e9}, got)
 	})
@@ -472,7 +472,7 @@ func TestDeleteTransitions(t *testing.T) {
 	s.requestDelete(contract.DeleteSignal{UID: "u1"})
 	s.Attempt = 5 // creates' failures do not set the delete's pace
 	s.deleteFailed("api down", t0, tuning0)
-	assert.Equal(t, t0.Add(tuning0.backoff(1)), s.DeleteRetryAt)
+	assert.Equal(t, t0.Add(tuning0.Backoff(1)), s.DeleteRetryAt)
 	assert.Equal(t, stepSteady, plan(&s, t0), "waits out the delete's backoff")
 	assert.Equal(t, stepDelete, plan(&s, s.DeleteRetryAt))
 	// Each failure in a row waits longer, up to RetryMax.

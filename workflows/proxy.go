@@ -626,7 +626,7 @@ func (w *proxyWorkflow) finish(ctx workflow.Context) (bool, error) {
 		}
 		w.log.Warn("releasing the finalizer failed; will try again", "attempt", attempt, "error", err)
 		w.details(ctx, fmt.Sprintf("instances deleted; releasing the Proxy's finalizer failed (%s), attempt %d", errorMessage(err), attempt))
-		if err := w.sleep(ctx, w.tuning.backoff(attempt)); err != nil {
+		if err := w.sleep(ctx, w.tuning.Backoff(attempt)); err != nil {
 			return false, err
 		}
 		if over, _ := w.overBudget(ctx); over {
@@ -722,7 +722,7 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 				// Only a bug or a config the schema should have refused ends up here.
 				w.log.Error("monitor failed", "error", err)
 				s.monitorFailed(errorMessage(err))
-				return w.sleep(ctx, w.tuning.backoff(1))
+				return w.sleep(ctx, w.tuning.Backoff(1))
 			}
 			w.apply(s.monitorReturned(res, workflow.Now(ctx)))
 			return nil

@@ -10,7 +10,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/internal/cmdline"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/proxyinput"
 )
 
 func main() {
@@ -42,9 +42,9 @@ func main() {
 // tuningFlags registers the workflow timings. They are handed to workflows the operator
 // starts (a running workflow keeps its own); 0 keeps the default. Shorter timings recover
 // faster from a dead worker at the price of more Temporal traffic; fault tests use them.
-func tuningFlags(fs *flag.FlagSet) *workflows.Tuning {
-	t := &workflows.Tuning{}
-	def := workflows.Tuning{}.WithDefaults()
+func tuningFlags(fs *flag.FlagSet) *proxyinput.Tuning {
+	t := &proxyinput.Tuning{}
+	def := proxyinput.Tuning{}.WithDefaults()
 	for _, f := range []struct {
 		name string
 		v    *time.Duration

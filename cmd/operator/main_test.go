@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/proxyinput"
 )
 
 // TestTuningFlags: each --tuning-* flag lands in its own field of the timings handed to new
@@ -23,7 +23,7 @@ func TestTuningFlags(t *testing.T) {
 		"--tuning-quota-retry", "3s", "--tuning-activity-timeout", "4s", "--tuning-heartbeat-timeout", "5s",
 		"--tuning-wait-running-max", "6s",
 	}))
-	assert.Equal(t, workflows.Tuning{
+	assert.Equal(t, proxyinput.Tuning{
 		PollInterval: 100 * time.Millisecond, RetryBase: time.Second, RetryMax: 2 * time.Second,
 		QuotaRetry: 3 * time.Second, ActivityTimeout: 4 * time.Second, HeartbeatTimeout: 5 * time.Second,
 		WaitRunningMax: 6 * time.Second,

@@ -27,7 +27,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/proxyinput"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -41,7 +41,7 @@ type flakyTemporal struct {
 	real client.Client
 	mu   sync.Mutex
 	down bool
-	sent []workflows.SpecSignal
+	sent []proxyinput.SpecSignal
 }
 
 var _ controller.Temporal = (*flakyTemporal)(nil)
@@ -60,10 +60,10 @@ func (f *flakyTemporal) setDown(v bool) {
 	f.down = v
 }
 
-func (f *flakyTemporal) signals() []workflows.SpecSignal {
+func (f *flakyTemporal) signals() []proxyinput.SpecSignal {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]workflows.SpecSignal(nil), f.sent...)
+	return append([]proxyinput.SpecSignal(nil), f.sent...)
 }
 
 func (f *flakyTemporal) SignalWithStartWorkflow(ctx context.Context, id, name string, arg any, opts client.StartWorkflowOptions, wf any, args ...any) (client.WorkflowRun, error) {
@@ -71,7 +71,7 @@ func (f *flakyTemporal) SignalWithStartWorkflow(ctx context.Context, id, name st
 		return nil, errUnreachable
 	}
 	run, err := f.real.SignalWithStartWorkflow(ctx, id, name, arg, opts, wf, args...)
-	if sig, ok := arg.(workflows.SpecSignal); ok && err == nil {
+	if sig, ok := arg.(proxyinput.SpecSignal); ok && err == nil {
 		f.mu.Lock()
 		f.sent = append(f.sent, sig)
 		f.mu.Unlock()

@@ -33,7 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/proxyinput"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -81,7 +81,7 @@ type ProxyReconciler struct {
 	// TaskQueue defaults to contract.TaskQueue.
 	TaskQueue string
 	// Tuning is passed to new workflows (tests shorten timings).
-	Tuning workflows.Tuning
+	Tuning proxyinput.Tuning
 	// RecheckDeleting is how often a deleting Proxy is looked at again in case the workflow
 	// could not release it (default 30s). The workflow normally releases it at once.
 	RecheckDeleting time.Duration
@@ -186,7 +186,7 @@ func (r *ProxyReconciler) taskQueue() string {
 }
 
 func (r *ProxyReconciler) signalSpec(ctx context.Context, p *v1alpha1.Proxy) error {
-	sig := workflows.SpecSignal{
+	sig := proxyinput.SpecSignal{
 		UID:           string(p.UID),
 		Generation:    p.Generation,
 		SecretVersion: r.secretVersion(ctx, p),
@@ -202,7 +202,7 @@ func (r *ProxyReconciler) signalSpec(ctx context.Context, p *v1alpha1.Proxy) err
 
 // startArgs are the workflow ID, options and input of every SignalWithStart for p: whichever
 // signal starts a run, the run must be the same workflow on the same queue.
-func (r *ProxyReconciler) startArgs(p *v1alpha1.Proxy) (string, client.StartWorkflowOptions, workflows.ProxyWorkflowInput) {
+func (r *ProxyReconciler) startArgs(p *v1alpha1.Proxy) (string, client.StartWorkflowOptions, proxyinput.Start) {
 	id := contract.ProxyWorkflowID(p.Namespace, p.Name)
 	opts := client.StartWorkflowOptions{
 		ID:                    id,
@@ -211,7 +211,7 @@ func (r *ProxyReconciler) startArgs(p *v1alpha1.Proxy) (string, client.StartWork
 		StaticSummary:         fmt.Sprintf("Proxy %s/%s (%s)", p.Namespace, p.Name, p.Spec.ProviderLabel()),
 		TypedSearchAttributes: contract.InitialSearchAttributes(p.Spec.ProviderLabel()),
 	}
-	in := workflows.ProxyWorkflowInput{Namespace: p.Namespace, Name: p.Name, Installation: r.Installation, Tuning: r.Tuning}
+	in := proxyinput.Start{Namespace: p.Namespace, Name: p.Name, Installation: r.Installation, Tuning: r.Tuning}
 	return id, opts, in
 }
 

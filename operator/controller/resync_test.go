@@ -30,7 +30,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/proxyinput"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -53,7 +53,7 @@ type started struct {
 	Arg      any
 	Options  client.StartWorkflowOptions
 	Workflow any
-	Input    workflows.ProxyWorkflowInput
+	Input    proxyinput.Start
 }
 
 var _ controller.Temporal = (*scriptedTemporal)(nil)
@@ -87,7 +87,7 @@ func (f *scriptedTemporal) startsIn(ns string) []started {
 func (f *scriptedTemporal) SignalWithStartWorkflow(_ context.Context, id, name string, arg any, opts client.StartWorkflowOptions, wf any, args ...any) (client.WorkflowRun, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	in, _ := args[0].(workflows.ProxyWorkflowInput)
+	in, _ := args[0].(proxyinput.Start)
 	f.starts = append(f.starts, started{ID: id, Signal: name, Arg: arg, Options: opts, Workflow: wf, Input: in})
 	f.status[id] = enums.WORKFLOW_EXECUTION_STATUS_RUNNING
 	return nil, nil
@@ -288,7 +288,7 @@ func TestResyncRestartsStoppedWorkflows(t *testing.T) {
 	for _, s := range starts {
 		name := strings.TrimPrefix(s.ID, contract.ProxyWorkflowID(ns, ""))
 		assert.Equal(t, contract.SignalSpec, s.Signal)
-		sig, ok := s.Arg.(workflows.SpecSignal)
+		sig, ok := s.Arg.(proxyinput.SpecSignal)
 		require.True(t, ok, "spec signal, got %T", s.Arg)
 		var p v1alpha1.Proxy
 		require.NoError(t, testenv.Kube(t).Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &p))
@@ -298,7 +298,7 @@ func TestResyncRestartsStoppedWorkflows(t *testing.T) {
 		assert.Equal(t, "controller-test-no-worker", s.Options.TaskQueue)
 		assert.Equal(t, enums.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE, s.Options.WorkflowIDReusePolicy)
 		assert.Equal(t, contract.ProxyWorkflowType, s.Workflow)
-		assert.Equal(t, workflows.ProxyWorkflowInput{Namespace: ns, Name: name, Installation: "test"}, s.Input)
+		assert.Equal(t, proxyinput.Start{Namespace: ns, Name: name, Installation: "test"}, s.Input)
 	}
 
 	notes := waitEvents(t, ns, controller.EventWorkflowRestarted, "terminated", "failed", "missing")
@@ -400,7 +400,7 @@ func TestDeleteStartsCleanupRun(t *testing.T) {
 			assert.Equal(t, "controller-test-no-worker", s.Options.TaskQueue)
 			assert.Equal(t, enums.WORKFLOW_ID_REUSE_POLICY_ALLOW_DUPLICATE, s.Options.WorkflowIDReusePolicy)
 			assert.Equal(t, contract.ProxyWorkflowType, s.Workflow)
-			assert.Equal(t, workflows.ProxyWorkflowInput{Namespace: ns, Name: tt.name, Installation: "test"}, s.Input)
+			assert.Equal(t, proxyinput.Start{Namespace: ns, Name: tt.name, Installation: "test"}, s.Input)
 			waitEvents(t, ns, controller.EventWorkflowRestarted, tt.name)
 
 			// The cleanup run is running now: the next look signals it and waits again.

@@ -14,7 +14,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/proxyfleet/proxyfleet/operator/api"
-	"github.com/proxyfleet/proxyfleet/workflows"
+	"github.com/proxyfleet/proxyfleet/workflows/proxyinput"
 )
 
 // Options configure the operator process.
@@ -22,7 +22,7 @@ type Options struct {
 	// Installation, TaskQueue and Tuning are handed to the workflows the controller starts.
 	Installation string
 	TaskQueue    string
-	Tuning       workflows.Tuning
+	Tuning       proxyinput.Tuning
 	// MetricsAddress serves /metrics; HealthProbeAddress serves /healthz and /readyz.
 	MetricsAddress, HealthProbeAddress string
 	// LeaderElection lets only one replica reconcile, through a Lease named

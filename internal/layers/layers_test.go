@@ -1,0 +1,55 @@
+package layers
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const module = "github.com/proxyfleet/proxyfleet/"
+
+// TestNoArrowUp: each package links none of the packages its rule forbids, directly or
+// through anything it imports.
+func TestNoArrowUp(t *testing.T) {
+	workflowCode := []string{module + "workflows", module + "activities"}
+	kubernetes := []string{module + "operator/api", "k8s.io/client-go", "sigs.k8s.io/controller-runtime"}
+	rules := []struct {
+		pkg    string
+		why    string
+		forbid []string
+	}{
+		{"operator/controller", "the controller starts and signals workflows with workflows/proxyinput and workflows/contract", workflowCode},
+		{"discovery", "discovery reads workflows through workflows/contract only", append(workflowCode, kubernetes...)},
+		{"workflows/contract", "every process links contract: it is a leaf", append(append(workflowCode, kubernetes...), module+"discovery", module+"operator")},
+		{"workflows/proxyinput", "the controller links proxyinput", workflowCode},
+		{"cmd/operator", "the operator starts workflows and never runs them", workflowCode},
+		{"cmd/discovery", "discovery's process is discovery and its flags", append(workflowCode, kubernetes...)},
+	}
+	for _, r := range rules {
+		t.Run(r.pkg, func(t *testing.T) {
+			out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", module+r.pkg).Output()
+			require.NoError(t, err, "go list %s", r.pkg)
+			for _, dep := range strings.Fields(string(out)) {
+				if dep == module+r.pkg {
+					continue
+				}
+				for _, f := range r.forbid {
+					// A forbidden package and those below it, but not its siblings that
+					// share a prefix (workflows/contract is not workflows).
+					if dep == f || strings.HasPrefix(dep, f+"/") && !allowedBelow(dep) {
+						assert.Failf(t, "arrow up", "%s links %s: %s", r.pkg, dep, r.why)
+					}
+				}
+			}
+		})
+	}
+}
+
+// allowedBelow are the packages under a forbidden one that anything may link: the
+// workflows' contract and start input are what the workflows' callers are meant to use.
+func allowedBelow(dep string) bool {
+	return dep == module+"workflows/contract" || dep == module+"workflows/proxyinput"
+}
