@@ -33,8 +33,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
-	"github.com/proxyfleet/proxyfleet/workflows/proxyinput"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
+	"github.com/proxyfleet/proxyfleet/workflows/proxyinput"
 )
 
 // Temporal is the part of the Temporal client the controller uses.

@@ -30,8 +30,8 @@ import (
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
-	"github.com/proxyfleet/proxyfleet/workflows/proxyinput"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
+	"github.com/proxyfleet/proxyfleet/workflows/proxyinput"
 )
 
 // scriptedTemporal answers from what the test set: listed is what visibility shows running,
