@@ -8,14 +8,12 @@ import (
 	"sync"
 	"time"
 
-	"go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/serviceerror"
-	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/activity"
-	"go.temporal.io/sdk/converter"
 	"go.temporal.io/sdk/temporal"
 
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
+	"github.com/proxyfleet/proxyfleet/workflows/proxyruns"
 )
 
 // A monitor shard watches many proxies in one long activity, so that a healthy fleet costs
@@ -433,23 +431,14 @@ func (f *feed) run(ctx context.Context) {
 // restarted for a new epoch, stopped for a workflow gone or no longer watched by shards.
 func (f *feed) full(ctx context.Context) error {
 	start := time.Now()
-	latest := map[string]listed{}
-	high := f.watermark
-	err := f.list(ctx, contract.RunningProxiesQuery, func(r listed) {
-		if r.changed.After(high) {
-			high = r.changed
-		}
-		if prev, ok := latest[r.id]; !ok || r.Supersedes(prev.ListedRun) {
-			latest[r.id] = r
-		}
-	})
+	latest, high, err := f.list(ctx, contract.RunningProxiesQuery)
 	if err != nil {
 		return err
 	}
 	want := map[string]watch{}
-	for id, r := range latest {
-		if r.Running && r.memo != nil {
-			want[id] = watch{r.memo, r.run}
+	for _, r := range latest {
+		if r.Running && r.Value != nil {
+			want[r.WorkflowID] = watch{r.Value, r.RunID}
 		}
 	}
 	f.mu.Lock()
@@ -490,25 +479,17 @@ func (f *feed) full(ctx context.Context) error {
 // again, a run started again after a terminate): the latest run wins; a run that continued
 // as new is left to its successor.
 func (f *feed) changed(ctx context.Context) error {
-	latest := map[string]listed{}
-	high := f.watermark
-	err := f.list(ctx, contract.ProxiesUpdatedSinceQuery(f.watermark.Add(-f.in.Overlap)), func(r listed) {
-		if r.changed.After(high) {
-			high = r.changed
-		}
-		if prev, ok := latest[r.id]; !ok || r.Supersedes(prev.ListedRun) {
-			latest[r.id] = r
-		}
-	})
+	latest, high, err := f.list(ctx, contract.ProxiesUpdatedSinceQuery(f.watermark.Add(-f.in.Overlap)))
 	if err != nil {
 		return err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for id, r := range latest {
-		w := watch{run: r.run}
+	for _, r := range latest {
+		id := r.WorkflowID
+		w := watch{run: r.RunID}
 		if r.Running {
-			w.memo = r.memo
+			w.memo = r.Value
 		}
 		if !sameWatch(f.known[id], w) {
 			// Not every row is news: each read reaches back Overlap, so the last
@@ -538,63 +519,39 @@ func sameWatch(x, y watch) bool {
 	return x.memo.Epoch == y.memo.Epoch && x.run == y.run
 }
 
-// listed is one run as visibility lists it: its workflow ID and run ID, whether it runs
-// and when it started, its MonitorMemo (nil without one), and when it last changed (its
-// memo's update time, or its close time if later).
-type listed struct {
-	id, run string
-	contract.ListedRun
-	memo    *MonitorMemo
-	changed time.Time
+// list lists query on the feed's task queue and returns, for each workflow ID, the run that
+// is the workflow (proxyruns.List) with its MonitorMemo (nil without one), and the latest
+// change seen, never before the feed's watermark.
+func (f *feed) list(ctx context.Context, query string) ([]proxyruns.Latest[*MonitorMemo], time.Time, error) {
+	runs, high, _, err := proxyruns.List(ctx, f.a.Temporal, proxyruns.Query{PageSize: 1000, Query: contract.OnTaskQueue(query, f.queue)}, monitorMemoOf)
+	return runs, later(high, f.watermark), err
 }
 
-// list calls fn for each workflow query selects. A run that continued as new is skipped:
-// its successor carries its watch.
-func (f *feed) list(ctx context.Context, query string, fn func(listed)) error {
-	dc := converter.GetDefaultDataConverter()
-	var token []byte
-	for {
-		resp, err := f.a.Temporal.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{
-			PageSize: 1000, NextPageToken: token, Query: contract.OnTaskQueue(query, f.queue),
-		})
-		if err != nil {
-			return fmt.Errorf("list workflows: %w", err)
-		}
-		for _, ex := range resp.GetExecutions() {
-			if ex.GetStatus() == enums.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
-				continue
-			}
-			var changed time.Time
-			if fld := ex.GetSearchAttributes().GetIndexedFields()[contract.SearchAttrUpdatedAt.GetName()]; fld != nil {
-				_ = dc.FromPayload(fld, &changed)
-			}
-			if c := ex.GetCloseTime(); c != nil && c.AsTime().After(changed) {
-				changed = c.AsTime()
-			}
-			var memo *MonitorMemo
-			if p := ex.GetMemo().GetFields()[MonitorMemoKey]; p != nil {
-				var m MonitorMemo
-				if err := dc.FromPayload(p, &m); err == nil && m.Epoch != "" {
-					memo = &m
-				}
-			}
-			if p := ex.GetMemo().GetFields()[VerdictMemoKey]; p != nil && memo != nil {
-				var v Verdict
-				if err := dc.FromPayload(p, &v); err == nil && v.Epoch == memo.Epoch {
-					// A member starts from the workflow's verdict now. The probe
-					// counters start afresh, so it reports what differs from it.
-					last := &memo.Input.Last
-					last.Known, last.Healthy, last.Since, last.LatencyMillis = true, v.Healthy, v.Since, v.LatencyMillis
-					if v.Healthy {
-						last.LastFailure, last.FailureKind, last.FailureReason = "", "", v.FailureReason
-					}
-				}
-			}
-			run := contract.ListedRun{Running: ex.GetStatus() == enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Started: ex.GetStartTime().AsTime()}
-			fn(listed{id: ex.GetExecution().GetWorkflowId(), run: ex.GetExecution().GetRunId(), ListedRun: run, memo: memo, changed: changed})
-		}
-		if token = resp.GetNextPageToken(); len(token) == 0 {
-			return nil
+// later is the later of two times.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// monitorMemoOf decodes what a member needs of a run: its MonitorMemo (nil without one;
+// the run is listed anyway, so that its watch stops), with the workflow's verdict folded in
+// when it is of the memo's epoch.
+func monitorMemoOf(r proxyruns.Run) (*MonitorMemo, bool) {
+	var m MonitorMemo
+	if !proxyruns.Decode(r, MonitorMemoKey, &m) || m.Epoch == "" {
+		return nil, true
+	}
+	var v Verdict
+	if proxyruns.Decode(r, VerdictMemoKey, &v) && v.Epoch == m.Epoch {
+		// A member starts from the workflow's verdict now. The probe counters start
+		// afresh, so it reports what differs from it.
+		last := &m.Input.Last
+		last.Known, last.Healthy, last.Since, last.LatencyMillis = true, v.Healthy, v.Since, v.LatencyMillis
+		if v.Healthy {
+			last.LastFailure, last.FailureKind, last.FailureReason = "", "", v.FailureReason
 		}
 	}
+	return &m, true
 }

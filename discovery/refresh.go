@@ -2,23 +2,19 @@ package discovery
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
 
 	commonpb "go.temporal.io/api/common/v1"
-	"go.temporal.io/api/enums/v1"
-	"go.temporal.io/api/workflowservice/v1"
 	"go.temporal.io/sdk/converter"
 
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
+	"github.com/proxyfleet/proxyfleet/workflows/proxyruns"
 )
 
 // Lister is the part of the Temporal client the refresher uses.
-type Lister interface {
-	ListWorkflow(ctx context.Context, req *workflowservice.ListWorkflowExecutionsRequest) (*workflowservice.ListWorkflowExecutionsResponse, error)
-}
+type Lister = proxyruns.Lister
 
 // Refresher keeps a Store's index in step with the running ProxyWorkflows. It lists only
 // what changed since the last pass (by ProxyUpdatedAt, with an overlap for visibility lag),
@@ -102,7 +98,7 @@ func (r *Refresher) Full(ctx context.Context) error {
 	var all []Proxy
 	for _, run := range runs {
 		if run.Running {
-			all = append(all, run.p)
+			all = append(all, run.Value)
 		}
 	}
 	first := !r.Store.Loaded()
@@ -139,10 +135,10 @@ func (r *Refresher) Incremental(ctx context.Context) error {
 	}
 	for _, run := range runs {
 		if run.Running {
-			r.Store.Upsert(run.p)
-			r.noteCredentials(&run.p)
+			r.Store.Upsert(run.Value)
+			r.noteCredentials(&run.Value)
 		} else {
-			id := run.p.ID()
+			id := run.Value.ID()
 			r.Store.Remove(id)
 			delete(r.warned, id)
 		}
@@ -153,77 +149,23 @@ func (r *Refresher) Incremental(ctx context.Context) error {
 	return nil
 }
 
-// A listedProxy is a run's proxy, and what decides whether that run is the workflow.
-type listedProxy struct {
-	p Proxy
-	contract.ListedRun
-}
-
-// latestRuns lists query and returns, for each workflow ID listed, the run that is the
-// workflow (contract.ListedRun.Supersedes), in the order the IDs were first listed: one ID
-// can have a closed run and a running one (a Proxy deleted and created again,
-// continue-as-new, a run terminated by hand whose close is not yet visible beside the run
-// started after it). A run that continued as new is left out: its next run carries on,
-// and until that run's memo is visible the last one holds. high is the latest change
-// among all listed, n how many were read.
-func (r *Refresher) latestRuns(ctx context.Context, query string) (runs []listedProxy, high time.Time, n int, err error) {
-	at := map[string]int{}
-	n, err = r.list(ctx, query, func(p Proxy, status enums.WorkflowExecutionStatus, updated, started time.Time) {
-		if updated.After(high) {
-			high = updated
-		}
-		if status == enums.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW {
-			return
-		}
-		run := listedProxy{p, contract.ListedRun{Running: status == enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Started: started}}
-		i, ok := at[p.ID()]
-		switch {
-		case !ok:
-			at[p.ID()] = len(runs)
-			runs = append(runs, run)
-		case run.Supersedes(runs[i].ListedRun):
-			runs[i] = run
-		}
-	})
-	return runs, high, n, err
+// latestRuns lists query and returns, for each proxy listed, the run that is its
+// workflow (proxyruns.List), high, the latest change among all listed, and n, how many
+// were read. A run without a memo yet (just started) has nothing to offer and is skipped.
+func (r *Refresher) latestRuns(ctx context.Context, query string) ([]proxyruns.Latest[Proxy], time.Time, int, error) {
+	return proxyruns.List(ctx, r.Client, proxyruns.Query{Namespace: r.Namespace, PageSize: r.PageSize, Query: query},
+		func(run proxyruns.Run) (Proxy, bool) {
+			p, ok := decode(run.Memo, r.Keyring)
+			if ok && p.Namespace == "" {
+				p.Namespace, p.Name, _ = contract.ParseProxyWorkflowID(run.WorkflowID)
+			}
+			return p, ok
+		})
 }
 
 func (r *Refresher) observe(kind string, start time.Time, n int, err error) {
 	if r.Observe != nil {
 		r.Observe(kind, time.Since(start), n, err)
-	}
-}
-
-// list calls fn for every workflow query selects, with its status, when it last changed
-// (its memo's update time, or its close time if later) and when it started.
-func (r *Refresher) list(ctx context.Context, query string, fn func(p Proxy, status enums.WorkflowExecutionStatus, changed, started time.Time)) (int, error) {
-	var token []byte
-	read := 0
-	for {
-		resp, err := r.Client.ListWorkflow(ctx, &workflowservice.ListWorkflowExecutionsRequest{
-			Namespace: r.Namespace, PageSize: r.PageSize, NextPageToken: token, Query: query,
-		})
-		if err != nil {
-			return read, fmt.Errorf("list workflows: %w", err)
-		}
-		for _, ex := range resp.Executions {
-			read++
-			p, updated, ok := decode(ex.GetMemo(), ex.GetSearchAttributes(), r.Keyring)
-			if !ok {
-				continue
-			}
-			if p.Namespace == "" {
-				p.Namespace, p.Name, _ = contract.ParseProxyWorkflowID(ex.GetExecution().GetWorkflowId())
-			}
-			if closed := ex.GetCloseTime(); closed != nil && closed.AsTime().After(updated) {
-				updated = closed.AsTime()
-			}
-			fn(p, ex.GetStatus(), updated, ex.GetStartTime().AsTime())
-		}
-		token = resp.NextPageToken
-		if len(token) == 0 {
-			return read, nil
-		}
 	}
 }
 
@@ -260,18 +202,14 @@ func (r *Refresher) noteCredentials(p *Proxy) {
 // decode turns a workflow's memo into a Proxy, with the credentials its memo points to
 // resolved with kr. Workflows without a memo yet (just started) are skipped: they have
 // nothing to offer.
-func decode(memo *commonpb.Memo, sa *commonpb.SearchAttributes, kr *proxyauth.Keyring) (Proxy, time.Time, bool) {
-	var updated time.Time
-	if f := sa.GetIndexedFields()[contract.SearchAttrUpdatedAt.GetName()]; f != nil {
-		_ = dc.FromPayload(f, &updated)
-	}
+func decode(memo *commonpb.Memo, kr *proxyauth.Keyring) (Proxy, bool) {
 	payload := memo.GetFields()[contract.MemoKey]
 	if payload == nil {
-		return Proxy{}, updated, false
+		return Proxy{}, false
 	}
 	var m contract.ProxyMemo
 	if err := dc.FromPayload(payload, &m); err != nil {
-		return Proxy{}, updated, false
+		return Proxy{}, false
 	}
 	p := Proxy{
 		Name: m.Name, Namespace: m.Namespace, UID: m.UID, IP: m.IP, Port: m.Port,
@@ -288,5 +226,5 @@ func decode(memo *commonpb.Memo, sa *commonpb.SearchAttributes, kr *proxyauth.Ke
 	// A proxy whose credentials do not resolve keeps the health its checks gave: the
 	// store never leases it (Store.Upsert), but still renews leases already on it.
 	p.Credentials, p.authNote, p.CredentialsUnresolved = resolveCredentials(kr, m.Auth, m.UID)
-	return p, updated, true
+	return p, true
 }

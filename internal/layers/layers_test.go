@@ -25,6 +25,7 @@ func TestNoArrowUp(t *testing.T) {
 		{"discovery", "discovery reads workflows through workflows/contract only", append(workflowCode, kubernetes...)},
 		{"workflows/contract", "every process links contract: it is a leaf", append(append(workflowCode, kubernetes...), module+"discovery", module+"operator")},
 		{"workflows/proxyinput", "the controller links proxyinput", workflowCode},
+		{"workflows/proxyruns", "discovery links proxyruns", append(workflowCode, kubernetes...)},
 		{"cmd/operator", "the operator starts workflows and never runs them", workflowCode},
 		{"cmd/discovery", "discovery's process is discovery and its flags", append(workflowCode, kubernetes...)},
 	}
@@ -49,7 +50,8 @@ func TestNoArrowUp(t *testing.T) {
 }
 
 // allowedBelow are the packages under a forbidden one that anything may link: the
-// workflows' contract and start input are what the workflows' callers are meant to use.
+// workflows' contract, start input and visibility reader are what the workflows' callers
+// are meant to use.
 func allowedBelow(dep string) bool {
-	return dep == module+"workflows/contract" || dep == module+"workflows/proxyinput"
+	return dep == module+"workflows/contract" || dep == module+"workflows/proxyinput" || dep == module+"workflows/proxyruns"
 }
