@@ -3,73 +3,13 @@ package discovery
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/gin-gonic/gin"
-)
 
-// Error codes of the API, mapped to HTTP statuses in exactly one place (status).
-const (
-	codeInvalid         = "invalid"
-	codeInvalidResult   = "invalid_result"
-	codeInvalidSelector = "invalid_selector"
-	codeUnauthorized    = "unauthorized"
-	codeNotFound        = "not_found"
-	codeUnknownLease    = "unknown_lease"
-	// codeUnknownSession: the client has no session of that name (or it has been idle
-	// for longer than sessions are remembered).
-	codeUnknownSession = "unknown_session"
-	codeLeaseExpired   = "lease_expired"
-	// codeProxyGone: the lease ended because its proxy cannot serve it any more (replaced,
-	// unhealthy or removed; the answer's reason says which). Acquire a new lease.
-	codeProxyGone = "proxy_gone"
-	// codeReportLimit: the lease has reported as many cooldowns as a lease may.
-	codeReportLimit      = "report_limit"
-	codeNoMatch          = "no_match"
-	codeTooLarge         = "too_large"
-	codeMethodNotAllowed = "method_not_allowed"
-	codeInternal         = "internal"
-	// codeIndexLoading: the index has not been loaded from Temporal yet (just started, or
-	// Temporal unreachable since), so an empty answer would be a lie.
-	codeIndexLoading = "index_loading"
-	// codeReplicasUnavailable: the replica that must answer (the lease's or the proxy's
-	// owner, or any peer to copy a lease to) cannot now; retry after Retry-After.
-	codeReplicasUnavailable = "replicas_unavailable"
-	// codeProxyUnavailable: between replicas only, the owner refuses a grant on a proxy
-	// that filled up or started resting; the asking replica picks another.
-	codeProxyUnavailable = "proxy_unavailable"
-	// codeTooManyRequests: the client is over its requests per second.
-	codeTooManyRequests = "too_many_requests"
-	// codeLeaseLimit: the client holds as many leases as it may.
-	codeLeaseLimit = "lease_limit"
+	"github.com/proxyfleet/proxyfleet/discovery/codes"
 )
-
-func status(code string) int {
-	switch code {
-	case codeInvalid, codeInvalidResult, codeInvalidSelector:
-		return http.StatusBadRequest
-	case codeUnauthorized:
-		return http.StatusUnauthorized
-	case codeNotFound, codeUnknownLease, codeUnknownSession:
-		return http.StatusNotFound
-	case codeMethodNotAllowed:
-		return http.StatusMethodNotAllowed
-	case codeNoMatch, codeProxyUnavailable:
-		return http.StatusConflict
-	case codeLeaseExpired, codeProxyGone:
-		return http.StatusGone
-	case codeReportLimit, codeTooManyRequests, codeLeaseLimit:
-		return http.StatusTooManyRequests
-	case codeTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case codeIndexLoading, codeReplicasUnavailable:
-		return http.StatusServiceUnavailable
-	default:
-		return http.StatusInternalServerError
-	}
-}
 
 // APIError is the body of every error answer.
 type APIError struct {
@@ -124,7 +64,7 @@ func toAPIError(err error) (ae *APIError, known bool) {
 		op = *oe
 	}
 	if nm, ok := errors.AsType[*NoMatch](err); ok {
-		ae := &APIError{Code: codeNoMatch, NoMatch: nm,
+		ae := &APIError{Code: codes.NoMatch, NoMatch: nm,
 			Message: fmt.Sprintf("no proxy available: %d match the selector, %d unhealthy, %d at capacity, %d in cooldown%s",
 				nm.Considered, nm.Unhealthy, nm.AtCapacity, nm.InCooldown, forTarget(op.target))}
 		if nm.RetryAfter > 0 {
@@ -134,27 +74,27 @@ func toAPIError(err error) (ae *APIError, known bool) {
 		return ae, true
 	}
 	if ll, ok := errors.AsType[*LeaseLimit](err); ok {
-		ae := apiErr(codeLeaseLimit, "client %q holds %d leases, as many as it may; release one or wait", ll.Client, ll.Max)
+		ae := apiErr(codes.LeaseLimit, "client %q holds %d leases, as many as it may; release one or wait", ll.Client, ll.Max)
 		ae.RetryAfterSeconds = int((ll.RetryAfter + time.Second - 1) / time.Second)
 		return ae, true
 	}
 	if pg, ok := errors.AsType[*ProxyGone](err); ok {
-		return &APIError{Code: codeProxyGone, Reason: pg.Reason,
+		return &APIError{Code: codes.ProxyGone, Reason: pg.Reason,
 			Message: fmt.Sprintf("lease %q has ended: its proxy %s; acquire a new lease", op.leaseID, goneText(pg.Reason))}, true
 	}
 	switch {
 	case errors.Is(err, ErrUnknownLease) && op.op == opReport:
 		// Reports are taken for the cooldown window after a lease ends, so an unknown
 		// lease may also be one that ended before that window.
-		return apiErr(codeUnknownLease, "no lease %q (or it expired more than the cooldown window ago)", op.leaseID), true
+		return apiErr(codes.UnknownLease, "no lease %q (or it expired more than the cooldown window ago)", op.leaseID), true
 	case errors.Is(err, ErrUnknownLease):
-		return apiErr(codeUnknownLease, "no lease %q", op.leaseID), true
+		return apiErr(codes.UnknownLease, "no lease %q", op.leaseID), true
 	case errors.Is(err, ErrReportLimit):
-		return apiErr(codeReportLimit, "lease %q has reported as many cooldowns as a lease may; report further ones on a new lease", op.leaseID), true
+		return apiErr(codes.ReportLimit, "lease %q has reported as many cooldowns as a lease may; report further ones on a new lease", op.leaseID), true
 	case errors.Is(err, ErrLeaseExpired):
-		return apiErr(codeLeaseExpired, "lease %q has expired; acquire a new one", op.leaseID), true
+		return apiErr(codes.LeaseExpired, "lease %q has expired; acquire a new one", op.leaseID), true
 	}
-	return apiErr(codeInternal, "internal error"), false
+	return apiErr(codes.Internal, "internal error"), false
 }
 
 func goneText(reason string) string {
@@ -186,5 +126,5 @@ func (s *Server) fail(c *gin.Context, err error) {
 	if ae.RetryAfterSeconds > 0 {
 		c.Header("Retry-After", strconv.Itoa(ae.RetryAfterSeconds))
 	}
-	c.AbortWithStatusJSON(status(ae.Code), ae)
+	c.AbortWithStatusJSON(codes.Status(ae.Code), ae)
 }

@@ -26,9 +26,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
+	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/proxyfleet/proxyfleet/discovery/codes"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -116,15 +117,6 @@ const (
 	// GatewayProxyHeader names the fleet proxy (namespace/name) that carried a request,
 	// on plain answers and on a tunnel's 200.
 	GatewayProxyHeader = "Proxyfleet-Proxy"
-)
-
-// Error codes only the gateway answers with.
-const (
-	// codeProxyAuthRequired: no valid client credentials in Proxy-Authorization (407).
-	codeProxyAuthRequired = "proxy_auth_required"
-	// codeUpstreamFailed: every fleet proxy tried failed or refused before the request
-	// or tunnel got through (502); the message names the proxies and what each did.
-	codeUpstreamFailed = "upstream_failed"
 )
 
 // Kinds of a fleet proxy's failure, the label of proxyfleet_gateway_upstream_failures_total.
@@ -304,7 +296,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		span.SetAttributes(attribute.String("proxyfleet.gateway.outcome", outcome),
 			attribute.String("proxyfleet.client", x.clientName()), attribute.Int("proxyfleet.gateway.attempts", len(x.tried)))
 		if outcome != "ok" {
-			span.SetStatus(codes.Error, outcome)
+			span.SetStatus(otelcodes.Error, outcome)
 		}
 		g.s.metrics.gatewayRequests.WithLabelValues(x.clientName(), kind, outcome).Inc()
 	}
@@ -339,14 +331,14 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange, kin
 	case kind == "connect":
 		hostport = r.Host
 		if _, port, err := net.SplitHostPort(hostport); err != nil || port == "" {
-			return g.fail(w, apiErr(codeInvalid, "CONNECT needs host:port, got %q", hostport))
+			return g.fail(w, apiErr(codes.Invalid, "CONNECT needs host:port, got %q", hostport))
 		}
 	case r.URL.IsAbs() && r.URL.Scheme == "http" && r.URL.Host != "":
 		hostport = r.URL.Host
 	case r.URL.IsAbs():
-		return g.fail(w, apiErr(codeInvalid, "the gateway forwards http:// URLs; tunnel %s:// with CONNECT (an HTTPS proxy setting does that)", r.URL.Scheme))
+		return g.fail(w, apiErr(codes.Invalid, "the gateway forwards http:// URLs; tunnel %s:// with CONNECT (an HTTPS proxy setting does that)", r.URL.Scheme))
 	default:
-		return g.fail(w, apiErr(codeInvalid, "this is a forward proxy: send CONNECT or an absolute http:// URI, with this address as the proxy"))
+		return g.fail(w, apiErr(codes.Invalid, "this is a forward proxy: send CONNECT or an absolute http:// URI, with this address as the proxy"))
 	}
 	target, err := NormalizeTarget(hostport)
 	if err != nil {
@@ -380,7 +372,7 @@ func (g *Gateway) authenticate(r *http.Request, x *exchange) *APIError {
 	if clients == nil {
 		u, err := parseGatewayUser(user, "")
 		if err != nil {
-			return apiErr(codeInvalid, "%v", err)
+			return apiErr(codes.Invalid, "%v", err)
 		}
 		x.user = u
 		return nil
@@ -390,15 +382,15 @@ func (g *Gateway) authenticate(r *http.Request, x *exchange) *APIError {
 		cl = clients.lookup(password)
 	}
 	if cl == nil {
-		return apiErr(codeProxyAuthRequired, "the gateway takes a client's name and token as proxy credentials: http://<client>:<token>@<gateway>")
+		return apiErr(codes.ProxyAuthRequired, "the gateway takes a client's name and token as proxy credentials: http://<client>:<token>@<gateway>")
 	}
 	u, err := parseGatewayUser(user, cl.name)
 	if u.client != cl.name {
 		// The token is another client's: as wrong as a wrong token.
-		return apiErr(codeProxyAuthRequired, "the proxy username must start with the name of the client whose token is the password")
+		return apiErr(codes.ProxyAuthRequired, "the proxy username must start with the name of the client whose token is the password")
 	}
 	if err != nil {
-		return apiErr(codeInvalid, "%v", err)
+		return apiErr(codes.Invalid, "%v", err)
 	}
 	x.client, x.user, x.auth = cl, u, "Bearer "+password
 	return g.s.throttle(cl)
@@ -418,40 +410,6 @@ func proxyCredentials(h http.Header) (user, password string, ok bool) {
 	return strings.Cut(string(raw), ":")
 }
 
-// gatewayStatus is the status of a gateway answer with this code: the API's, but for the
-// codes a proxy client must read differently (a 409 means nothing to an HTTP client; a
-// proxy that has no upstream answers 503).
-func gatewayStatus(code string) int {
-	switch code {
-	case codeProxyAuthRequired:
-		return http.StatusProxyAuthRequired
-	case codeNoMatch:
-		return http.StatusServiceUnavailable
-	case codeUpstreamFailed:
-		return http.StatusBadGateway
-	}
-	return status(code)
-}
-
-// gatewayOutcome is the outcome label of an answer with this code.
-func gatewayOutcome(code string) string {
-	switch code {
-	case codeProxyAuthRequired:
-		return "auth_failed"
-	case codeInvalid, codeInvalidSelector:
-		return "invalid"
-	case codeTooManyRequests, codeLeaseLimit:
-		return "throttled"
-	case codeNoMatch:
-		return "no_proxy"
-	case codeUpstreamFailed:
-		return "upstream_failed"
-	case codeIndexLoading, codeReplicasUnavailable:
-		return "unavailable"
-	}
-	return "internal"
-}
-
 // fail answers with err as JSON, its code also in GatewayErrorHeader, and returns the
 // outcome.
 func (g *Gateway) fail(w http.ResponseWriter, err error) string {
@@ -465,12 +423,13 @@ func (g *Gateway) fail(w http.ResponseWriter, err error) string {
 	if ae.RetryAfterSeconds > 0 {
 		h.Set("Retry-After", strconv.Itoa(ae.RetryAfterSeconds))
 	}
-	if ae.Code == codeProxyAuthRequired {
+	if ae.Code == codes.ProxyAuthRequired {
 		h.Set("Proxy-Authenticate", `Basic realm="proxyfleet"`)
 	}
-	w.WriteHeader(gatewayStatus(ae.Code))
+	m := codes.Of(ae.Code)
+	w.WriteHeader(m.GatewayStatus)
 	_ = json.NewEncoder(w).Encode(ae)
-	return gatewayOutcome(ae.Code)
+	return m.Outcome
 }
 
 // failNoLease answers a request for which no (further) lease was granted: with what the
@@ -488,7 +447,7 @@ func (x *exchange) upstreamError() *APIError {
 	for i, f := range x.failures {
 		parts[i] = f.String()
 	}
-	e := apiErr(codeUpstreamFailed, "no fleet proxy carried the request (%d tried): %s", len(parts), strings.Join(parts, "; "))
+	e := apiErr(codes.UpstreamFailed, "no fleet proxy carried the request (%d tried): %s", len(parts), strings.Join(parts, "; "))
 	e.Reason = x.failures[len(x.failures)-1].kind
 	return e
 }
@@ -600,7 +559,7 @@ func noMatchOf(err error) *NoMatch {
 	if nm, ok := errors.AsType[*NoMatch](err); ok {
 		return nm
 	}
-	if ae, ok := errors.AsType[*APIError](err); ok && ae.Code == codeNoMatch {
+	if ae, ok := errors.AsType[*APIError](err); ok && ae.Code == codes.NoMatch {
 		return ae.NoMatch
 	}
 	return nil
@@ -618,7 +577,7 @@ func worthWaiting(err error) bool {
 		return true
 	}
 	ae, ok := errors.AsType[*APIError](err)
-	return ok && ae.Code == codeLeaseLimit
+	return ok && ae.Code == codes.LeaseLimit
 }
 
 // --- tunnels -------------------------------------------------------------------------
@@ -666,7 +625,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 	if err != nil {
 		up.Close()
 		g.release(x.auth, l.LeaseID)
-		return g.fail(w, apiErr(codeInvalid, "tunnels need HTTP/1.1 to the gateway"))
+		return g.fail(w, apiErr(codes.Invalid, "tunnels need HTTP/1.1 to the gateway"))
 	}
 	// The server's read and write deadlines must not cut a tunnel short.
 	_ = cc.SetDeadline(time.Time{})
@@ -1032,7 +991,7 @@ func (rt gatewayRoundTripper) RoundTrip(req *http.Request) (*http.Response, erro
 			if !g.trackSwitched(lc) {
 				rwc.Close()
 				g.release(x.auth, l.LeaseID)
-				return nil, apiErr(codeReplicasUnavailable, "the gateway stopped while the site answered")
+				return nil, apiErr(codes.ReplicasUnavailable, "the gateway stopped while the site answered")
 			}
 			resp.Body = lc
 		} else {
@@ -1288,7 +1247,7 @@ func (g *Gateway) renewPass(ctx context.Context) {
 			if err == nil {
 				return
 			}
-			if ae, _ := toAPIError(err); ae.Code == codeReplicasUnavailable || rctx.Err() != nil && ctx.Err() == nil {
+			if ae, _ := toAPIError(err); ae.Code == codes.ReplicasUnavailable || rctx.Err() != nil && ctx.Err() == nil {
 				return // the owner will answer again; the lease has LeaseTTL/3*2 left
 			}
 			// A lease released since the pass began is not lost: its request ended.

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/proxyfleet/proxyfleet/discovery/codes"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -62,7 +63,7 @@ func (s *Server) authClient(auth string) (string, error) {
 	}
 	cl := s.bearerClient(auth)
 	if cl == nil {
-		return "", apiErr(codeUnauthorized, "a valid bearer token is required")
+		return "", apiErr(codes.Unauthorized, "a valid bearer token is required")
 	}
 	return cl.name, nil
 }
@@ -185,7 +186,7 @@ func (s *Server) reportOwned(client, id, result, target string) error {
 	case contract.ReportBanned:
 		window = s.cfg.CooldownBanned
 	default:
-		return apiErr(codeInvalidResult, "result must be ok, rate_limited or banned, got %q", result)
+		return apiErr(codes.InvalidResult, "result must be ok, rate_limited or banned, got %q", result)
 	}
 	target, err := NormalizeTarget(target)
 	if err != nil {

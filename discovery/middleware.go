@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/proxyfleet/proxyfleet/discovery/codes"
 )
 
 func (s *Server) recoverPanics(c *gin.Context) {
@@ -73,7 +75,7 @@ func (s *Server) indexLoading(c *gin.Context) { s.fail(c, errIndexLoading()) }
 // errIndexLoading is the answer while the index has not been loaded in full, with its
 // Retry-After.
 func errIndexLoading() *APIError {
-	e := apiErr(codeIndexLoading, "the proxy index is still loading from Temporal; retry shortly")
+	e := apiErr(codes.IndexLoading, "the proxy index is still loading from Temporal; retry shortly")
 	e.RetryAfterSeconds = 1
 	return e
 }
@@ -87,12 +89,12 @@ func (s *Server) readyz(c *gin.Context) {
 	switch {
 	case loaded && !s.restored() && head:
 		c.Header("Retry-After", retryIndexAfter)
-		c.AbortWithStatus(status(codeReplicasUnavailable))
+		c.AbortWithStatus(codes.Status(codes.ReplicasUnavailable))
 	case loaded && !s.restored():
 		s.fail(c, unavailable("this replica is restoring its leases from the others"))
 	case !loaded && head:
 		c.Header("Retry-After", retryIndexAfter)
-		c.AbortWithStatus(status(codeIndexLoading))
+		c.AbortWithStatus(codes.Status(codes.IndexLoading))
 	case !loaded:
 		s.indexLoading(c)
 	case head:
@@ -128,7 +130,7 @@ func (s *Server) authenticate(c *gin.Context) {
 	cl := s.bearerClient(c.GetHeader("Authorization"))
 	if cl == nil {
 		c.Header("WWW-Authenticate", `Bearer realm="proxyfleet"`)
-		s.fail(c, apiErr(codeUnauthorized, "a valid bearer token is required"))
+		s.fail(c, apiErr(codes.Unauthorized, "a valid bearer token is required"))
 		return
 	}
 	c.Set(clientKey, cl)
@@ -165,7 +167,7 @@ func (s *Server) throttle(cl *client) *APIError {
 	}
 	r.CancelAt(now)
 	s.metrics.throttled.WithLabelValues(cl.name, "requests").Inc()
-	e := apiErr(codeTooManyRequests, "client %q is over its limit of %g requests per second", cl.name, float64(cl.limiter.Limit()))
+	e := apiErr(codes.TooManyRequests, "client %q is over its limit of %g requests per second", cl.name, float64(cl.limiter.Limit()))
 	e.RetryAfterSeconds = int(max(1, (d+time.Second-1)/time.Second))
 	return e
 }
@@ -197,7 +199,7 @@ func DecodeJSON(r io.Reader, v any, allowEmpty bool) error {
 		if allowEmpty {
 			return nil
 		}
-		return apiErr(codeInvalid, "a JSON body is required")
+		return apiErr(codes.Invalid, "a JSON body is required")
 	}
 	dec := json.NewDecoder(r)
 	dec.DisallowUnknownFields()
@@ -207,28 +209,28 @@ func DecodeJSON(r io.Reader, v any, allowEmpty bool) error {
 	var syntaxErr *json.SyntaxError
 	switch {
 	case errors.As(err, &tooBig):
-		return apiErr(codeTooLarge, "request body exceeds %d bytes", tooBig.Limit)
+		return apiErr(codes.TooLarge, "request body exceeds %d bytes", tooBig.Limit)
 	case errors.Is(err, io.EOF):
 		if allowEmpty {
 			return nil
 		}
-		return apiErr(codeInvalid, "a JSON body is required")
+		return apiErr(codes.Invalid, "a JSON body is required")
 	case errors.As(err, &typeErr):
-		return apiErr(codeInvalid, "field %q: want %s, got %s", typeErr.Field, typeErr.Type, typeErr.Value)
+		return apiErr(codes.Invalid, "field %q: want %s, got %s", typeErr.Field, typeErr.Type, typeErr.Value)
 	case errors.As(err, &syntaxErr):
-		return apiErr(codeInvalid, "malformed JSON at byte %d: %v", syntaxErr.Offset, syntaxErr)
+		return apiErr(codes.Invalid, "malformed JSON at byte %d: %v", syntaxErr.Offset, syntaxErr)
 	case err != nil && strings.HasPrefix(err.Error(), "json: unknown field"):
-		return apiErr(codeInvalid, "%s", strings.TrimPrefix(err.Error(), "json: "))
+		return apiErr(codes.Invalid, "%s", strings.TrimPrefix(err.Error(), "json: "))
 	case err != nil:
-		return apiErr(codeInvalid, "invalid JSON: %v", err)
+		return apiErr(codes.Invalid, "invalid JSON: %v", err)
 	}
 	// Anything after the object is a client bug worth reporting.
 	var extra json.RawMessage
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		if errors.As(err, &tooBig) {
-			return apiErr(codeTooLarge, "request body exceeds %d bytes", tooBig.Limit)
+			return apiErr(codes.TooLarge, "request body exceeds %d bytes", tooBig.Limit)
 		}
-		return apiErr(codeInvalid, "unexpected data after the JSON object")
+		return apiErr(codes.Invalid, "unexpected data after the JSON object")
 	}
 	return nil
 }

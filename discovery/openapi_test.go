@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/codes"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
@@ -682,4 +683,19 @@ func checkResponse(t *testing.T, doc specDoc, response any, rec *httptest.Respon
 		obj, _ := body.(map[string]any)
 		assert.Equal(t, wantCode, obj["error"])
 	}
+}
+
+// TestSpecErrorCodesAreTheTable: the codes openapi.yaml documents for error answers are
+// exactly the lease API's codes of the one table the server, the gateway and the Go client
+// read (package codes).
+func TestSpecErrorCodesAreTheTable(t *testing.T) {
+	doc := loadSpec(t)
+	errSchema := doc.resolve(t, map[string]any{"$ref": "#/components/schemas/Error"})
+	props, _ := errSchema["properties"].(map[string]any)
+	field, _ := props["error"].(map[string]any)
+	var documented []string
+	for _, v := range asSlice(field["enum"]) {
+		documented = append(documented, v.(string))
+	}
+	assert.ElementsMatch(t, codes.API(), documented)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/proxyfleet/proxyfleet/discovery/codes"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -36,16 +37,16 @@ func TestLeaseOpsActAsTheCrawler(t *testing.T) {
 		return ae.Code
 	}
 	_, err = s.renewLease(ctx, news, l.LeaseID, time.Minute)
-	assert.Equal(t, codeUnknownLease, code(err), "news renews shop's lease: %v", err)
+	assert.Equal(t, codes.UnknownLease, code(err), "news renews shop's lease: %v", err)
 	_, uerr := s.renewLease(ctx, news, unknown, time.Minute)
 	assert.Equal(t, code(uerr), code(err))
 	err = s.reportLease(ctx, news, l.LeaseID, contract.ReportBanned, "")
-	assert.Equal(t, codeUnknownLease, code(err), "news reports on shop's lease: %v", err)
+	assert.Equal(t, codes.UnknownLease, code(err), "news reports on shop's lease: %v", err)
 	assert.NoError(t, s.releaseLease(ctx, news, l.LeaseID), "a release answers as for an unknown lease")
 	assert.Equal(t, 1, store.Stats().Leases, "and ends nothing")
 
 	_, err = s.renewLease(ctx, "Bearer gone-token-0123456789abcdef", l.LeaseID, time.Minute)
-	assert.Equal(t, codeUnauthorized, code(err), "a token no client has: %v", err)
+	assert.Equal(t, codes.Unauthorized, code(err), "a token no client has: %v", err)
 
 	r, err := s.renewLease(ctx, shop, l.LeaseID, time.Minute)
 	require.NoError(t, err)

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/proxyfleet/proxyfleet/discovery/codes"
 )
 
 // ReplicaConfig places a discovery process among its replicas. They share one lease
@@ -499,7 +501,7 @@ func relay(c *gin.Context, resp *http.Response) {
 
 // unavailable is the answer when the replica that must answer cannot now.
 func unavailable(format string, args ...any) *APIError {
-	e := apiErr(codeReplicasUnavailable, format, args...)
+	e := apiErr(codes.ReplicasUnavailable, format, args...)
 	e.RetryAfterSeconds = 1
 	return e
 }
@@ -729,7 +731,7 @@ func (s *Server) ownLease(c *gin.Context) bool {
 	}
 	body, err := io.ReadAll(c.Request.Body)
 	if err != nil {
-		s.fail(c, apiErr(codeTooLarge, "request body exceeds %d bytes", s.cfg.BodyLimit))
+		s.fail(c, apiErr(codes.TooLarge, "request body exceeds %d bytes", s.cfg.BodyLimit))
 		return false
 	}
 	if len(body) == 0 {
@@ -754,7 +756,7 @@ func (s *Server) authenticatePeer(c *gin.Context) {
 		c.Next()
 		return
 	}
-	s.fail(c, apiErr(codeUnauthorized, "only discovery's replicas may call this route"))
+	s.fail(c, apiErr(codes.Unauthorized, "only discovery's replicas may call this route"))
 }
 
 // fromPeer reports whether another replica forwarded the request.
@@ -779,7 +781,7 @@ func (r *replicas) validToken(t string) bool {
 func (s *Server) peerApply(c *gin.Context) {
 	var recs []LeaseRecord
 	if err := json.NewDecoder(c.Request.Body).Decode(&recs); err != nil {
-		s.fail(c, apiErr(codeInvalid, "lease records: %v", err))
+		s.fail(c, apiErr(codes.Invalid, "lease records: %v", err))
 		return
 	}
 	s.store.Apply(recs)
@@ -794,7 +796,7 @@ func (s *Server) peerApply(c *gin.Context) {
 func (s *Server) peerSnapshot(c *gin.Context) {
 	owner, err := strconv.Atoi(c.Query("owner"))
 	if err != nil {
-		s.fail(c, apiErr(codeInvalid, "owner must be a replica number"))
+		s.fail(c, apiErr(codes.Invalid, "owner must be a replica number"))
 		return
 	}
 	c.JSON(http.StatusOK, s.store.Snapshot(owner))
@@ -813,13 +815,13 @@ func (s *Server) peerGrant(c *gin.Context) {
 		return
 	}
 	if s.replicas.ownerOf(req.ProxyID) != s.replicas.cfg.Self {
-		s.fail(c, apiErr(codeProxyUnavailable, "this replica does not own proxy %q: the replicas' --peers differ", req.ProxyID))
+		s.fail(c, apiErr(codes.ProxyUnavailable, "this replica does not own proxy %q: the replicas' --peers differ", req.ProxyID))
 		return
 	}
 	l, err := s.grantOwned(req.ProxyID, Want{Selector: req.Selector, Target: req.Target, Session: req.Session, TTL: d,
 		Client: req.Client, MaxLeases: req.MaxLeases})
 	if errors.Is(err, ErrProxyUnavailable) {
-		s.fail(c, apiErr(codeProxyUnavailable, "proxy %q cannot take the lease now", req.ProxyID))
+		s.fail(c, apiErr(codes.ProxyUnavailable, "proxy %q cannot take the lease now", req.ProxyID))
 		return
 	}
 	if err != nil {

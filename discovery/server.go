@@ -9,6 +9,8 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/contrib/instrumentation/github.com/gin-gonic/gin/otelgin"
+
+	"github.com/proxyfleet/proxyfleet/discovery/codes"
 )
 
 // Config configures the API.
@@ -122,10 +124,10 @@ func (s *Server) Handler() http.Handler {
 	// it answers.
 	r.Use(s.logRequests, s.recoverPanics, s.limitBody)
 	r.NoRoute(func(c *gin.Context) {
-		s.fail(c, apiErr(codeNotFound, "no such route: %s %s", c.Request.Method, c.Request.URL.Path))
+		s.fail(c, apiErr(codes.NotFound, "no such route: %s %s", c.Request.Method, c.Request.URL.Path))
 	})
 	r.NoMethod(func(c *gin.Context) {
-		s.fail(c, apiErr(codeMethodNotAllowed, "%s is not allowed on %s", c.Request.Method, c.Request.URL.Path))
+		s.fail(c, apiErr(codes.MethodNotAllowed, "%s is not allowed on %s", c.Request.Method, c.Request.URL.Path))
 	})
 	healthz := func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) }
 	r.GET("/healthz", healthz)

@@ -5,6 +5,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/proxyfleet/proxyfleet/discovery/codes"
 )
 
 // woken says whether w has a wake waiting, and takes it.
@@ -78,9 +80,9 @@ func TestWorthWaiting(t *testing.T) {
 		{"unhealthy", &NoMatch{Considered: 2, Unhealthy: 2}, false},
 		{"nothing matches", &NoMatch{}, false},
 		{"at the client's cap", &LeaseLimit{Client: "shop", Max: 1}, true},
-		{"the owner's 409", &APIError{Code: codeNoMatch, NoMatch: &NoMatch{Considered: 1, AtCapacity: 1}}, true},
-		{"the owner's 409, none healthy", &APIError{Code: codeNoMatch, NoMatch: &NoMatch{Considered: 1, Unhealthy: 1}}, false},
-		{"the owner's lease_limit", &APIError{Code: codeLeaseLimit}, true},
+		{"the owner's 409", &APIError{Code: codes.NoMatch, NoMatch: &NoMatch{Considered: 1, AtCapacity: 1}}, true},
+		{"the owner's 409, none healthy", &APIError{Code: codes.NoMatch, NoMatch: &NoMatch{Considered: 1, Unhealthy: 1}}, false},
+		{"the owner's lease_limit", &APIError{Code: codes.LeaseLimit}, true},
 		{"the owner is down", unavailable("replica 1 did not answer"), false},
 	} {
 		assert.Equal(t, tc.want, worthWaiting(tc.err), tc.name)

@@ -22,6 +22,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/proxyfleet/proxyfleet/discovery/codes"
 )
 
 // Results a crawler reports for a target.
@@ -35,39 +37,40 @@ const (
 	ResultBanned = "banned"
 )
 
-// Error codes of the API (Error.Code).
+// Error codes of the API (Error.Code): the server's own table (package codes), which also
+// gives each one's status.
 const (
-	CodeInvalid         = "invalid"
-	CodeInvalidResult   = "invalid_result"
-	CodeInvalidSelector = "invalid_selector"
-	CodeUnauthorized    = "unauthorized"
-	CodeNotFound        = "not_found"
-	CodeUnknownLease    = "unknown_lease"
-	CodeLeaseExpired    = "lease_expired"
+	CodeInvalid         = codes.Invalid
+	CodeInvalidResult   = codes.InvalidResult
+	CodeInvalidSelector = codes.InvalidSelector
+	CodeUnauthorized    = codes.Unauthorized
+	CodeNotFound        = codes.NotFound
+	CodeUnknownLease    = codes.UnknownLease
+	CodeLeaseExpired    = codes.LeaseExpired
 	// CodeProxyGone (410) means the lease ended because its proxy can no longer serve it:
 	// Error.Reason says whether it was replaced (a new instance, so another egress IP),
 	// turned unhealthy or left the fleet. Acquire a new lease (Held does).
-	CodeProxyGone = "proxy_gone"
+	CodeProxyGone = codes.ProxyGone
 	// CodeReportLimit (429) means the lease has reported as many cooldowns as a lease
 	// may; report further ones on a new lease.
-	CodeReportLimit      = "report_limit"
-	CodeNoMatch          = "no_match"
-	CodeTooLarge         = "too_large"
-	CodeMethodNotAllowed = "method_not_allowed"
-	CodeInternal         = "internal"
+	CodeReportLimit      = codes.ReportLimit
+	CodeNoMatch          = codes.NoMatch
+	CodeTooLarge         = codes.TooLarge
+	CodeMethodNotAllowed = codes.MethodNotAllowed
+	CodeInternal         = codes.Internal
 	// CodeIndexLoading (503) means discovery has not loaded its proxy index from Temporal
 	// since it started (Temporal may be unreachable): an answer now could only say "no
 	// proxies", which would not be true. See IsIndexLoading.
-	CodeIndexLoading = "index_loading"
+	CodeIndexLoading = codes.IndexLoading
 	// CodeReplicasUnavailable (503) means the discovery replica that must answer (the one
 	// that owns the lease or the proxy) is restarting or unreachable for a moment. Nothing
 	// is lost: retry the same call after Retry-After. See IsReplicasUnavailable.
-	CodeReplicasUnavailable = "replicas_unavailable"
+	CodeReplicasUnavailable = codes.ReplicasUnavailable
 	// CodeTooManyRequests (429) means this client is over its requests per second, and
 	// CodeLeaseLimit (429) that it holds as many leases as it may (release one). Both
 	// come with a Retry-After. See IsThrottled.
-	CodeTooManyRequests = "too_many_requests"
-	CodeLeaseLimit      = "lease_limit"
+	CodeTooManyRequests = codes.TooManyRequests
+	CodeLeaseLimit      = codes.LeaseLimit
 )
 
 // defaultHTTPClient keeps enough idle connections for a crawler's goroutines: with the

@@ -26,6 +26,8 @@ func TestNoArrowUp(t *testing.T) {
 		{"workflows/contract", "every process links contract: it is a leaf", append(append(workflowCode, kubernetes...), module+"discovery", module+"operator")},
 		{"workflows/proxyinput", "the controller links proxyinput", workflowCode},
 		{"workflows/proxyruns", "discovery links proxyruns", append(workflowCode, kubernetes...)},
+		{"discovery/codes", "the Go client links the codes table, and crawlers link the client", []string{strings.TrimSuffix(module, "/")}},
+		{"discovery/client", "crawlers link the Go client", []string{module + "discovery", module + "workflows", module + "activities", module + "operator", module + "internal"}},
 		{"cmd/operator", "the operator starts workflows and never runs them", workflowCode},
 		{"cmd/discovery", "discovery's process is discovery and its flags", append(workflowCode, kubernetes...)},
 	}
@@ -51,7 +53,10 @@ func TestNoArrowUp(t *testing.T) {
 
 // allowedBelow are the packages under a forbidden one that anything may link: the
 // workflows' contract, start input and visibility reader are what the workflows' callers
-// are meant to use.
+// are meant to use, and discovery's codes table is what its clients share with it.
 func allowedBelow(dep string) bool {
+	if dep == module+"discovery/codes" {
+		return true
+	}
 	return dep == module+"workflows/contract" || dep == module+"workflows/proxyinput" || dep == module+"workflows/proxyruns"
 }
