@@ -144,10 +144,12 @@ func (f upstreamFailure) String() string { return f.proxy + ": " + f.detail }
 // crawlers count against maxLeases, client caps, cooldowns and sessions exactly as the
 // API's do; in a replica set, each lease is granted by its proxy's owner.
 type Gateway struct {
-	s      *Server
-	cfg    GatewayConfig
-	log    *slog.Logger
-	tracer trace.Tracer
+	// ops are the lease operations, the API's own; metrics are the server's.
+	ops     leaseOps
+	metrics *serverMetrics
+	cfg     GatewayConfig
+	log     *slog.Logger
+	tracer  trace.Tracer
 	// report maps a plain answer's status to the report it makes.
 	report map[int]string
 	// transport carries plain requests to the fleet proxy in the request's context;
@@ -187,8 +189,41 @@ const defaultWaitPoll = 500 * time.Millisecond
 
 // NewGateway builds the gateway over the API server's leases.
 func (s *Server) NewGateway(cfg GatewayConfig) *Gateway {
+	return newGateway(cfg, s, s.metrics, s.log)
+}
+
+// leaseOps are the lease operations the gateway needs: those the API's handlers call, each
+// answered by this replica or the lease's (or proxy's) owner. *Server is the product's;
+// the gateway's unit tests stand a mock in.
+type leaseOps interface {
+	grant(ctx context.Context, w Want, except func(string) bool) (*LeaseResponse, error)
+	renewLease(ctx context.Context, auth, id string, d time.Duration) (*LeaseResponse, error)
+	releaseLease(ctx context.Context, auth, id string) error
+	reportLease(ctx context.Context, auth, id, result, target string) error
+	// clientOf is the client whose token this is (nil if none); open says the server has
+	// no clients, and takes anyone.
+	clientOf(token string) (cl *client, open bool)
+	throttle(cl *client) *APIError
+	// loaded says the index has been read from Temporal; freed counts the changes to it
+	// that can free a slot (Store.Freed).
+	loaded() bool
+	freed() uint64
+}
+
+func (s *Server) clientOf(token string) (*client, bool) {
+	if s.clients == nil {
+		return nil, true
+	}
+	return s.clients.lookup(token), false
+}
+
+func (s *Server) loaded() bool  { return s.store.Loaded() }
+func (s *Server) freed() uint64 { return s.store.Freed() }
+
+// newGateway builds a gateway over ops.
+func newGateway(cfg GatewayConfig, ops leaseOps, m *serverMetrics, log *slog.Logger) *Gateway {
 	cfg.defaults()
-	g := &Gateway{s: s, cfg: cfg, log: s.log.With("component", "gateway"), tracer: otel.Tracer("proxyfleet-gateway"),
+	g := &Gateway{ops: ops, metrics: m, cfg: cfg, log: log.With("component", "gateway"), tracer: otel.Tracer("proxyfleet-gateway"),
 		report: map[int]string{}, held: map[string]string{}, tunnels: map[*tunnel]struct{}{},
 		switched: map[*leaseConn]struct{}{}, waitPoll: defaultWaitPoll}
 	for _, st := range cfg.ReportStatuses {
@@ -298,7 +333,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if outcome != "ok" {
 			span.SetStatus(otelcodes.Error, outcome)
 		}
-		g.s.metrics.gatewayRequests.WithLabelValues(x.clientName(), kind, outcome).Inc()
+		g.metrics.gatewayRequests.WithLabelValues(x.clientName(), kind, outcome).Inc()
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -323,7 +358,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange, kin
 	if ae := g.authenticate(r, x); ae != nil {
 		return g.fail(w, ae)
 	}
-	if !g.s.store.Loaded() {
+	if !g.ops.loaded() {
 		return g.fail(w, errIndexLoading())
 	}
 	var hostport string
@@ -368,8 +403,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange, kin
 // credentials, reads the options of its username and holds it to its rate limit.
 func (g *Gateway) authenticate(r *http.Request, x *exchange) *APIError {
 	user, password, ok := proxyCredentials(r.Header)
-	clients := g.s.clients
-	if clients == nil {
+	cl, open := g.ops.clientOf(password)
+	if open {
 		u, err := parseGatewayUser(user, "")
 		if err != nil {
 			return apiErr(codes.Invalid, "%v", err)
@@ -377,9 +412,8 @@ func (g *Gateway) authenticate(r *http.Request, x *exchange) *APIError {
 		x.user = u
 		return nil
 	}
-	var cl *client
-	if ok {
-		cl = clients.lookup(password)
+	if !ok {
+		cl = nil
 	}
 	if cl == nil {
 		return apiErr(codes.ProxyAuthRequired, "the gateway takes a client's name and token as proxy credentials: http://<client>:<token>@<gateway>")
@@ -393,7 +427,7 @@ func (g *Gateway) authenticate(r *http.Request, x *exchange) *APIError {
 		return apiErr(codes.Invalid, "%v", err)
 	}
 	x.client, x.user, x.auth = cl, u, "Bearer "+password
-	return g.s.throttle(cl)
+	return g.ops.throttle(cl)
 }
 
 // proxyCredentials reads Basic credentials from Proxy-Authorization (the scheme in any
@@ -455,9 +489,9 @@ func (x *exchange) upstreamError() *APIError {
 // failed records an attempt's failure.
 func (g *Gateway) failed(x *exchange, f upstreamFailure) {
 	x.failures = append(x.failures, f)
-	g.s.metrics.gatewayUpstreamFailures.WithLabelValues(f.kind).Inc()
+	g.metrics.gatewayUpstreamFailures.WithLabelValues(f.kind).Inc()
 	if f.retry && len(x.tried) < g.cfg.Attempts {
-		g.s.metrics.gatewayRetries.Inc()
+		g.metrics.gatewayRetries.Inc()
 	}
 	x.span.AddEvent("upstream failure", trace.WithAttributes(attribute.String("proxyfleet.proxy", f.proxy),
 		attribute.String("proxyfleet.gateway.failure", f.kind)))
@@ -467,8 +501,8 @@ func (g *Gateway) failed(x *exchange, f upstreamFailure) {
 // leaseFor grants the next attempt's lease, on a proxy not tried yet, waiting for a slot
 // when none is free (see waitForSlot).
 func (g *Gateway) leaseFor(ctx context.Context, x *exchange) (*LeaseResponse, error) {
-	freed, storeFreed := g.freed.Load(), g.s.store.Freed()
-	l, err := g.s.grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
+	freed, storeFreed := g.freed.Load(), g.ops.freed()
+	l, err := g.ops.grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
 	if err != nil {
 		if l, err = g.waitForSlot(ctx, x, err, freed, storeFreed); err != nil {
 			return nil, err
@@ -491,7 +525,7 @@ func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, f
 	if g.cfg.Wait < 0 || !worthWaiting(refusal) {
 		return nil, refusal
 	}
-	g.s.metrics.gatewayWaits.Inc()
+	g.metrics.gatewayWaits.Inc()
 	deadline := time.NewTimer(g.cfg.Wait)
 	defer deadline.Stop()
 	poll := time.NewTimer(g.pollAfter(refusal))
@@ -515,16 +549,16 @@ func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, f
 				g.waiters.took(w)
 				woken = true
 			case <-poll.C:
-				if g.s.store.Freed() == seen && (due.IsZero() || time.Now().Before(due)) {
+				if g.ops.freed() == seen && (due.IsZero() || time.Now().Before(due)) {
 					poll.Reset(g.pollAfter(refusal))
 					continue
 				}
 			}
 		}
 		again = false
-		seen = g.s.store.Freed()
+		seen = g.ops.freed()
 		g.waitChecks.Add(1)
-		l, err := g.s.grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
+		l, err := g.ops.grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
 		if err == nil {
 			return l, nil
 		}
@@ -651,14 +685,14 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 		}
 	}
 	x.span.SetAttributes(attribute.String("proxyfleet.proxy", proxyID))
-	g.s.metrics.gatewayConnectSeconds.Observe(time.Since(start).Seconds())
-	g.s.metrics.gatewayTunnels.Inc()
+	g.metrics.gatewayConnectSeconds.Observe(time.Since(start).Seconds())
+	g.metrics.gatewayTunnels.Inc()
 	t.left.Store(2)
 	if tc, ok := up.(*net.TCPConn); ok {
 		t.keep = time.AfterFunc(upstreamKeepAliveAfter, func() { _ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true}) })
 	}
-	go g.splice(t, t.up, t.client, tunnelBytes{g.s.metrics.gatewayBytes.WithLabelValues("upstream"), &t.moved})
-	go g.splice(t, t.client, t.up, tunnelBytes{g.s.metrics.gatewayBytes.WithLabelValues("downstream"), &t.moved})
+	go g.splice(t, t.up, t.client, tunnelBytes{g.metrics.gatewayBytes.WithLabelValues("upstream"), &t.moved})
+	go g.splice(t, t.client, t.up, tunnelBytes{g.metrics.gatewayBytes.WithLabelValues("downstream"), &t.moved})
 	return "ok"
 }
 
@@ -793,7 +827,7 @@ func (g *Gateway) splice(t *tunnel, dst, src net.Conn, bytes prometheus.Counter)
 		}
 		t.close()
 		g.untrack(t)
-		g.s.metrics.gatewayTunnels.Dec()
+		g.metrics.gatewayTunnels.Dec()
 		g.release(t.auth, t.lease)
 		return
 	}
@@ -1063,8 +1097,8 @@ func upgradeOf(h http.Header) string {
 // reportStatus reports the proxy for the request's target on a status that says the
 // site refused it.
 func (g *Gateway) reportStatus(ctx context.Context, x *exchange, l *LeaseResponse, result string) {
-	g.s.metrics.gatewayReports.WithLabelValues(result).Inc()
-	if err := g.s.reportLease(ctx, x.auth, l.LeaseID, result, ""); err != nil {
+	g.metrics.gatewayReports.WithLabelValues(result).Inc()
+	if err := g.ops.reportLease(ctx, x.auth, l.LeaseID, result, ""); err != nil {
 		g.log.Warn("report from an answer's status not recorded", "proxy", l.Proxy.Namespace+"/"+l.Proxy.Name,
 			"result", result, "error", err)
 	}
@@ -1182,7 +1216,7 @@ func (g *Gateway) hold(id, auth string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if _, ok := g.held[id]; !ok {
-		g.s.metrics.gatewayLeasesHeld.Inc()
+		g.metrics.gatewayLeasesHeld.Inc()
 	}
 	g.held[id] = auth
 }
@@ -1195,7 +1229,7 @@ func (g *Gateway) unhold(id string) bool {
 		return false
 	}
 	delete(g.held, id)
-	g.s.metrics.gatewayLeasesHeld.Dec()
+	g.metrics.gatewayLeasesHeld.Dec()
 	return true
 }
 
@@ -1204,7 +1238,7 @@ func (g *Gateway) release(auth, id string) {
 	g.unhold(id)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := g.s.releaseLease(ctx, auth, id); err != nil {
+	if err := g.ops.releaseLease(ctx, auth, id); err != nil {
 		g.log.Debug("lease not released; it frees up when it expires", "lease", id, "error", err)
 	}
 	g.freed.Add(1)
@@ -1252,7 +1286,7 @@ func (g *Gateway) renewPass(ctx context.Context) {
 			}
 			// A lease released since the pass began is not lost: its request ended.
 			if g.unhold(id) {
-				g.s.metrics.gatewayLeasesLost.Inc()
+				g.metrics.gatewayLeasesLost.Inc()
 			}
 		})
 	}
@@ -1264,7 +1298,7 @@ func (g *Gateway) renewOne(ctx context.Context, auth, id string) error {
 	if g.renewHook != nil {
 		return g.renewHook(ctx, auth, id)
 	}
-	_, err := g.s.renewLease(ctx, auth, id, g.cfg.LeaseTTL)
+	_, err := g.ops.renewLease(ctx, auth, id, g.cfg.LeaseTTL)
 	return err
 }
 
