@@ -77,7 +77,7 @@ func BenchmarkIdleFleetCost(b *testing.B) {
 	b.ReportMetric(emptyCores, "empty-temporal-cores")
 
 	names := applyFleet(b, s, ns, "idle", n, func(_ int, p *v1alpha1.Proxy) {
-		tagged(p, ns)
+		stack.Tagged(p, ns)
 		p.Spec.HealthCheck.Interval, p.Spec.HealthCheck.Timeout = "", "" // the defaults
 	})
 	start := time.Now()

@@ -55,7 +55,7 @@ func TestCrawlerLeasesFetchesAndReportsBans(t *testing.T) {
 	ctx := context.Background()
 	ns := s.Namespace(t)
 	for _, name := range []string{"a", "b"} {
-		require.NoError(t, s.Kube.Client.Create(ctx, tagged(s.LocalProxy(ns, name), ns)))
+		require.NoError(t, s.Kube.Client.Create(ctx, stack.Tagged(s.LocalProxy(ns, name), ns)))
 	}
 	for _, name := range []string{"a", "b"} {
 		s.WaitFor(t, ns, name, time.Minute, "Ready", stack.Ready)
@@ -114,7 +114,7 @@ func TestUnhealthyProxyStopsBeingOffered(t *testing.T) {
 	s := stack.Start(t, stack.Options{})
 	ctx := context.Background()
 	ns := s.Namespace(t)
-	require.NoError(t, s.Kube.Client.Create(ctx, tagged(s.LocalProxy(ns, "only"), ns)))
+	require.NoError(t, s.Kube.Client.Create(ctx, stack.Tagged(s.LocalProxy(ns, "only"), ns)))
 	p := s.WaitFor(t, ns, "only", time.Minute, "Ready", stack.Ready)
 	d := s.StartDiscovery(t)
 	c := newCrawler(t, d, ns)
@@ -163,10 +163,4 @@ func queryState(t *testing.T, s *stack.Stack, ns, name string) struct {
 	require.NoError(t, err)
 	require.NoError(t, v.Get(&st))
 	return st
-}
-
-// tagged marks a Proxy with an attribute unique to the test.
-func tagged(p *v1alpha1.Proxy, run string) *v1alpha1.Proxy {
-	p.Spec.Attributes["run"] = v1alpha1.AttributeValue(run)
-	return p
 }

@@ -153,7 +153,7 @@ func BenchmarkLeasesUnderFlap(b *testing.B) {
 	ctx := context.Background()
 	ns := s.Namespace(b)
 	names := applyFleet(b, s, ns, "lease", n, func(i int, p *v1alpha1.Proxy) {
-		tagged(p, ns)
+		stack.Tagged(p, ns)
 		if i%10 == 0 {
 			p.Spec.Attributes["flap"] = "yes" // a tenth of the fleet
 		}

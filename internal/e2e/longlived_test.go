@@ -27,7 +27,7 @@ func TestTerminatedRunLeavesDiscoveryAtOnce(t *testing.T) {
 	s := stack.Start(t, stack.Options{})
 	ctx := context.Background()
 	ns := s.Namespace(t)
-	require.NoError(t, s.Kube.Client.Create(ctx, tagged(s.LocalProxy(ns, "gone"), ns)))
+	require.NoError(t, s.Kube.Client.Create(ctx, stack.Tagged(s.LocalProxy(ns, "gone"), ns)))
 	s.WaitFor(t, ns, "gone", time.Minute, "Ready", stack.Ready)
 	d := s.StartDiscovery(t, func(c *discovery.ServiceConfig) { c.FullResyncInterval = time.Hour })
 	c := newCrawler(t, d, ns)
@@ -51,7 +51,7 @@ func TestTerminatedRunIsRestartedAndAdopts(t *testing.T) {
 	s := stack.Start(t, stack.Options{ResyncInterval: time.Second})
 	ctx := context.Background()
 	ns := s.Namespace(t)
-	require.NoError(t, s.Kube.Client.Create(ctx, tagged(s.LocalProxy(ns, "kept"), ns)))
+	require.NoError(t, s.Kube.Client.Create(ctx, stack.Tagged(s.LocalProxy(ns, "kept"), ns)))
 	p := s.WaitFor(t, ns, "kept", time.Minute, "Ready", stack.Ready)
 	instance, uid := p.Status.InstanceName, p.UID
 	id := contract.ProxyWorkflowID(ns, "kept")

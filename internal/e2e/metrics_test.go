@@ -123,7 +123,7 @@ func TestEachBinaryExportsItsMetrics(t *testing.T) {
 	t.Cleanup(func() { _ = h.Delete(context.Background()) })
 
 	ns := s.Namespace(t)
-	require.NoError(t, s.Kube.Client.Create(ctx, tagged(s.LocalProxy(ns, "measured"), ns)))
+	require.NoError(t, s.Kube.Client.Create(ctx, stack.Tagged(s.LocalProxy(ns, "measured"), ns)))
 	p := s.WaitFor(t, ns, "measured", 2*time.Minute, "Ready", stack.Ready)
 
 	// Leases: one granted, one refused.

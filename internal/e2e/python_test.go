@@ -39,7 +39,7 @@ func TestPythonClientAndScrapy(t *testing.T) {
 	ns := s.Namespace(t)
 	const proxies = 8
 	for i := range proxies {
-		require.NoError(t, s.Kube.Client.Create(ctx, tagged(s.LocalProxy(ns, fmt.Sprintf("py-%d", i)), ns)))
+		require.NoError(t, s.Kube.Client.Create(ctx, stack.Tagged(s.LocalProxy(ns, fmt.Sprintf("py-%d", i)), ns)))
 	}
 	for i := range proxies {
 		s.WaitFor(t, ns, fmt.Sprintf("py-%d", i), 2*time.Minute, "Ready", stack.Ready)

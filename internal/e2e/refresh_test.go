@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/internal/stack/fakefleet"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 )
 
@@ -23,7 +24,7 @@ func TestIncrementalReadsWhatChanged(t *testing.T) {
 	const n, changed = 12, 3
 	env := testenv.Temporal(t)
 	ctx := context.Background()
-	ids := startFakeFleet(t, env, n)
+	ids := fakefleet.Start(t, env, n)
 
 	store := discovery.NewStore(time.Hour)
 	var mu sync.Mutex
@@ -52,7 +53,7 @@ func TestIncrementalReadsWhatChanged(t *testing.T) {
 	// The overlap window re-reads what changed shortly before the watermark. Let it pass,
 	// then move the watermark with one change the incremental pass must see.
 	time.Sleep(300 * time.Millisecond) // a window of time, not a synchronisation
-	require.NoError(t, env.Client.SignalWorkflow(ctx, ids[n-1], "", "touch", nil))
+	require.NoError(t, env.Client.SignalWorkflow(ctx, ids[n-1], "", fakefleet.Touch, nil))
 	require.Eventually(t, func() bool { return r.Incremental(ctx) == nil && latency(n-1) == 11 }, 30*time.Second, 50*time.Millisecond)
 	time.Sleep(300 * time.Millisecond)
 
@@ -60,7 +61,7 @@ func TestIncrementalReadsWhatChanged(t *testing.T) {
 	counting = true
 	mu.Unlock()
 	for i := range changed {
-		require.NoError(t, env.Client.SignalWorkflow(ctx, ids[i], "", "touch", nil))
+		require.NoError(t, env.Client.SignalWorkflow(ctx, ids[i], "", fakefleet.Touch, nil))
 	}
 	require.Eventually(t, func() bool {
 		require.NoError(t, r.Incremental(ctx))

@@ -276,7 +276,7 @@ func BenchmarkFleetRotation(b *testing.B) {
 		selector := map[string]string{"run": ns}
 		applyStart := time.Now()
 		names := applyFleet(b, s, ns, "rot", n, func(_ int, p *v1alpha1.Proxy) {
-			tagged(p, ns)
+			stack.Tagged(p, ns)
 			age := v1alpha1.Duration(maxAge)
 			p.Spec.Lifecycle = &v1alpha1.Lifecycle{MaxAge: &age}
 		})

@@ -41,7 +41,7 @@ func TestOneTraceFromControllerToActivities(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "boot", Labels: map[string]string{v1alpha1.LabelCloudInit: "true"}},
 		Data:       map[string][]byte{"script": []byte(canary)},
 	}))
-	p := tagged(s.LocalProxy(ns, "traced"), ns)
+	p := stack.Tagged(s.LocalProxy(ns, "traced"), ns)
 	p.Spec.CloudInit = &v1alpha1.CloudInit{SecretRef: v1alpha1.SecretKeyRef{Name: "boot", Key: "script"}}
 	require.NoError(t, s.Kube.Client.Create(ctx, p))
 	s.WaitFor(t, ns, "traced", time.Minute, "Ready", stack.Ready)

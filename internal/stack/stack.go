@@ -308,6 +308,14 @@ func (s *Stack) LocalProxy(ns, name string) *v1alpha1.Proxy {
 	}
 }
 
+// Tagged gives p the attribute run=run and returns it. The tests and benchmarks of a
+// binary share one Temporal server, and discovery lists every proxy workflow on it, those
+// of earlier tests too; one that leases selects run=<its namespace> to get only its own.
+func Tagged(p *v1alpha1.Proxy, run string) *v1alpha1.Proxy {
+	p.Spec.Attributes["run"] = v1alpha1.AttributeValue(run)
+	return p
+}
+
 // Get fetches a Proxy.
 func (s *Stack) Get(t testing.TB, ns, name string) *v1alpha1.Proxy {
 	t.Helper()
