@@ -26,10 +26,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) != "" {
-		// A helper process of the gateway's memory benchmark needs no servers.
-		os.Exit(m.Run())
-	}
 	os.Exit(testenv.Run(m, testenv.Options{Temporal: true, Kube: true}))
 }
 

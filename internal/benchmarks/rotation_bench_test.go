@@ -1,4 +1,10 @@
-package e2e
+// Whether the pool of leasable proxies stays whole while a whole fleet is replaced:
+// BenchmarkFleetRotation rotates 200 Proxies by maxAge under 32 crawlers and reports the
+// fewest leasable proxies seen, acquires and renewals by outcome, and CPU, for the stable
+// fleet and for the rotation. Feeds the tables of "Fleet rotation under crawler load" in
+// docs/benchmarks.md (## Fleet rotation under crawler load).
+
+package benchmarks
 
 import (
 	"context"
@@ -252,7 +258,7 @@ func quantileInt(xs []int, q float64) int {
 // fails if the rotation does not finish within ROTATION_DEADLINE (default 10m) of its
 // start, or a crawler's request is malformed.
 //
-//	go test ./internal/e2e -run '^$' -bench FleetRotation -benchtime 1x -timeout 60m
+//	go test ./internal/benchmarks -run '^$' -bench FleetRotation -benchtime 1x -timeout 60m
 func BenchmarkFleetRotation(b *testing.B) {
 	n := envInt(b, "ROTATION_N", 200)
 	crawlers := envInt(b, "ROTATION_CRAWLERS", 32)

@@ -1,4 +1,11 @@
-package e2e
+// What a fleet at rest costs Temporal: BenchmarkIdleFleetCost reports the billable actions
+// the dev server counts per proxy per hour and per month, the workflow tasks, history
+// events and the dev server's CPU of 1,000 idle Proxies (IDLE_FLEET), against the same
+// system with no Proxy, and what discovery's index of that fleet costs. Feeds the tables of
+// "What an idle fleet costs Temporal" in docs/benchmarks.md (under ## Steady state): the
+// per-proxy figures, the runs of the day, and the 5,000-proxy table.
+
+package benchmarks
 
 import (
 	"context"
@@ -34,7 +41,7 @@ const hoursPerMonth = 730
 // Proxy at all (worker, monitor shards, discovery's absence) over IDLE_BASELINE (1m): what
 // the fleet adds is the difference. IDLE_FLEET (1,000) and IDLE_WINDOW (5m) override.
 //
-//	go test ./internal/e2e -run '^$' -bench IdleFleetCost -benchtime 1x -timeout 60m
+//	go test ./internal/benchmarks -run '^$' -bench IdleFleetCost -benchtime 1x -timeout 60m
 func BenchmarkIdleFleetCost(b *testing.B) {
 	n, window := envInt(b, "IDLE_FLEET", 1000), envDuration(b, "IDLE_WINDOW", 5*time.Minute)
 	// Production timings, except how often creation is polled (which only speeds the

@@ -1,4 +1,9 @@
-package e2e
+// What a healthy fleet writes to Temporal while nothing changes: BenchmarkSteadyStateHistory
+// counts the history events per Proxy per hour of stable health, against the naive design
+// (a probe activity and a timer per interval) in the same run. Feeds the Steady state table
+// of docs/benchmarks.md (## Steady state).
+
+package benchmarks
 
 import (
 	"context"
@@ -48,7 +53,7 @@ func historyLength(b *testing.B, c client.Client, id string) int64 {
 // the history events their workflows add per hour of stable health, beside 5 workflows of
 // the naive design (one probe activity per interval) measured in the same run.
 //
-//	STEADY_WINDOW=3m go test ./internal/e2e -run '^$' -bench SteadyStateHistory -benchtime 1x -timeout 30m
+//	STEADY_WINDOW=3m go test ./internal/benchmarks -run '^$' -bench SteadyStateHistory -benchtime 1x -timeout 30m
 func BenchmarkSteadyStateHistory(b *testing.B) {
 	const n, naiveN = 50, 5
 	window := envDuration(b, "STEADY_WINDOW", 2*time.Minute)

@@ -1,4 +1,6 @@
-package e2e
+// Where the machine's CPU went during a phase of a benchmark, by process.
+
+package benchmarks
 
 import (
 	"fmt"

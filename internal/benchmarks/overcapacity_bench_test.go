@@ -1,4 +1,9 @@
-package e2e
+// What one crawler more than the fleet has slots costs the crawlers that are served:
+// BenchmarkGatewayOverCapacity runs 12 crawlers against 12 slots behind the gateway, then
+// 13, and reports the fetches/s of 13 against 12 and the gateway's CPU for each. Feeds the
+// table of "Demand over capacity" in docs/benchmarks.md (## Demand over capacity).
+
+package benchmarks
 
 import (
 	"io"
@@ -24,7 +29,7 @@ import (
 // the waiting crawler costs discovery. Feeds the "Demand over capacity" table of
 // docs/benchmarks.md.
 //
-//	go test ./internal/e2e -run '^$' -bench GatewayOverCapacity -benchtime 1x -timeout 30m
+//	go test ./internal/benchmarks -run '^$' -bench GatewayOverCapacity -benchtime 1x -timeout 30m
 func BenchmarkGatewayOverCapacity(b *testing.B) {
 	const proxies, maxLeases = 3, 4
 	slots := proxies * maxLeases

@@ -1,4 +1,18 @@
-package e2e
+// The gateway's benchmarks, each figure against baselines from the same run: the same
+// requests sent straight through the same fleet proxies, and (throughput, latency) through
+// Debian's Squid set up as the round-robin gateway a team would build instead. Everything
+// runs on loopback; the gateways of the throughput benchmark, and the gateways, fleet and
+// echo server of the memory benchmark, run in processes of their own (startHelper); the
+// latency benchmark serves ours in this process.
+// They feed the three tables of ## Gateway in docs/benchmarks.md:
+// BenchmarkGatewayThroughput the fetches/s and CPU per fetch, BenchmarkGatewayLatency what
+// each gateway adds to one fetch, BenchmarkGatewayTunnelMemory the memory per open tunnel.
+// The over-capacity benchmark (overcapacity_bench_test.go) uses the same fleet, loads and
+// helper processes.
+//
+//	go test ./internal/benchmarks -run '^$' -bench Gateway -benchtime 1x -timeout 30m
+
+package benchmarks
 
 import (
 	"bufio"
@@ -37,13 +51,6 @@ import (
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
-
-// The gateway's benchmarks: each figure against a baseline from the same run, the same
-// requests sent straight through the same fleet proxies. Everything runs on loopback in
-// this process (the memory benchmark puts the gateway and the fleet in processes of
-// their own, to read their memory alone).
-//
-//	go test ./internal/e2e -run '^$' -bench Gateway -benchtime 1x -timeout 30m
 
 // benchFleetProxies starts n local forward proxies in this process and returns the index's
 // view of them (maxLeases each).

@@ -1,4 +1,9 @@
-package e2e
+// What discovery's index refresh reads: BenchmarkIndexRefresh times an incremental refresh
+// over 1,000 running (fake) proxy workflows of which 10 changed, beside a full list in the
+// same run. Feeds the two index-refresh rows of the Discovery table of docs/benchmarks.md
+// (## Discovery).
+
+package benchmarks
 
 import (
 	"context"
@@ -15,7 +20,7 @@ import (
 // BenchmarkIndexRefresh measures one incremental refresh with 1,000 running proxy workflows
 // of which 10 changed, beside a full list of all 1,000 in the same run.
 //
-//	go test ./internal/e2e -run '^$' -bench IndexRefresh -benchtime 1x
+//	go test ./internal/benchmarks -run '^$' -bench IndexRefresh -benchtime 1x
 func BenchmarkIndexRefresh(b *testing.B) {
 	const n, changed = 1000, 10
 	env := testenv.Temporal(b)

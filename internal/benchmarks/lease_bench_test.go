@@ -1,4 +1,11 @@
-package e2e
+// Whether a lease is ever handed out for a proxy that has failed, and what flapping costs
+// the crawlers: BenchmarkLeasesUnderFlap runs 64 crawlers against discovery and 1,000 Ready
+// Proxies, stable and then with a tenth of them flapping, and reports pairs/s, latencies,
+// late leases and how soon each failure reached discovery's index. Feeds the tables of
+// "Leases under flapping" in docs/benchmarks.md (## Leases under flapping): stable against
+// flapping, and the runs with and without monitor shards.
+
+package benchmarks
 
 import (
 	"context"
@@ -127,7 +134,7 @@ func crawl(url, token string, selectors []map[string]string, n int, d time.Durat
 // failureThreshold × interval (+10% jitter) + timeout — plus a second for the verdict to
 // reach the workflow's memo and discovery's index refresh interval.
 //
-//	go test ./internal/e2e -run '^$' -bench LeasesUnderFlap -benchtime 1x -timeout 60m
+//	go test ./internal/benchmarks -run '^$' -bench LeasesUnderFlap -benchtime 1x -timeout 60m
 func BenchmarkLeasesUnderFlap(b *testing.B) {
 	n, seconds := envInt(b, "LEASE_FLEET", 1000), envInt(b, "LEASE_SECONDS", 60)
 	const (

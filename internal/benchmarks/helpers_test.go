@@ -1,4 +1,7 @@
-package e2e
+// What the benchmarks on the test stack share: applying a fleet and waiting for it to be
+// Ready, counting its history, and reading their settings from the environment.
+
+package benchmarks
 
 import (
 	"context"
