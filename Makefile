@@ -93,7 +93,7 @@ soak: ## one Proxy through SOAK_DAYS simulated days in Temporal's time-skipping 
 
 bench: tools ## benchmarks with the figures reported in docs/benchmarks.md (minutes; not part of make test)
 	$(GO) test ./discovery ./activities/probe -run '^$$' -bench . -benchtime 20000x
-	$(GO) test ./internal/e2e -run '^$$' -bench . -benchtime 1x -timeout 60m
+	$(GO) test ./internal/benchmarks -run '^$$' -bench . -benchtime 1x -timeout 60m
 
 CHAOS_PROXIES ?= 100
 chaos: tools ## fault suite: kill -9 and restart each server while CHAOS_PROXIES Proxies churn (minutes)
