@@ -1,9 +1,9 @@
 // The gateway's benchmarks, each figure against baselines from the same run: the same
 // requests sent straight through the same fleet proxies, and (throughput, latency) through
 // Debian's Squid set up as the round-robin gateway a team would build instead. Everything
-// runs on loopback; the gateways of the throughput benchmark, and the gateways, fleet and
-// echo server of the memory benchmark, run in processes of their own (startHelper); the
-// latency benchmark serves ours in this process.
+// runs on loopback; the gateways of the throughput and latency benchmarks, and the
+// gateways, fleet and echo server of the memory benchmark, run in processes of their own
+// (startHelper).
 // They feed the three tables of ## Gateway in docs/benchmarks.md:
 // BenchmarkGatewayThroughput the fetches/s and CPU per fetch, BenchmarkGatewayLatency what
 // each gateway adds to one fetch, BenchmarkGatewayTunnelMemory the memory per open tunnel.
@@ -377,10 +377,12 @@ func pin(b *testing.B, cores string) {
 // connection sending one request at a time, against the same fetches sent straight
 // through the fleet proxy, and what the Squid gateway of BenchmarkGatewayThroughput adds
 // in the same run: for plain HTTP, and for HTTPS in a tunnel kept open and in a tunnel per
-// fetch (the CONNECT, the TLS handshake and the request).
+// fetch (the CONNECT, the TLS handshake and the request). Both gateways run in processes of
+// their own, as in the throughput benchmark: in the crawlers' process ours would be spared
+// the wake-up of another process at each hop, which Squid cannot be.
 func BenchmarkGatewayLatency(b *testing.B) {
 	fleet := benchFleetProxies(b, 1, 4)
-	gw := &url.URL{Scheme: "http", Host: benchGateway(b, fleet), User: benchUser}
+	gw, _ := startGatewayHelper(b, fleet)
 	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
 	defer site.Close()
 	tlsSite := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
