@@ -412,10 +412,7 @@ func (g *Gateway) authenticate(r *http.Request, x *exchange) *APIError {
 		x.user = u
 		return nil
 	}
-	if !ok {
-		cl = nil
-	}
-	if cl == nil {
+	if !ok || cl == nil {
 		return apiErr(codes.ProxyAuthRequired, "the gateway takes a client's name and token as proxy credentials: http://<client>:<token>@<gateway>")
 	}
 	u, err := parseGatewayUser(user, cl.name)

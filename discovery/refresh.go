@@ -5,9 +5,6 @@ import (
 	"log/slog"
 	"time"
 
-	commonpb "go.temporal.io/api/common/v1"
-	"go.temporal.io/sdk/converter"
-
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 	"github.com/proxyfleet/proxyfleet/workflows/proxyruns"
@@ -155,7 +152,7 @@ func (r *Refresher) Incremental(ctx context.Context) error {
 func (r *Refresher) latestRuns(ctx context.Context, query string) ([]proxyruns.Latest[Proxy], time.Time, int, error) {
 	return proxyruns.List(ctx, r.Client, proxyruns.Query{Namespace: r.Namespace, PageSize: r.PageSize, Query: query},
 		func(run proxyruns.Run) (Proxy, bool) {
-			p, ok := decode(run.Memo, r.Keyring)
+			p, ok := decode(run, r.Keyring)
 			if ok && p.Namespace == "" {
 				p.Namespace, p.Name, _ = contract.ParseProxyWorkflowID(run.WorkflowID)
 			}
@@ -168,8 +165,6 @@ func (r *Refresher) observe(kind string, start time.Time, n int, err error) {
 		r.Observe(kind, time.Since(start), n, err)
 	}
 }
-
-var dc = converter.GetDefaultDataConverter()
 
 // noteCredentials logs, once per proxy and per change of its memo's auth, that a proxy in
 // the index cannot be leased because its credentials did not resolve, and once more when
@@ -199,16 +194,12 @@ func (r *Refresher) noteCredentials(p *Proxy) {
 	r.Log.Warn("proxy credentials cannot be resolved; the proxy is not leased until they can", attrs...)
 }
 
-// decode turns a workflow's memo into a Proxy, with the credentials its memo points to
+// decode turns a run's memo into a Proxy, with the credentials its memo points to
 // resolved with kr. Workflows without a memo yet (just started) are skipped: they have
 // nothing to offer.
-func decode(memo *commonpb.Memo, kr *proxyauth.Keyring) (Proxy, bool) {
-	payload := memo.GetFields()[contract.MemoKey]
-	if payload == nil {
-		return Proxy{}, false
-	}
+func decode(run proxyruns.Run, kr *proxyauth.Keyring) (Proxy, bool) {
 	var m contract.ProxyMemo
-	if err := dc.FromPayload(payload, &m); err != nil {
+	if !proxyruns.Decode(run, contract.MemoKey, &m) {
 		return Proxy{}, false
 	}
 	p := Proxy{
