@@ -78,7 +78,7 @@ func (s *ProxyState) applySpec(sig SpecSignal) effect {
 	}
 	if s.UID != "" && sig.UID != s.UID {
 		s.retireAll()
-		*s = ProxyState{Retiring: s.Retiring, legacy: s.legacy, requireAuth: s.requireAuth, createFirst: s.createFirst, nextOnLoss: s.nextOnLoss, liveWhileDeleting: s.liveWhileDeleting}
+		*s = ProxyState{Retiring: s.Retiring, policy: s.policy}
 		e = effect{note: "spec for a different object UID; retiring the old object's instances", warn: true}
 	}
 	if sig.Generation < s.Generation || sig.Generation == s.Generation && sig.SecretVersion == s.SecretVersion {
@@ -103,7 +103,7 @@ func (s *ProxyState) applySpec(sig SpecSignal) effect {
 // object must never be provisioned.
 func (s *ProxyState) requestDelete(sig contract.DeleteSignal) effect {
 	if s.UID != "" && sig.UID != "" && sig.UID != s.UID {
-		if s.Deleting && !s.legacy {
+		if s.Deleting && !s.policy.legacy {
 			s.DeletedSuccessor = sig.UID
 			if s.Successor != nil && s.Successor.UID == sig.UID {
 				s.Successor = nil
@@ -145,7 +145,7 @@ func (s *ProxyState) report(sig contract.ReportSignal, now time.Time) effect {
 	if s.Spec == nil || s.Deleting || (sig.Result != contract.ReportBanned && sig.Result != contract.ReportRateLimited) {
 		return effect{}
 	}
-	if len(sig.Target) > maxTargetLen && !s.legacy {
+	if len(sig.Target) > maxTargetLen && !s.policy.legacy {
 		// Discovery refuses such targets; a signal sent by hand must not bloat the state.
 		return effect{note: fmt.Sprintf("report ignored: target longer than %d characters", maxTargetLen), warn: true}
 	}
@@ -225,7 +225,7 @@ func (s *ProxyState) banWindow() time.Duration {
 // bans than that are kept.
 func (s *ProxyState) banLimit() int {
 	if l := s.Spec.Lifecycle; l != nil && l.BanReplaceTargets != nil {
-		if s.legacy {
+		if s.policy.legacy {
 			return int(*l.BanReplaceTargets)
 		}
 		return min(int(*l.BanReplaceTargets), maxBans)
@@ -414,7 +414,7 @@ func (s *ProxyState) lostWhileProvisioning(name string, now time.Time, t Tuning)
 func (s *ProxyState) verified(name string, h activities.Health, now time.Time, t Tuning) effect {
 	next := s.Next
 	if next == nil || next.Name != name {
-		if s.nextOnLoss && s.Instance != nil && s.Instance.Name == name && h.Healthy && !(s.Health.Known && s.Health.Healthy) {
+		if s.policy.serveWhileReplacing && s.Instance != nil && s.Instance.Name == name && h.Healthy && !(s.Health.Known && s.Health.Healthy) {
 			// It took over from a lost instance while it was being checked: its verdict
 			// is the proxy's.
 			s.Health = h
@@ -518,7 +518,7 @@ func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time
 			s.Instance.Lost, s.Instance.LostReason = true, why
 			s.retire(name)
 			s.Health = activities.Health{Known: true, Healthy: false, Since: now, LastFailure: "instance " + why}
-			if s.nextOnLoss && s.Next != nil {
+			if s.policy.serveWhileReplacing && s.Next != nil {
 				// Its replacement is already being built: it takes over (a report can now
 				// arrive while it is), and whatever it was built for is done. It is watched
 				// like any current instance once it runs.

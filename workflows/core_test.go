@@ -523,7 +523,7 @@ func TestMonitorTransitions(t *testing.T) {
 	}
 	t.Run("a lost instance is replaced before it is deleted (versionLostFirst)", func(t *testing.T) {
 		s := steadyState()
-		s.createFirst = true
+		s.policy.createFirst = true
 		s.monitorReturned(activities.MonitorResult{Reason: activities.MonitorStopped, Health: s.Health,
 			Instance: provider.Instance{State: provider.StateStopped, Preempted: true}}, t0)
 		require.Len(t, s.Retiring, 1)
@@ -754,7 +754,7 @@ func TestAdopt(t *testing.T) {
 // TestLegacyRunsKeepTheirOutcomes: decisions added with version 1 keep their version-0
 // outcome on a run of version 0, so its recorded history replays.
 func TestLegacyRunsKeepTheirOutcomes(t *testing.T) {
-	legacy := func() ProxyState { s := steadyState(); s.legacy = true; return s }
+	legacy := func() ProxyState { s := steadyState(); s.policy.legacy = true; return s }
 	s := legacy()
 	assert.True(t, s.report(contract.ReportSignal{Target: string(make([]byte, 300)), Result: contract.ReportBanned}, t0).publish,
 		"version 0 took any target")
@@ -767,7 +767,7 @@ func TestLegacyRunsKeepTheirOutcomes(t *testing.T) {
 	s.Spec.Lifecycle = &v1alpha1.Lifecycle{BanReplaceTargets: ptr(int32(500))}
 	assert.Equal(t, 500, s.banLimit())
 	s.applySpec(SpecSignal{UID: "other", Generation: 1, Spec: *managedSpec()})
-	assert.True(t, s.legacy, "a reset for another object keeps the run's version")
+	assert.True(t, s.policy.legacy, "a reset for another object keeps the run's version")
 }
 
 func TestSignalOrderings(t *testing.T) {

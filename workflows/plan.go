@@ -60,14 +60,14 @@ func plan(s *ProxyState, now time.Time) step {
 	// the spec no longer allows. Except after a loss: a lost instance carries nothing, and
 	// a Proxy without an instance serves nobody until the next one boots, so that one is
 	// created first (its deletion follows at once, while the new one boots).
-	if len(s.Retiring) > 0 && s.createFirst && s.Instance == nil && allLost(s.Retiring) {
+	if len(s.Retiring) > 0 && s.policy.createFirst && s.Instance == nil && allLost(s.Retiring) {
 		if st := planLive(s, now); st == stepCreate || st == stepHash {
 			return st
 		}
 	}
 	if len(s.Retiring) > 0 {
 		if now.Before(s.DeleteRetryAt) {
-			if s.liveWhileDeleting {
+			if s.policy.serveWhileReplacing {
 				// A delete failed and waits for its retry: what keeps the Proxy served
 				// goes on meanwhile, so an instance that refuses to go (deletion
 				// protection, a stuck finalizer) does not leave the Proxy without one.

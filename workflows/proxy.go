@@ -23,41 +23,6 @@ import (
 
 var a *activities.Activities
 
-// ProxyWorkflow's versions. A run records the version it started with (one marker, first
-// thing), and every later decision that changes its commands asks w.version. Code for an
-// older version stays until no run of it can still be open: at most MaxRunAge after the
-// newer version was deployed (docs/operations.md, "Shipping a workflow change").
-const (
-	versionChangeID = "proxy-workflow"
-	// versionLongLived: a run ends by continue-as-new on a budget of events, bytes, signals
-	// and age, also while steady or idle; reports are published while idle too; a run that
-	// starts without state first finds and adopts what earlier runs left.
-	versionLongLived workflow.Version = 1
-	// versionCredentials: a Managed instance without credentials (built before instances
-	// had them, so it carries no fleet key) is replaced make-before-break by one that
-	// requires them.
-	versionCredentials workflow.Version = 2
-	// versionLostFirst: an instance lost behind the workflow's back (gone, stopped,
-	// preempted) is replaced before what is left of it is deleted, so the Proxy is back as
-	// soon as a new instance can boot.
-	versionLostFirst workflow.Version = 3
-	// versionShardMonitor: the proxy is watched by a monitor shard, not by an activity of
-	// its own. The run publishes what to watch in its memo (activities.MonitorMemo) and
-	// takes the shard's reports as signals, so a healthy proxy costs no heartbeats.
-	versionShardMonitor workflow.Version = 4
-	// versionServeWhileReplacing: the instance being replaced stays leasable (memo
-	// Healthy) while it is healthy, until its replacement is verified and promoted; and a
-	// shard's report is applied in whatever step it arrives (creating, verifying or
-	// deleting an instance, backing off), not only while steady, and published at once.
-	versionServeWhileReplacing workflow.Version = 5
-	versionLatest                               = versionServeWhileReplacing
-)
-
-// LatestVersion is the version new runs start with. `make record-histories` writes the
-// histories it records into workflows/testdata/histories/v<LatestVersion>, beside those of
-// older versions, which the replay test keeps replaying until their code is retired.
-const LatestVersion = int(versionLatest)
-
 // ProxyWorkflow owns one Proxy for its whole life: it creates the instance, publishes its
 // address and health, replaces it make-before-break, and deletes it when the Proxy goes.
 // Its decisions come from plan(); this function carries them out and listens for signals.
@@ -78,15 +43,11 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 	if w.state == nil {
 		w.state = &ProxyState{}
 	}
-	w.version = workflow.GetVersion(ctx, versionChangeID, workflow.DefaultVersion, versionLatest)
+	w.policy = policyFor(workflow.GetVersion(ctx, versionChangeID, workflow.DefaultVersion, versionLatest))
 	w.cost = costStart
 	w.runStart = workflow.Now(ctx)
-	w.state.legacy = w.version < versionLongLived
-	w.state.requireAuth = w.version >= versionCredentials
-	w.state.createFirst = w.version >= versionLostFirst
-	w.state.nextOnLoss = w.version >= versionServeWhileReplacing
-	w.state.liveWhileDeleting = w.version >= versionServeWhileReplacing
-	if in.State == nil && w.version >= versionLongLived {
+	w.state.policy = w.policy
+	if in.State == nil && w.policy.bounded() {
 		w.state.Unlisted = true
 	}
 	if err := workflow.SetQueryHandler(ctx, contract.QueryState, func() (*ProxyState, error) { return w.state, nil }); err != nil {
@@ -119,9 +80,10 @@ type proxyWorkflow struct {
 	urgent      bool
 	publishedAt time.Time
 	now         func() time.Time
-	// version is the version this run started with; runStart is when; signals counts the
-	// signals it received. Together they decide when the run has done enough.
-	version  workflow.Version
+	// policy is what the version this run started with decides; runStart is when;
+	// signals counts the signals it received. Together they decide when the run has done
+	// enough.
+	policy   runPolicy
 	runStart time.Time
 	signals  int
 	// cost is an upper bound on the history events this run has written, counted from
@@ -180,7 +142,7 @@ func (w *proxyWorkflow) run(ctx workflow.Context) error {
 		switch st {
 		case stepIdle:
 			w.details(ctx, w.idleReason())
-			if w.version >= versionLongLived {
+			if w.policy.bounded() {
 				err = w.waitSignals(ctx, w.runEnd())
 			} else {
 				err = w.waitSignals(ctx, time.Time{})
@@ -259,7 +221,7 @@ func (w *proxyWorkflow) addSignals(sel workflow.Selector) {
 		w.cost += costSignal
 		w.apply(w.state.requestReplace(sig))
 	})
-	if w.version >= versionServeWhileReplacing {
+	if w.policy.serveWhileReplacing {
 		sel.AddReceive(w.monCh, func(c workflow.ReceiveChannel, _ bool) {
 			if r := w.receiveReport(c); r != nil {
 				w.applyReport(r)
@@ -306,7 +268,7 @@ func (w *proxyWorkflow) drainSignals() {
 			w.apply(s.requestReplace(repl))
 		case w.repCh.ReceiveAsync(&rep):
 			w.apply(s.report(rep, w.now()))
-		case w.version >= versionServeWhileReplacing && w.monCh.Len() > 0:
+		case w.policy.serveWhileReplacing && w.monCh.Len() > 0:
 			// receiveReport counts the signal itself.
 			if r := w.receiveReport(w.monCh); r != nil {
 				w.applyReport(r)
@@ -361,7 +323,7 @@ func (w *proxyWorkflow) waitSignals(ctx workflow.Context, until time.Time) error
 			sel.AddFuture(republish, func(workflow.Future) { republishDue = true })
 		}
 		sel.Select(ctx)
-		if w.version < versionLongLived {
+		if w.policy.legacy {
 			continue
 		}
 		if republishDue {
@@ -402,10 +364,10 @@ func (w *proxyWorkflow) await(ctx workflow.Context, fut workflow.Future, cancel 
 			return false, fut.Get(ctx, result)
 		}
 		over := false
-		if w.version >= versionLongLived {
+		if w.policy.bounded() {
 			over, _ = w.overBudget(ctx)
 		}
-		if w.version >= versionServeWhileReplacing && w.memoDirty && !over {
+		if w.policy.serveWhileReplacing && w.memoDirty && !over {
 			// A verdict while a step runs (a delete can take 15 minutes a try) reaches
 			// discovery now, not when the step ends; cooldowns follow within
 			// awaitPublishEvery, so crawlers' reports cannot make one write each. A run
@@ -424,7 +386,7 @@ func (w *proxyWorkflow) await(ctx workflow.Context, fut workflow.Future, cancel 
 			continue
 		}
 		if w.interrupt || over {
-			if w.version >= versionServeWhileReplacing && fut.IsReady() {
+			if w.policy.serveWhileReplacing && fut.IsReady() {
 				// The result is here already: a replacement's verdict, say, which the
 				// instance that took over from it goes on with.
 				return false, fut.Get(ctx, result)
@@ -546,7 +508,7 @@ func (w *proxyWorkflow) waitRunning(ctx workflow.Context, name string) error {
 	}
 	e := w.state.waited(name, res)
 	w.apply(e)
-	if e.lost && w.version >= versionLongLived {
+	if e.lost && w.policy.bounded() {
 		w.state.lostWhileProvisioning(name, workflow.Now(ctx), w.tuning)
 	}
 	return nil
@@ -621,7 +583,7 @@ func (w *proxyWorkflow) finish(ctx workflow.Context) (bool, error) {
 		if err == nil {
 			break
 		}
-		if w.version < versionLongLived {
+		if w.policy.legacy {
 			return true, err
 		}
 		w.log.Warn("releasing the finalizer failed; will try again", "attempt", attempt, "error", err)
@@ -650,14 +612,14 @@ func (w *proxyWorkflow) finish(ctx workflow.Context) (bool, error) {
 func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 	s := w.state
 	wake, wakeReason := s.nextWake()
-	if end := w.runEnd(); w.version >= versionLongLived && (wake.IsZero() || end.Before(wake)) {
+	if end := w.runEnd(); w.policy.bounded() && (wake.IsZero() || end.Before(wake)) {
 		wake, wakeReason = end, wakeRunAge
 	}
 
 	mctx, cancelMonitor := workflow.WithCancel(ctx)
 	defer cancelMonitor()
 	var monitor workflow.Future
-	sharded := w.version >= versionShardMonitor
+	sharded := w.policy.shardWatched
 	if in, ok := w.monitorInput(); ok && !sharded {
 		mctx = workflow.WithActivityOptions(mctx, workflow.ActivityOptions{
 			Summary:             "watch " + in.Target,
@@ -688,7 +650,7 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 		if monitor != nil {
 			sel.AddFuture(monitor, func(workflow.Future) { monitorDone = true })
 		}
-		if sharded && w.version < versionServeWhileReplacing {
+		if sharded && !w.policy.serveWhileReplacing {
 			// Later versions take reports in addSignals, in every step.
 			sel.AddReceive(w.monCh, func(c workflow.ReceiveChannel, _ bool) { report = w.receiveReport(c) })
 		}
@@ -734,7 +696,7 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 			w.reported = false
 			return nil
 		}
-		if w.version >= versionLongLived {
+		if w.policy.bounded() {
 			if over, _ := w.overBudget(ctx); over {
 				return nil
 			}
@@ -788,7 +750,7 @@ func (w *proxyWorkflow) reportStale(epoch string) bool {
 	if epoch == "" {
 		return true
 	}
-	if w.version < versionServeWhileReplacing {
+	if !w.policy.serveWhileReplacing {
 		return !w.watchSet || epoch != w.watchEpoch
 	}
 	if w.watchSet && epoch == w.watchEpoch && !w.watchLeft {
@@ -827,7 +789,7 @@ func (w *proxyWorkflow) verdictOf(watch *activities.MonitorMemo) *activities.Ver
 		return nil
 	}
 	v := &activities.Verdict{Epoch: watch.Epoch, Healthy: h.Healthy, Since: h.Since, LatencyMillis: h.LatencyMillis}
-	if w.version >= versionServeWhileReplacing {
+	if w.policy.serveWhileReplacing {
 		// A member that starts later (its shard moved) must know the reason the run holds,
 		// or it could never report it gone (a health-check target judged down).
 		v.FailureReason = h.FailureReason
@@ -955,7 +917,7 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 			// tries again at its next change; this one also on a timer of its own, so the
 			// status is right again soon after the API server is back.
 			w.log.Warn("publishing status failed; will try again", "error", err)
-			if w.version >= versionLongLived {
+			if w.policy.bounded() {
 				w.publishFailures++
 				w.republishAt = workflow.Now(ctx).Add(min(republishBase<<min(w.publishFailures-1, 6), republishMax))
 			}
@@ -970,7 +932,7 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 	var watch *activities.MonitorMemo
 	var verdict *activities.Verdict
 	sameVerdict := true
-	if w.version >= versionShardMonitor {
+	if w.policy.shardWatched {
 		watch = w.watch()
 		// Written only when it changes (memo fields not written keep their value), so the
 		// many writes of a flapping proxy carry only what discovery reads; the verdict in
@@ -1017,7 +979,7 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 	}
 	w.memo, w.saPhase, w.saHealthy, w.memoDirty = &memo, st.Phase, &healthy, false
 	w.publishedAt, w.urgent = workflow.Now(ctx), false
-	if w.version >= versionShardMonitor {
+	if w.policy.shardWatched {
 		w.verdictPub = verdict
 		w.watchSet, w.watchEpoch, w.watchLeft = true, "", false
 		if watch != nil {
@@ -1030,7 +992,7 @@ func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
 // sameWatch reports whether watch is what this run last published (always true for a run
 // of a version that is not watched by shards).
 func (w *proxyWorkflow) sameWatch(watch *activities.MonitorMemo) bool {
-	if w.version < versionShardMonitor {
+	if !w.policy.shardWatched {
 		return true
 	}
 	epoch := ""
@@ -1057,7 +1019,7 @@ func (w *proxyWorkflow) leasable(st v1alpha1.ProxyStatus) bool {
 	if st.Phase == v1alpha1.PhaseReady {
 		return true
 	}
-	return w.version >= versionServeWhileReplacing && st.Phase == v1alpha1.PhaseReplacing &&
+	return w.policy.serveWhileReplacing && st.Phase == v1alpha1.PhaseReplacing &&
 		s.Instance.Running() && s.Health.Known && s.Health.Healthy
 }
 
@@ -1164,7 +1126,7 @@ const (
 // nil. The steady and idle waits select on it, so a status that could not be written (the
 // API server was down) is written once it is back, without waiting for the next change.
 func (w *proxyWorkflow) republishTimer(ctx workflow.Context) workflow.Future {
-	if w.version < versionLongLived || w.republishAt.IsZero() {
+	if w.policy.legacy || w.republishAt.IsZero() {
 		return nil
 	}
 	return w.timer(ctx, max(w.republishAt.Sub(workflow.Now(ctx)), 0),
@@ -1213,7 +1175,7 @@ func (w *proxyWorkflow) runEnd() time.Time { return w.runStart.Add(w.tuning.MaxR
 func (w *proxyWorkflow) overBudget(ctx workflow.Context) (bool, string) {
 	info := workflow.GetInfo(ctx)
 	limit := w.tuning.HistoryLimit
-	if w.version < versionLongLived {
+	if w.policy.legacy {
 		return info.GetContinueAsNewSuggested() || limit > 0 && info.GetCurrentHistoryLength() >= limit, "history"
 	}
 	if limit <= 0 {
@@ -1236,7 +1198,7 @@ func (w *proxyWorkflow) overBudget(ctx workflow.Context) (bool, string) {
 
 func (w *proxyWorkflow) continueAsNew(ctx workflow.Context, why string) error {
 	w.drainSignals()
-	if w.version >= versionShardMonitor {
+	if w.policy.shardWatched {
 		// A signal left unread would be lost with this run: a verdict is carried over.
 		for w.monCh.Len() > 0 {
 			if r := w.receiveReport(w.monCh); r != nil {

@@ -194,28 +194,16 @@ type ProxyState struct {
 	// them.
 	Unlisted bool `json:"unlisted,omitempty"`
 
-	// legacy is set (by the loop, never carried) on a run of version 0: decisions added
-	// since keep their old outcome there, so its history replays.
-	legacy bool
-	// requireAuth is set (by the loop) on runs that replace instances without credentials
-	// (versionCredentials).
-	requireAuth bool
-	// createFirst is set (by the loop) on runs that replace a lost instance before deleting
-	// it (versionLostFirst).
-	createFirst bool
-	// nextOnLoss is set (by the loop) on runs that, when the current instance is lost while
-	// a replacement is under way, make the replacement current rather than build a third.
-	nextOnLoss bool
-	// liveWhileDeleting is set (by the loop) on runs whose live instances go on (created,
-	// replaced) while a failed delete waits for its retry: one instance that refuses to go
-	// must not keep the Proxy without one.
-	liveWhileDeleting bool
+	// policy is what this run's version decides (set by the loop from runPolicy, never
+	// carried): decisions added since an older version keep their old outcome there, so
+	// its histories replay.
+	policy runPolicy
 }
 
 // lacksCredentials reports a Managed instance built before instances had credentials: it
 // has no fleet key, so it takes anyone, and discovery would hand it out bare.
 func (s *ProxyState) lacksCredentials(ref *InstanceRef) bool {
-	return s.requireAuth && ref != nil && ref.Created && ref.KeyID == ""
+	return s.policy.requireAuth && ref != nil && ref.Created && ref.KeyID == ""
 }
 
 // sortedKeys returns the keys in order, so workflow code never depends on map order.
