@@ -2,15 +2,12 @@ package workflows
 
 import (
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/proxyfleet/proxyfleet/activities"
-	"github.com/proxyfleet/proxyfleet/activities/probe"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
@@ -58,34 +55,6 @@ func TestPlan(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := tc.state
 			assert.Equal(t, tc.want.String(), plan(&s, now).String())
-		})
-	}
-}
-
-func TestPhase(t *testing.T) {
-	managed := &v1alpha1.ProxySpec{Mode: v1alpha1.ModeManaged, Provider: v1alpha1.ProviderLocal, Local: &v1alpha1.LocalSpec{}}
-	desired := DesiredHash(managed, "")
-	run := &InstanceRef{Name: "a", Hash: desired, Created: true, State: provider.StateRunning, IP: "1.2.3.4"}
-	cases := []struct {
-		name  string
-		state ProxyState
-		want  v1alpha1.Phase
-	}{
-		{"nothing yet", ProxyState{}, v1alpha1.PhasePending},
-		{"spec, nothing tried", ProxyState{Spec: managed}, v1alpha1.PhasePending},
-		{"creating", ProxyState{Spec: managed, Counter: 1, Instance: &InstanceRef{Name: "a"}}, v1alpha1.PhaseProvisioning},
-		{"quota wait is provisioning, not failed", ProxyState{Spec: managed, Quota: "no CPUs"}, v1alpha1.PhaseProvisioning},
-		{"running without verdict", ProxyState{Spec: managed, Counter: 1, Instance: run}, v1alpha1.PhaseProvisioning},
-		{"healthy", ProxyState{Spec: managed, Counter: 1, Instance: run, Health: activities.Health{Known: true, Healthy: true}}, v1alpha1.PhaseReady},
-		{"unhealthy", ProxyState{Spec: managed, Counter: 1, Instance: run, Health: activities.Health{Known: true}}, v1alpha1.PhaseUnhealthy},
-		{"replacing", ProxyState{Spec: managed, Counter: 2, Instance: run, Next: &InstanceRef{Name: "b"}, Health: activities.Health{Known: true, Healthy: true}}, v1alpha1.PhaseReplacing},
-		{"failed", ProxyState{Spec: managed, Generation: 2, Failure: &Failure{Generation: 2}}, v1alpha1.PhaseFailed},
-		{"deleting", ProxyState{Spec: managed, Deleting: true}, v1alpha1.PhaseDeleting},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			s := tc.state
-			assert.Equal(t, tc.want, phase(&s))
 		})
 	}
 }
@@ -141,41 +110,4 @@ func TestDesiredHashKeepsOlderSpecs(t *testing.T) {
 	readBack.GCP.ExternalIP = &on
 	readBack.GCP.AllowedSourceRanges = []v1alpha1.CIDR{"203.0.113.0/24"}
 	assert.NotEqual(t, h, DesiredHash(&readBack, ""), "new source ranges are one")
-}
-
-// TestHealthyConditionSaysWhy: the Healthy condition's reason is the probes' unless the
-// verdict names another (credentials that may not be used) or the instance was preempted;
-// the message leads with the failure kind either way.
-func TestHealthyConditionSaysWhy(t *testing.T) {
-	external := &v1alpha1.ProxySpec{Mode: v1alpha1.ModeExternal, Endpoint: &v1alpha1.Endpoint{Host: "h", Port: 1}}
-	cases := []struct {
-		name                  string
-		health                activities.Health
-		status, reason, start string
-	}{
-		{"no verdict", activities.Health{}, "Unknown", v1alpha1.ReasonNotProbed, "no verdict"},
-		{"healthy", activities.Health{Known: true, Healthy: true, LatencyMillis: 12}, "True", v1alpha1.ReasonProbeSucceeded, "probes through the proxy succeed"},
-		{"a probe failed", activities.Health{Known: true, LastFailure: "proxy asks for authentication (407)", FailureKind: probe.KindProxyAuth},
-			"False", v1alpha1.ReasonProbeFailed, "proxy_auth: proxy asks"},
-		{"credentials that may not be used", activities.Health{Known: true, LastFailure: "credentials Secret ns/s lacks the label",
-			FailureKind: probe.KindProxyAuth, FailureReason: v1alpha1.ReasonCredentialsNotLabelled},
-			"False", v1alpha1.ReasonCredentialsNotLabelled, "proxy_auth: credentials Secret ns/s lacks the label"},
-		{"preempted", activities.Health{Known: true, LastFailure: "instance " + LostPreempted}, "False", v1alpha1.ReasonPreempted, "the provider took the instance back"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			st := status(&ProxyState{Spec: external, Health: tc.health}, "wf")
-			var got *metav1.Condition
-			for i := range st.Conditions {
-				if st.Conditions[i].Type == v1alpha1.ConditionHealthy {
-					got = &st.Conditions[i]
-				}
-			}
-			if assert.NotNil(t, got) {
-				assert.Equal(t, tc.status, string(got.Status))
-				assert.Equal(t, tc.reason, got.Reason)
-				assert.True(t, strings.HasPrefix(got.Message, tc.start), "message %q", got.Message)
-			}
-		})
-	}
 }
