@@ -26,6 +26,7 @@ import (
 	"go.temporal.io/api/enums/v1"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/service"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
@@ -407,7 +408,7 @@ func TestServiceWithoutFleetKey(t *testing.T) {
 			temporal := &slowTemporal{}
 			temporal.set(running(locked), running(open))
 			logs := &testenv.LogBuffer{}
-			svc := discovery.NewService(discovery.ServiceConfig{API: defaultConfig(), Namespace: "default",
+			svc := service.New(service.Config{API: defaultConfig(), Namespace: "default",
 				RefreshInterval: time.Hour, FullResyncInterval: time.Hour, Keyring: tc.keyring},
 				temporal, slog.New(slog.NewTextHandler(logs, nil)), nil)
 			ln, err := net.Listen("tcp", "127.0.0.1:0")

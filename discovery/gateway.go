@@ -1299,6 +1299,24 @@ func (g *Gateway) renewOne(ctx context.Context, auth, id string) error {
 	return err
 }
 
+// serveUntil serves hs on ln until ctx ends, then stops accepting and gives the requests
+// in flight up to 10s. It returns the error of serving (nil for that stop) and the
+// shutdown's, which says requests were cut off.
+func serveUntil(ctx context.Context, hs *http.Server, ln net.Listener) (err, shutdownErr error) {
+	shutdown := make(chan error, 1)
+	go func() {
+		<-ctx.Done()
+		sctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		shutdown <- hs.Shutdown(sctx)
+	}()
+	err = hs.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil, <-shutdown
+	}
+	return err, nil
+}
+
 // Serve runs the gateway on ln until ctx ends. Then it stops accepting, gives plain
 // requests in flight up to 10s, closes the tunnels still open and releases their leases.
 func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {

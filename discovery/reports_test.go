@@ -17,6 +17,7 @@ import (
 	"go.temporal.io/api/enums/v1"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/service"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -141,7 +142,7 @@ func TestShutdownDrainsReports(t *testing.T) {
 	memo := readyMemo("p")
 	memo.MaxLeases = 100
 	tc.set(listedRun{memo: memo, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: time.Now()})
-	svc := discovery.NewService(discovery.ServiceConfig{API: defaultConfig(), Namespace: "default",
+	svc := service.New(service.Config{API: defaultConfig(), Namespace: "default",
 		RefreshInterval: time.Hour, FullResyncInterval: time.Hour}, tc, slog.New(slog.DiscardHandler), nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

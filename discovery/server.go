@@ -47,6 +47,12 @@ const (
 	DefaultFullResyncInterval  = 5 * time.Minute
 )
 
+// WithDefaults is c with every unset field at its default, as NewServer uses it.
+func (c Config) WithDefaults() Config {
+	c.defaults()
+	return c
+}
+
 func (c *Config) defaults() {
 	orDefault(&c.DefaultTTL, DefaultTTL)
 	orDefault(&c.MaxTTL, DefaultMaxTTL)
@@ -165,6 +171,14 @@ func (s *Server) Handler() http.Handler {
 func (s *Server) RunReplicas(ctx context.Context) {
 	if s.replicas != nil {
 		s.replicas.restore(ctx)
+	}
+}
+
+// WatchClients reloads the clients file at path every interval until ctx ends (see
+// Clients.Watch); without clients (authentication off) there is nothing to reload.
+func (s *Server) WatchClients(ctx context.Context, path string, interval time.Duration) {
+	if s.clients != nil {
+		s.clients.Watch(ctx, path, interval, s.log, s.metrics.clientsReloadErrors.Inc)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/service"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
@@ -817,7 +818,7 @@ func TestNormalizeTarget(t *testing.T) {
 
 // TestServerLimits: headers past MaxHeaderBytes are refused before any handler runs.
 func TestServerLimits(t *testing.T) {
-	svc := discovery.NewService(discovery.ServiceConfig{API: discovery.Config{Token: "t"}}, quietTemporal{&fakeLister{}}, slog.New(slog.DiscardHandler), nil)
+	svc := service.New(service.Config{API: discovery.Config{Token: "t"}}, quietTemporal{&fakeLister{}}, slog.New(slog.DiscardHandler), nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -827,7 +828,7 @@ func TestServerLimits(t *testing.T) {
 
 	req, err := http.NewRequest(http.MethodGet, "http://"+ln.Addr().String()+"/healthz", nil)
 	require.NoError(t, err)
-	req.Header.Set("X-Padding", strings.Repeat("x", 2*discovery.MaxHeaderBytes))
+	req.Header.Set("X-Padding", strings.Repeat("x", 2*service.MaxHeaderBytes))
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	resp.Body.Close()

@@ -15,12 +15,13 @@ import (
 	"time"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/service"
 	"github.com/proxyfleet/proxyfleet/internal/cmdline"
 )
 
 func main() {
 	temporal := cmdline.TemporalFlags()
-	var cfg discovery.ServiceConfig
+	var cfg service.Config
 	listen := flag.String("listen", cmdline.Env("DISCOVERY_LISTEN", "127.0.0.1:8090"), "address of the API, /healthz, /readyz and /metrics (env DISCOVERY_LISTEN)")
 	flag.DurationVar(&cfg.API.DefaultTTL, "default-ttl", discovery.DefaultTTL, "lease TTL when a request gives none")
 	flag.DurationVar(&cfg.API.MaxTTL, "max-ttl", discovery.DefaultMaxTTL, "longest TTL a lease or renewal may ask for")
@@ -119,7 +120,7 @@ func main() {
 			p.Log.Info("gateway listening", "addr", gw.Addr().String())
 		}
 		p.Log.Info("discovery listening", "addr", ln.Addr().String(), "temporal", temporal.Address, "fleetKeyIDs", kr.IDs())
-		return discovery.NewService(cfg, tc, p.Log, reg).ServeWithGateway(ctx, ln, gw)
+		return service.New(cfg, tc, p.Log, reg).ServeWithGateway(ctx, ln, gw)
 	})
 }
 

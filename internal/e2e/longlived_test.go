@@ -13,7 +13,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/service"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
@@ -29,7 +29,7 @@ func TestTerminatedRunLeavesDiscoveryAtOnce(t *testing.T) {
 	ns := s.Namespace(t)
 	require.NoError(t, s.Kube.Client.Create(ctx, stack.Tagged(s.LocalProxy(ns, "gone"), ns)))
 	s.WaitFor(t, ns, "gone", time.Minute, "Ready", stack.Ready)
-	d := s.StartDiscovery(t, func(c *discovery.ServiceConfig) { c.FullResyncInterval = time.Hour })
+	d := s.StartDiscovery(t, func(c *service.Config) { c.FullResyncInterval = time.Hour })
 	c := newCrawler(t, d, ns)
 	listed := func() int {
 		list, err := c.c.ListProxies(ctx, c.selector(), nil)

@@ -16,20 +16,24 @@ const module = "github.com/proxyfleet/proxyfleet/"
 func TestNoArrowUp(t *testing.T) {
 	workflowCode := []string{module + "workflows", module + "activities"}
 	kubernetes := []string{module + "operator/api", "k8s.io/client-go", "sigs.k8s.io/controller-runtime"}
+	// Discovery reads the workflows' memos and signals them through workflows/contract and
+	// workflows/proxyruns, and nothing else of theirs; it never talks to Kubernetes.
+	discoveryForbid := append(append([]string{module + "workflows/proxyinput"}, workflowCode...), kubernetes...)
 	rules := []struct {
 		pkg    string
 		why    string
 		forbid []string
 	}{
 		{"operator/controller", "the controller starts and signals workflows with workflows/proxyinput and workflows/contract", workflowCode},
-		{"discovery", "discovery reads workflows through workflows/contract only", append(workflowCode, kubernetes...)},
+		{"discovery", "the lease domain reads workflows through workflows/contract only", discoveryForbid},
+		{"discovery/service", "discovery's process reads workflows through workflows/contract and proxyruns only", discoveryForbid},
 		{"workflows/contract", "every process links contract: it is a leaf", append(append(workflowCode, kubernetes...), module+"discovery", module+"operator")},
 		{"workflows/proxyinput", "the controller links proxyinput", workflowCode},
 		{"workflows/proxyruns", "discovery links proxyruns", append(workflowCode, kubernetes...)},
 		{"discovery/codes", "the Go client links the codes table, and crawlers link the client", []string{strings.TrimSuffix(module, "/")}},
 		{"discovery/client", "crawlers link the Go client", []string{module + "discovery", module + "workflows", module + "activities", module + "operator", module + "internal"}},
 		{"cmd/operator", "the operator starts workflows and never runs them", workflowCode},
-		{"cmd/discovery", "discovery's process is discovery and its flags", append(workflowCode, kubernetes...)},
+		{"cmd/discovery", "discovery's process is discovery and its flags", discoveryForbid},
 	}
 	for _, r := range rules {
 		t.Run(r.pkg, func(t *testing.T) {

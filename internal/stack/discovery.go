@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/service"
 )
 
 // Discovery is a running discovery server of the stack.
@@ -24,14 +25,14 @@ type Discovery struct {
 // Stop ends the server (tests that restart discovery call it before starting another).
 func (d *Discovery) Stop() { d.stop() }
 
-// StartDiscovery runs discovery in-process as cmd/discovery does (discovery.Service), reading
+// StartDiscovery runs discovery in-process as cmd/discovery does (service.Service), reading
 // the index from the stack's Temporal server with test-sized intervals, and returns once
 // its index is loaded.
 // Options, if given, adjust the configuration first (e.g. a longer full pass).
-func (s *Stack) StartDiscovery(t testing.TB, options ...func(*discovery.ServiceConfig)) *Discovery {
+func (s *Stack) StartDiscovery(t testing.TB, options ...func(*service.Config)) *Discovery {
 	t.Helper()
 	const token = "test-token"
-	cfg := discovery.ServiceConfig{
+	cfg := service.Config{
 		API:             discovery.Config{Token: token},
 		Namespace:       s.Temporal.Namespace,
 		RefreshInterval: 200 * time.Millisecond, FullResyncInterval: time.Minute, SweepInterval: 200 * time.Millisecond,
@@ -42,7 +43,7 @@ func (s *Stack) StartDiscovery(t testing.TB, options ...func(*discovery.ServiceC
 	for _, o := range options {
 		o(&cfg)
 	}
-	svc := discovery.NewService(cfg, s.Temporal.Client, s.logger(), nil)
+	svc := service.New(cfg, s.Temporal.Client, s.logger(), nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	gw, err := discovery.ListenGateway(context.Background(), "127.0.0.1:0") // as cmd/discovery listens

@@ -1,4 +1,8 @@
-package discovery
+// Package service assembles discovery's process from the lease domain and its adapters:
+// the HTTP API, the gateway, the replica set and the Temporal index reader. It sits above
+// all of them so that none of them has to know the others, and so that cmd/discovery and
+// the test stack build one process the same way.
+package service
 
 import (
 	"context"
@@ -10,13 +14,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 )
 
-// ServiceConfig configures a whole discovery process.
-type ServiceConfig struct {
+// Config configures a whole discovery process.
+type Config struct {
 	// API configures the HTTP API (token, TTLs, cooldowns).
-	API Config
+	API discovery.Config
 	// Namespace is the Temporal namespace the proxies' workflows run in.
 	Namespace string
 	// RefreshInterval and FullResyncInterval pace the index refresher (see Refresher).
@@ -34,13 +39,13 @@ type ServiceConfig struct {
 	ClientsFile   string
 	ClientsReload time.Duration
 	// Gateway configures the gateway, which ServeWithGateway serves.
-	Gateway GatewayConfig
+	Gateway discovery.GatewayConfig
 }
 
 // Temporal is the part of the Temporal client discovery uses: it lists workflows for the
 // index and signals reports to them.
 type Temporal interface {
-	Lister
+	discovery.Lister
 	SignalWorkflow(ctx context.Context, workflowID, runID, signalName string, arg any) error
 }
 
@@ -50,10 +55,10 @@ type Temporal interface {
 // exercise the wiring production runs.
 type Service struct {
 	// Store is the lease store, for tests that look inside.
-	Store     *Store
-	server    *Server
-	gateway   *Gateway
-	refresher *Refresher
+	Store     *discovery.Store
+	server    *discovery.Server
+	gateway   *discovery.Gateway
+	refresher *discovery.Refresher
 	sweep     time.Duration
 	log       *slog.Logger
 	// clientsFile and clientsReload configure the reload of the clients file.
@@ -82,21 +87,21 @@ func serveUntil(ctx context.Context, hs *http.Server, ln net.Listener) (err, shu
 // MaxHeaderBytes bounds a request's headers: a bearer token and a traceparent need far less.
 const MaxHeaderBytes = 16 << 10
 
-// NewService assembles discovery. Metrics go to reg when it is not nil.
-func NewService(cfg ServiceConfig, tc Temporal, log *slog.Logger, reg prometheus.Registerer) *Service {
+// New assembles discovery. Metrics go to reg when it is not nil.
+func New(cfg Config, tc Temporal, log *slog.Logger, reg prometheus.Registerer) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
-	cfg.API.defaults()
+	cfg.API = cfg.API.WithDefaults()
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = time.Second
 	}
 	// A lease stays known after it ends for as long as a report about it can still matter:
 	// the longest cooldown a report can start.
-	store := NewStoreWith(StoreConfig{KeepEnded: max(cfg.API.CooldownRateLimited, cfg.API.CooldownBanned),
+	store := discovery.NewStoreWith(discovery.StoreConfig{KeepEnded: max(cfg.API.CooldownRateLimited, cfg.API.CooldownBanned),
 		Replica: byte(cfg.API.Replicas.Self)})
-	srv := NewServer(cfg.API, store, TemporalSignaler{Client: tc}, log, reg)
-	ref := &Refresher{Client: tc, Namespace: cfg.Namespace, Store: store, Keyring: cfg.Keyring,
+	srv := discovery.NewServer(cfg.API, store, discovery.TemporalSignaler{Client: tc}, log, reg)
+	ref := &discovery.Refresher{Client: tc, Namespace: cfg.Namespace, Store: store, Keyring: cfg.Keyring,
 		Interval: cfg.RefreshInterval, FullEvery: cfg.FullResyncInterval, Log: log, Observe: srv.ObserveRefresh}
 	if cfg.Keyring == nil {
 		log.Warn("discovery runs without a fleet key: proxies that take credentials are never leased")
@@ -130,8 +135,8 @@ func (s *Service) ServeWithGateway(ctx context.Context, ln, gw net.Listener) err
 	go func() { _ = s.refresher.Run(ctx); loops <- struct{}{} }()
 	go func() { s.server.RunReplicas(ctx); loops <- struct{}{} }()
 	go func() {
-		if s.clientsFile != "" && s.server.clients != nil {
-			s.server.clients.Watch(ctx, s.clientsFile, s.clientsReload, s.log, s.server.metrics.clientsReloadErrors.Inc)
+		if s.clientsFile != "" {
+			s.server.WatchClients(ctx, s.clientsFile, s.clientsReload)
 		}
 		loops <- struct{}{}
 	}()
