@@ -26,22 +26,22 @@ const (
 // activity, local and timer start an activity, a local activity or a timer, counting the
 // events they may cost.
 func (w *proxyWorkflow) activity(ctx workflow.Context, act any, arg any) workflow.Future {
-	w.cost += costActivity
+	w.budget.cost += costActivity
 	return workflow.ExecuteActivity(ctx, act, arg)
 }
 
 func (w *proxyWorkflow) local(ctx workflow.Context, act any, arg any) workflow.Future {
-	w.cost += costLocal
+	w.budget.cost += costLocal
 	return workflow.ExecuteLocalActivity(ctx, act, arg)
 }
 
 func (w *proxyWorkflow) timer(ctx workflow.Context, d time.Duration, opts workflow.TimerOptions) workflow.Future {
-	w.cost += costTimer
+	w.budget.cost += costTimer
 	return workflow.NewTimerWithOptions(ctx, d, opts)
 }
 
 // runEnd is when this run has lived long enough: it then continues as new.
-func (w *proxyWorkflow) runEnd() time.Time { return w.runStart.Add(w.tuning.MaxRunAge) }
+func (w *proxyWorkflow) runEnd() time.Time { return w.budget.start.Add(w.tuning.MaxRunAge) }
 
 // overBudget reports whether this run has done enough and should continue as new, and why.
 // The server's own counts (events, bytes, its suggestion) are checked with the run's signal
@@ -59,11 +59,11 @@ func (w *proxyWorkflow) overBudget(ctx workflow.Context) (bool, string) {
 	switch {
 	case info.GetContinueAsNewSuggested():
 		return true, "server suggested"
-	case info.GetCurrentHistoryLength() >= limit || w.cost >= limit:
+	case info.GetCurrentHistoryLength() >= limit || w.budget.cost >= limit:
 		return true, "events"
 	case info.GetCurrentHistorySize() >= w.tuning.MaxRunBytes:
 		return true, "bytes"
-	case w.signals >= w.tuning.MaxRunSignals:
+	case w.budget.signals >= w.tuning.MaxRunSignals:
 		return true, "signals"
 	case !workflow.Now(ctx).Before(w.runEnd()):
 		return true, "age"
@@ -75,8 +75,8 @@ func (w *proxyWorkflow) continueAsNew(ctx workflow.Context, why string) error {
 	w.drainSignals()
 	if w.policy.shardWatched {
 		// A signal left unread would be lost with this run: a verdict is carried over.
-		for w.monCh.Len() > 0 {
-			if r := w.receiveReport(w.monCh); r != nil {
+		for w.ch.monitor.Len() > 0 {
+			if r := w.receiveReport(w.ch.monitor); r != nil {
 				w.apply(w.state.monitorReturned(r.Result, workflow.Now(ctx)))
 			}
 		}
@@ -85,6 +85,6 @@ func (w *proxyWorkflow) continueAsNew(ctx workflow.Context, why string) error {
 	next.State = w.state
 	info := workflow.GetInfo(ctx)
 	w.log.Info("continuing as new", "reason", why, "events", info.GetCurrentHistoryLength(),
-		"bytes", info.GetCurrentHistorySize(), "signals", w.signals)
+		"bytes", info.GetCurrentHistorySize(), "signals", w.budget.signals)
 	return workflow.NewContinueAsNewError(ctx, ProxyWorkflow, next)
 }

@@ -90,7 +90,7 @@ func (w *proxyWorkflow) create(ctx workflow.Context, name string) error {
 	var res activities.CreateResult
 	// Create is never abandoned: a cancelled call could still create the instance after a
 	// delete decided it did not exist. Signals wait until it returns.
-	_, err := w.await(ctx, w.activity(actx, a.CreateInstance, w.instanceInput(ref)), func() {}, false, &res)
+	_, err := w.await(ctx, w.activity(actx, a.CreateInstance, w.view().instanceInput(ref)), func() {}, false, &res)
 	if err != nil {
 		kind, msg := failureOf(err)
 		w.apply(w.state.createFailed(name, kind, msg, workflow.Now(ctx), w.tuning))
@@ -112,7 +112,7 @@ func (w *proxyWorkflow) waitRunning(ctx workflow.Context, name string) error {
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 30 * time.Second, NonRetryableErrorTypes: []string{activities.ErrTypePermanent}},
 	})
 	var res activities.WaitResult
-	interrupted, err := w.await(ctx, w.activity(actx, a.WaitRunning, w.instanceInput(ref)), cancel, true, &res)
+	interrupted, err := w.await(ctx, w.activity(actx, a.WaitRunning, w.view().instanceInput(ref)), cancel, true, &res)
 	if interrupted {
 		return nil
 	}
@@ -170,7 +170,7 @@ func (w *proxyWorkflow) deleteRetiring(ctx workflow.Context) error {
 		RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 30 * time.Second, MaximumAttempts: 5},
 	})
 	// Deletes are not abandoned either: they are what keeps instances from leaking.
-	_, err := w.await(ctx, w.activity(actx, a.DeleteInstance, w.instanceInput(&ref)), func() {}, false, nil)
+	_, err := w.await(ctx, w.activity(actx, a.DeleteInstance, w.view().instanceInput(&ref)), func() {}, false, nil)
 	if err != nil {
 		s.deleteFailed(errorMessage(err), workflow.Now(ctx), w.tuning)
 		w.log.Warn("delete failed; will retry", "instance", ref.Name, "error", err)

@@ -8,7 +8,6 @@ import (
 	"go.temporal.io/sdk/workflow"
 
 	"github.com/proxyfleet/proxyfleet/activities"
-	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -22,21 +21,23 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 		in:     in,
 		tuning: in.Tuning.WithDefaults(),
 		log:    workflow.GetLogger(ctx),
-		specCh: workflow.GetSignalChannel(ctx, contract.SignalSpec),
-		delCh:  workflow.GetSignalChannel(ctx, contract.SignalDelete),
-		replCh: workflow.GetSignalChannel(ctx, contract.SignalReplace),
-		repCh:  workflow.GetSignalChannel(ctx, contract.SignalReport),
-		monCh:  workflow.GetSignalChannel(ctx, contract.SignalMonitor),
-		now:    func() time.Time { return workflow.Now(ctx) },
-		state:  in.State,
-		wfID:   workflow.GetInfo(ctx).WorkflowExecution.ID,
+		ch: signalChannels{
+			spec:    workflow.GetSignalChannel(ctx, contract.SignalSpec),
+			del:     workflow.GetSignalChannel(ctx, contract.SignalDelete),
+			repl:    workflow.GetSignalChannel(ctx, contract.SignalReplace),
+			report:  workflow.GetSignalChannel(ctx, contract.SignalReport),
+			monitor: workflow.GetSignalChannel(ctx, contract.SignalMonitor),
+		},
+		now:   func() time.Time { return workflow.Now(ctx) },
+		state: in.State,
+		wfID:  workflow.GetInfo(ctx).WorkflowExecution.ID,
 	}
 	if w.state == nil {
 		w.state = &ProxyState{}
 	}
 	w.policy = policyFor(workflow.GetVersion(ctx, versionChangeID, workflow.DefaultVersion, versionLatest))
-	w.cost = costStart
-	w.runStart = workflow.Now(ctx)
+	w.budget.cost = costStart
+	w.budget.start = workflow.Now(ctx)
 	w.state.policy = w.policy
 	if in.State == nil && w.policy.bounded() {
 		w.state.Unlisted = true
@@ -49,17 +50,39 @@ func ProxyWorkflow(ctx workflow.Context, in ProxyWorkflowInput) error {
 
 type proxyWorkflow struct {
 	in     ProxyWorkflowInput
-	tuning Tuning
-	log    log.Logger
-	state  *ProxyState
 	wfID   string
+	tuning Tuning
+	policy runPolicy
+	log    log.Logger
+	now    func() time.Time
+	state  *ProxyState
+	ch     signalChannels
+	// flags are what signals and reports left for the loop to do.
+	flags loopFlags
+	// written is what the run last wrote where others read it.
+	written written
+	budget  runBudget
+	// wake is steady's pending timer. A run watched by shards keeps it across the reports
+	// that end one steady wait and start the next: a verdict or a latency that leaves the
+	// wake time as it was would otherwise cancel the timer and start the same one again,
+	// two events and a billable action each time.
+	wake pendingWake
+}
 
-	specCh, delCh, replCh, repCh workflow.ReceiveChannel
-	// monCh carries a monitor shard's reports (MonitorReport). Runs of version 4 read it
+// signalChannels are the run's signal channels, one per signal.
+type signalChannels struct {
+	spec, del, repl, report workflow.ReceiveChannel
+	// monitor carries a monitor shard's reports (MonitorReport). Runs of version 4 read it
 	// only while steady (where the old Monitor activity's results were applied); later
 	// ones in every wait (addSignals), since a step can last minutes (a delete tries for
 	// up to 15) and a verdict must not wait for it.
-	monCh workflow.ReceiveChannel
+	monitor workflow.ReceiveChannel
+}
+
+// loopFlags are what the signals and reports taken so far ask of the loop.
+type loopFlags struct {
+	// interrupt is set by a signal that changes what plan() would choose.
+	interrupt bool
 	// reported is set when a report was applied by addSignals: steady then returns to
 	// replan, as it did when it read reports itself. watchLeft is set when a report moved
 	// the run off the watch it published (see reportStale), until the next publish.
@@ -67,45 +90,22 @@ type proxyWorkflow struct {
 	watchLeft bool
 	// urgent is set when what discovery acts on changed (a verdict, an instance): await
 	// publishes it at once; other memo changes (cooldowns) at most every
-	// awaitPublishEvery. publishedAt is when the memo was last written.
-	urgent      bool
-	publishedAt time.Time
-	now         func() time.Time
-	// policy is what the version this run started with decides; runStart is when;
-	// signals counts the signals it received. Together they decide when the run has done
-	// enough.
-	policy   runPolicy
-	runStart time.Time
-	signals  int
+	// awaitPublishEvery.
+	urgent bool
+	// memoDirty is set by a report: cooldowns changed and discovery must see them.
+	memoDirty bool
+}
+
+// runBudget is what this run has spent: it decides, with the server's counts, when the run
+// has done enough (overBudget).
+type runBudget struct {
+	// start is when the run started; signals counts the signals it received.
+	start   time.Time
+	signals int
 	// cost is an upper bound on the history events this run has written, counted from
 	// what it did (see the cost constants). It bounds a run where the server's count is not
 	// available, and is the budget the tests can check.
 	cost int
-	// memoDirty is set by a report: cooldowns changed and discovery must see them.
-	memoDirty bool
-
-	// interrupt is set by a signal that changes what plan() would choose.
-	interrupt bool
-	// republishAt is when to try again to write a status the API server refused (zero: no
-	// write pending); publishFailures counts the failures in a row.
-	republishAt     time.Time
-	publishFailures int
-	// published and memo remember what was last written, so nothing is written twice.
-	published *v1alpha1.ProxyStatus
-	memo      *contract.ProxyMemo
-	saPhase   v1alpha1.Phase
-	saHealthy *bool
-	// watchEpoch is the epoch of the MonitorMemo last published ("" for none); watchSet
-	// says one was published by this run. A shard's report for another epoch is stale.
-	watchEpoch string
-	watchSet   bool
-	// verdictPub is the Verdict last published (nil: none).
-	verdictPub *activities.Verdict
-	// wake is steady's pending timer. A run watched by shards keeps it across the reports
-	// that end one steady wait and start the next: a verdict or a latency that leaves the
-	// wake time as it was would otherwise cancel the timer and start the same one again,
-	// two events and a billable action each time.
-	wake pendingWake
 }
 
 func (w *proxyWorkflow) run(ctx workflow.Context) error {
@@ -118,7 +118,7 @@ func (w *proxyWorkflow) run(ctx workflow.Context) error {
 		if over, why := w.overBudget(ctx); over {
 			return w.continueAsNew(ctx, why)
 		}
-		w.interrupt = false
+		w.flags.interrupt = false
 		now := workflow.Now(ctx)
 		st := plan(s, now)
 		var err error

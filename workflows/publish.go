@@ -16,20 +16,184 @@ import (
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
-// What the run publishes (the Proxy's status, search attributes, the memo discovery and the
-// monitor shards read) and what it is derived from.
+// What the run publishes — the Proxy's status, its search attributes, the memo discovery
+// and the monitor shards read — is a pure function of the state and of what was last
+// written (publication); publishState only carries it out. The rules that decide what a
+// crawler or a shard sees (a replaced instance still leasable, a watch restarted or kept)
+// are therefore table tests away, without Temporal.
 
-func (w *proxyWorkflow) instanceInput(ref *InstanceRef) activities.InstanceInput {
+// view derives what others read about the proxy from the run's state and what the run is.
+// It reads and never changes anything.
+type view struct {
+	state  *ProxyState
+	in     ProxyWorkflowInput
+	policy runPolicy
+	tuning Tuning
+}
+
+func (w *proxyWorkflow) view() view {
+	return view{state: w.state, in: w.in, policy: w.policy, tuning: w.tuning}
+}
+
+// written is what the run last wrote where others read it, so nothing is written twice.
+type written struct {
+	// status is the status the API server last took (nil: none yet). retryAt is when to
+	// write one it refused again (zero: no write pending); failures counts the refusals
+	// in a row.
+	status   *v1alpha1.ProxyStatus
+	retryAt  time.Time
+	failures int
+	// memo, phase and healthy are the last memo and search attributes; at is when.
+	memo    *contract.ProxyMemo
+	phase   v1alpha1.Phase
+	healthy *bool
+	at      time.Time
+	// watchEpoch is the epoch of the MonitorMemo last published ("" for none); watchSet
+	// says one was published by this run. A shard's report for another epoch is stale.
+	watchEpoch string
+	watchSet   bool
+	// verdict is the Verdict last published (nil: none).
+	verdict *activities.Verdict
+}
+
+// sameWatch reports whether watch is what was last published.
+func (wr written) sameWatch(watch *activities.MonitorMemo) bool {
+	epoch := ""
+	if watch != nil {
+		epoch = watch.Epoch
+	}
+	return wr.watchSet && epoch == wr.watchEpoch
+}
+
+// publication is one write of the search attributes and the memo.
+type publication struct {
+	// The search attributes (ProxyUpdatedAt is the time of the write).
+	phase    v1alpha1.Phase
+	provider string
+	healthy  bool
+	// fields are the memo fields to write; a nil value removes its field.
+	fields map[string]any
+	// next is what will have been written once this is.
+	next written
+}
+
+// publication is what must be written now for status st, given what was last written and
+// whether something not in the memo's value asks for a write (dirty: reports, whose
+// cooldowns may have expired by now); false when nothing need be.
+func (v view) publication(st v1alpha1.ProxyStatus, last written, dirty bool, now time.Time) (publication, bool) {
+	healthy := v.leasable(st)
+	memo := v.memo(st, now)
+	pub := publication{phase: st.Phase, provider: v.providerName(), healthy: healthy,
+		fields: map[string]any{contract.MemoKey: memo}}
+	pub.next = last
+	pub.next.memo, pub.next.phase, pub.next.healthy = &memo, st.Phase, &healthy
+	sameWatch, sameVerdict := true, true
+	if v.policy.shardWatched {
+		watch := v.watch()
+		// Written only when it changes (memo fields not written keep their value), so the
+		// many writes of a flapping proxy carry only what discovery reads; the verdict in
+		// it is the one of its epoch's start (or of the run's), which is all a shard that
+		// takes over needs. A nil value removes the field: nothing to watch.
+		sameWatch = last.sameWatch(watch)
+		switch {
+		case sameWatch:
+		case watch != nil:
+			pub.fields[activities.MonitorMemoKey] = watch
+		default:
+			pub.fields[activities.MonitorMemoKey] = nil
+		}
+		// The verdict it holds now, which a shard's member started later (its shard moved,
+		// its worker restarted) starts from. It changes with what discovery's memo carries
+		// too (health, latency), so it adds bytes to writes made anyway.
+		verdict := v.verdict(watch)
+		sameVerdict = equalData(verdict, last.verdict)
+		switch {
+		case sameVerdict:
+		case verdict != nil:
+			pub.fields[activities.VerdictMemoKey] = verdict
+		default:
+			pub.fields[activities.VerdictMemoKey] = nil // removed, as the watch is
+		}
+		pub.next.verdict, pub.next.watchSet, pub.next.watchEpoch = verdict, true, ""
+		if watch != nil {
+			pub.next.watchEpoch = watch.Epoch
+		}
+	}
+	unchanged := last.memo != nil && equalData(*last.memo, memo) && !dirty && sameWatch && sameVerdict
+	if unchanged && last.phase == st.Phase && last.healthy != nil && *last.healthy == healthy {
+		return publication{}, false
+	}
+	return pub, true
+}
+
+// publishState writes what changed since the last write: the CR status (through a local
+// activity), then the search attributes and the memo as publication says.
+func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
+	s := w.state
+	if s.UID == "" {
+		return nil
+	}
+	st := status(s, w.wfID)
+	s.Phase = st.Phase
+	if w.written.status == nil || !equalData(*w.written.status, st) {
+		lctx := workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
+			StartToCloseTimeout: 30 * time.Second,
+			RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second, MaximumAttempts: 10},
+		})
+		in := activities.PublishInput{Namespace: w.in.Namespace, Name: w.in.Name, UID: s.UID, Status: st}
+		if err := w.local(lctx, a.PublishStatus, in).Get(ctx, nil); err != nil {
+			// Status is a view; the workflow's state is the truth. A run of an older version
+			// tries again at its next change; this one also on a timer of its own, so the
+			// status is right again soon after the API server is back.
+			w.log.Warn("publishing status failed; will try again", "error", err)
+			if w.policy.bounded() {
+				w.written.failures++
+				w.written.retryAt = workflow.Now(ctx).Add(min(republishBase<<min(w.written.failures-1, 6), republishMax))
+			}
+		} else {
+			w.written.status = &st
+			w.written.failures, w.written.retryAt = 0, time.Time{}
+		}
+	}
+	pub, write := w.view().publication(st, w.written, w.flags.memoDirty, w.now())
+	if !write {
+		return nil
+	}
+	w.budget.cost += 2 * costUpsert
+	err := workflow.UpsertTypedSearchAttributes(ctx,
+		contract.SearchAttrPhase.ValueSet(string(pub.phase)),
+		contract.SearchAttrProvider.ValueSet(pub.provider),
+		contract.SearchAttrHealthy.ValueSet(pub.healthy),
+		contract.SearchAttrUpdatedAt.ValueSet(workflow.Now(ctx).UTC()),
+	)
+	if err != nil {
+		return err
+	}
+	// The update time is what monitor shards and discovery read changes by, so the memo is
+	// never written without it.
+	if err := workflow.UpsertMemo(ctx, pub.fields); err != nil {
+		return err
+	}
+	w.written = pub.next
+	w.written.at = workflow.Now(ctx)
+	w.flags.memoDirty, w.flags.urgent = false, false
+	if w.policy.shardWatched {
+		w.flags.watchLeft = false
+	}
+	return nil
+}
+
+func (v view) instanceInput(ref *InstanceRef) activities.InstanceInput {
 	return activities.InstanceInput{
-		Provider: ref.Provider, Name: ref.Name, ProxyUID: w.state.UID, Namespace: w.in.Namespace,
+		Provider: ref.Provider, Name: ref.Name, ProxyUID: v.state.UID, Namespace: v.in.Namespace,
 		Spec: ref.Spec, ProviderID: ref.ProviderID, SpecHash: ref.Hash,
-		PollInterval: w.tuning.PollInterval, MaxWait: w.tuning.WaitRunningMax,
+		PollInterval: v.tuning.PollInterval, MaxWait: v.tuning.WaitRunningMax,
 	}
 }
 
 // watch is what a monitor shard is to watch for this proxy now, or nil for nothing.
-func (w *proxyWorkflow) watch() *activities.MonitorMemo {
-	in, ok := w.monitorInput()
+func (v view) watch() *activities.MonitorMemo {
+	in, ok := v.monitorInput()
 	if !ok {
 		return nil
 	}
@@ -48,20 +212,20 @@ func (w *proxyWorkflow) watch() *activities.MonitorMemo {
 	return &activities.MonitorMemo{Epoch: watchEpoch(in), Input: in}
 }
 
-// verdictOf is the verdict to publish beside watch: the run's, for watch's epoch; nil if
+// verdict is the verdict to publish beside watch: the run's, for watch's epoch; nil if
 // there is no watch or no verdict yet.
-func (w *proxyWorkflow) verdictOf(watch *activities.MonitorMemo) *activities.Verdict {
-	h := w.state.Health
+func (v view) verdict(watch *activities.MonitorMemo) *activities.Verdict {
+	h := v.state.Health
 	if watch == nil || !h.Known {
 		return nil
 	}
-	v := &activities.Verdict{Epoch: watch.Epoch, Healthy: h.Healthy, Since: h.Since, LatencyMillis: h.LatencyMillis}
-	if w.policy.serveWhileReplacing {
+	verdict := &activities.Verdict{Epoch: watch.Epoch, Healthy: h.Healthy, Since: h.Since, LatencyMillis: h.LatencyMillis}
+	if v.policy.serveWhileReplacing {
 		// A member that starts later (its shard moved) must know the reason the run holds,
 		// or it could never report it gone (a health-check target judged down).
-		v.FailureReason = h.FailureReason
+		verdict.FailureReason = h.FailureReason
 	}
-	return v
+	return verdict
 }
 
 // watchEpoch names a watch by everything in it but the last verdict (which the shard
@@ -84,21 +248,21 @@ func watchEpoch(in activities.MonitorInput) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-func (w *proxyWorkflow) monitorInput() (activities.MonitorInput, bool) {
-	s := w.state
+func (v view) monitorInput() (activities.MonitorInput, bool) {
+	s := v.state
 	if s.Spec == nil || s.Deleting {
 		return activities.MonitorInput{}, false
 	}
-	in := activities.MonitorInput{HealthCheck: s.Spec.HealthCheck, Last: s.Health, DriftInterval: w.tuning.DriftInterval}
+	in := activities.MonitorInput{HealthCheck: s.Spec.HealthCheck, Last: s.Health, DriftInterval: v.tuning.DriftInterval}
 	switch {
 	case s.Spec.EffectiveMode() == v1alpha1.ModeExternal:
 		in.Target = net.JoinHostPort(s.Spec.Endpoint.Host, strconv.Itoa(int(s.Spec.Endpoint.Port)))
 		if ref := s.Spec.Endpoint.CredentialsSecretRef; ref != nil {
-			in.Auth = &activities.ProbeAuth{Namespace: w.in.Namespace, Secret: ref.Name, UID: s.UID, Sealed: s.Sealed}
+			in.Auth = &activities.ProbeAuth{Namespace: v.in.Namespace, Secret: ref.Name, UID: s.UID, Sealed: s.Sealed}
 		}
 	case s.Instance.Running():
 		in.Target = net.JoinHostPort(s.Instance.IP, strconv.Itoa(int(s.Instance.Port)))
-		ii := w.instanceInput(s.Instance)
+		ii := v.instanceInput(s.Instance)
 		in.Instance = &ii
 		in.Auth = managedAuth(s.Instance)
 	default:
@@ -116,113 +280,8 @@ func managedAuth(ref *InstanceRef) *activities.ProbeAuth {
 	return &activities.ProbeAuth{KeyID: ref.KeyID, Instance: ref.Name}
 }
 
-// publishState writes what changed since the last write: the CR status (through a local
-// activity), the search attributes and the memo.
-func (w *proxyWorkflow) publishState(ctx workflow.Context) error {
-	s := w.state
-	if s.UID == "" {
-		return nil
-	}
-	st := status(s, w.wfID)
-	s.Phase = st.Phase
-	if w.published == nil || !equalData(*w.published, st) {
-		lctx := workflow.WithLocalActivityOptions(ctx, workflow.LocalActivityOptions{
-			StartToCloseTimeout: 30 * time.Second,
-			RetryPolicy:         &temporal.RetryPolicy{InitialInterval: time.Second, MaximumInterval: 10 * time.Second, MaximumAttempts: 10},
-		})
-		in := activities.PublishInput{Namespace: w.in.Namespace, Name: w.in.Name, UID: s.UID, Status: st}
-		if err := w.local(lctx, a.PublishStatus, in).Get(ctx, nil); err != nil {
-			// Status is a view; the workflow's state is the truth. A run of an older version
-			// tries again at its next change; this one also on a timer of its own, so the
-			// status is right again soon after the API server is back.
-			w.log.Warn("publishing status failed; will try again", "error", err)
-			if w.policy.bounded() {
-				w.publishFailures++
-				w.republishAt = workflow.Now(ctx).Add(min(republishBase<<min(w.publishFailures-1, 6), republishMax))
-			}
-		} else {
-			w.published = &st
-			w.publishFailures, w.republishAt = 0, time.Time{}
-		}
-	}
-	healthy := w.leasable(st)
-	memo := w.memoOf(st)
-	fields := map[string]any{contract.MemoKey: memo}
-	var watch *activities.MonitorMemo
-	var verdict *activities.Verdict
-	sameVerdict := true
-	if w.policy.shardWatched {
-		watch = w.watch()
-		// Written only when it changes (memo fields not written keep their value), so the
-		// many writes of a flapping proxy carry only what discovery reads; the verdict in
-		// it is the one of its epoch's start (or of the run's), which is all a shard that
-		// takes over needs. A nil value removes the field: nothing to watch.
-		switch {
-		case w.sameWatch(watch):
-		case watch != nil:
-			fields[activities.MonitorMemoKey] = watch
-		default:
-			fields[activities.MonitorMemoKey] = nil
-		}
-		// The verdict it holds now, which a shard's member started later (its shard moved,
-		// its worker restarted) starts from. It changes with what discovery's memo carries
-		// too (health, latency), so it adds bytes to writes made anyway.
-		verdict = w.verdictOf(watch)
-		sameVerdict = equalData(verdict, w.verdictPub)
-		switch {
-		case sameVerdict:
-		case verdict != nil:
-			fields[activities.VerdictMemoKey] = verdict
-		default:
-			fields[activities.VerdictMemoKey] = nil // removed, as the watch is
-		}
-	}
-	unchanged := w.memo != nil && equalData(*w.memo, memo) && !w.memoDirty && w.sameWatch(watch) && sameVerdict
-	if unchanged && w.saPhase == st.Phase && w.saHealthy != nil && *w.saHealthy == healthy {
-		return nil
-	}
-	w.cost += 2 * costUpsert
-	err := workflow.UpsertTypedSearchAttributes(ctx,
-		contract.SearchAttrPhase.ValueSet(string(st.Phase)),
-		contract.SearchAttrProvider.ValueSet(w.providerName()),
-		contract.SearchAttrHealthy.ValueSet(healthy),
-		contract.SearchAttrUpdatedAt.ValueSet(workflow.Now(ctx).UTC()),
-	)
-	if err != nil {
-		return err
-	}
-	// The update time is what monitor shards and discovery read changes by, so the memo is
-	// never written without it.
-	if err := workflow.UpsertMemo(ctx, fields); err != nil {
-		return err
-	}
-	w.memo, w.saPhase, w.saHealthy, w.memoDirty = &memo, st.Phase, &healthy, false
-	w.publishedAt, w.urgent = workflow.Now(ctx), false
-	if w.policy.shardWatched {
-		w.verdictPub = verdict
-		w.watchSet, w.watchEpoch, w.watchLeft = true, "", false
-		if watch != nil {
-			w.watchEpoch = watch.Epoch
-		}
-	}
-	return nil
-}
-
-// sameWatch reports whether watch is what this run last published (always true for a run
-// of a version that is not watched by shards).
-func (w *proxyWorkflow) sameWatch(watch *activities.MonitorMemo) bool {
-	if !w.policy.shardWatched {
-		return true
-	}
-	epoch := ""
-	if watch != nil {
-		epoch = watch.Epoch
-	}
-	return w.watchSet && epoch == w.watchEpoch
-}
-
-func (w *proxyWorkflow) providerName() string {
-	s := w.state
+func (v view) providerName() string {
+	s := v.state
 	if s.Spec == nil {
 		return ""
 	}
@@ -233,21 +292,23 @@ func (w *proxyWorkflow) providerName() string {
 // being replaced and the instance that serves until the replacement is verified is
 // healthy. Make-before-break is for crawlers too: the old instance leaves the pool when
 // the new one takes its place, not when the new one is started.
-func (w *proxyWorkflow) leasable(st v1alpha1.ProxyStatus) bool {
-	s := w.state
+func (v view) leasable(st v1alpha1.ProxyStatus) bool {
+	s := v.state
 	if st.Phase == v1alpha1.PhaseReady {
 		return true
 	}
-	return w.policy.serveWhileReplacing && st.Phase == v1alpha1.PhaseReplacing &&
+	return v.policy.serveWhileReplacing && st.Phase == v1alpha1.PhaseReplacing &&
 		s.Instance.Running() && s.Health.Known && s.Health.Healthy
 }
 
-func (w *proxyWorkflow) memoOf(st v1alpha1.ProxyStatus) contract.ProxyMemo {
-	s := w.state
+// memo is discovery's memo field for status st at now (cooldowns that ended by now are
+// left out).
+func (v view) memo(st v1alpha1.ProxyStatus, now time.Time) contract.ProxyMemo {
+	s := v.state
 	m := contract.ProxyMemo{
-		Name: w.in.Name, Namespace: w.in.Namespace, UID: s.UID, Phase: string(st.Phase),
-		Healthy: w.leasable(st), IP: st.IP, Port: st.Port,
-		LatencyMillis: st.LatencyMillis, Provider: w.providerName(),
+		Name: v.in.Name, Namespace: v.in.Namespace, UID: s.UID, Phase: string(st.Phase),
+		Healthy: v.leasable(st), IP: st.IP, Port: st.Port,
+		LatencyMillis: st.LatencyMillis, Provider: v.providerName(),
 	}
 	if s.Spec != nil {
 		m.MaxLeases = s.Spec.MaxLeases
@@ -272,7 +333,6 @@ func (w *proxyWorkflow) memoOf(st v1alpha1.ProxyStatus) contract.ProxyMemo {
 	case s.Instance != nil && s.Instance.KeyID != "":
 		m.Auth = &contract.ProxyAuth{KeyID: s.Instance.KeyID, Instance: s.Instance.Name}
 	}
-	now := w.now()
 	for _, target := range sortedKeys(s.Cooldowns) {
 		if until := s.Cooldowns[target]; until.After(now) {
 			if m.Cooldowns == nil {

@@ -11,36 +11,36 @@ import (
 // loop whether to re-plan, publish or log.
 
 func (w *proxyWorkflow) addSignals(sel workflow.Selector) {
-	sel.AddReceive(w.specCh, func(c workflow.ReceiveChannel, _ bool) {
+	sel.AddReceive(w.ch.spec, func(c workflow.ReceiveChannel, _ bool) {
 		var sig SpecSignal
 		c.ReceiveAsync(&sig)
-		w.signals++
-		w.cost += costSignal
+		w.budget.signals++
+		w.budget.cost += costSignal
 		w.apply(w.state.applySpec(sig))
 	})
-	sel.AddReceive(w.delCh, func(c workflow.ReceiveChannel, _ bool) {
+	sel.AddReceive(w.ch.del, func(c workflow.ReceiveChannel, _ bool) {
 		var sig contract.DeleteSignal
 		c.ReceiveAsync(&sig)
-		w.signals++
-		w.cost += costSignal
+		w.budget.signals++
+		w.budget.cost += costSignal
 		w.apply(w.state.requestDelete(sig))
 	})
-	sel.AddReceive(w.repCh, func(c workflow.ReceiveChannel, _ bool) {
+	sel.AddReceive(w.ch.report, func(c workflow.ReceiveChannel, _ bool) {
 		var sig contract.ReportSignal
 		c.ReceiveAsync(&sig)
-		w.signals++
-		w.cost += costSignal
+		w.budget.signals++
+		w.budget.cost += costSignal
 		w.apply(w.state.report(sig, w.now()))
 	})
-	sel.AddReceive(w.replCh, func(c workflow.ReceiveChannel, _ bool) {
+	sel.AddReceive(w.ch.repl, func(c workflow.ReceiveChannel, _ bool) {
 		var sig contract.ReplaceSignal
 		c.ReceiveAsync(&sig)
-		w.signals++
-		w.cost += costSignal
+		w.budget.signals++
+		w.budget.cost += costSignal
 		w.apply(w.state.requestReplace(sig))
 	})
 	if w.policy.serveWhileReplacing {
-		sel.AddReceive(w.monCh, func(c workflow.ReceiveChannel, _ bool) {
+		sel.AddReceive(w.ch.monitor, func(c workflow.ReceiveChannel, _ bool) {
 			if r := w.receiveReport(c); r != nil {
 				w.applyReport(r)
 			}
@@ -57,15 +57,15 @@ func (w *proxyWorkflow) applyReport(r *activities.MonitorReport) {
 	inst := s.Instance
 	e := s.monitorReturned(r.Result, w.now())
 	w.apply(e)
-	w.reported = true
+	w.flags.reported = true
 	if s.Instance != inst {
-		w.interrupt, w.watchLeft, w.urgent = true, true, true
+		w.flags.interrupt, w.flags.watchLeft, w.flags.urgent = true, true, true
 	}
 	if before.Known != s.Health.Known || before.Healthy != s.Health.Healthy || before.FailureReason != s.Health.FailureReason {
-		w.urgent = true
+		w.flags.urgent = true
 	}
-	if e.publish || w.urgent || before.LatencyMillis != s.Health.LatencyMillis || before.LastFailure != s.Health.LastFailure {
-		w.memoDirty = true
+	if e.publish || w.flags.urgent || before.LatencyMillis != s.Health.LatencyMillis || before.LastFailure != s.Health.LastFailure {
+		w.flags.memoDirty = true
 	}
 }
 
@@ -78,35 +78,35 @@ func (w *proxyWorkflow) drainSignals() {
 		var repl contract.ReplaceSignal
 		var rep contract.ReportSignal
 		switch {
-		case w.specCh.ReceiveAsync(&spec):
+		case w.ch.spec.ReceiveAsync(&spec):
 			w.apply(s.applySpec(spec))
-		case w.delCh.ReceiveAsync(&del):
+		case w.ch.del.ReceiveAsync(&del):
 			w.apply(s.requestDelete(del))
-		case w.replCh.ReceiveAsync(&repl):
+		case w.ch.repl.ReceiveAsync(&repl):
 			w.apply(s.requestReplace(repl))
-		case w.repCh.ReceiveAsync(&rep):
+		case w.ch.report.ReceiveAsync(&rep):
 			w.apply(s.report(rep, w.now()))
-		case w.policy.serveWhileReplacing && w.monCh.Len() > 0:
+		case w.policy.serveWhileReplacing && w.ch.monitor.Len() > 0:
 			// receiveReport counts the signal itself.
-			if r := w.receiveReport(w.monCh); r != nil {
+			if r := w.receiveReport(w.ch.monitor); r != nil {
 				w.applyReport(r)
 			}
 			continue
 		default:
 			return
 		}
-		w.signals++
-		w.cost += costSignal
+		w.budget.signals++
+		w.budget.cost += costSignal
 	}
 }
 
 // apply carries out what a transition of the core asks of the loop.
 func (w *proxyWorkflow) apply(e effect) {
 	if e.replan {
-		w.interrupt = true
+		w.flags.interrupt = true
 	}
 	if e.publish {
-		w.memoDirty = true
+		w.flags.memoDirty = true
 	}
 	switch {
 	case e.note == "":
@@ -123,8 +123,8 @@ func (w *proxyWorkflow) apply(e effect) {
 func (w *proxyWorkflow) receiveReport(c workflow.ReceiveChannel) *activities.MonitorReport {
 	var r activities.MonitorReport
 	c.ReceiveAsync(&r)
-	w.signals++
-	w.cost += costSignal
+	w.budget.signals++
+	w.budget.cost += costSignal
 	if w.reportStale(r.Epoch) {
 		w.log.Info("dropped a stale monitor report", "uid", w.state.UID, "epoch", r.Epoch, "reason", r.Result.Reason)
 		return nil
@@ -144,11 +144,11 @@ func (w *proxyWorkflow) reportStale(epoch string) bool {
 		return true
 	}
 	if !w.policy.serveWhileReplacing {
-		return !w.watchSet || epoch != w.watchEpoch
+		return !w.written.watchSet || epoch != w.written.watchEpoch
 	}
-	if w.watchSet && epoch == w.watchEpoch && !w.watchLeft {
+	if w.written.watchSet && epoch == w.written.watchEpoch && !w.flags.watchLeft {
 		return false
 	}
-	cur := w.watch()
+	cur := w.view().watch()
 	return cur == nil || cur.Epoch != epoch
 }

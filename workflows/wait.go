@@ -31,7 +31,7 @@ func (w *proxyWorkflow) waitSignals(ctx workflow.Context, until time.Time) error
 		timer = w.timer(tctx, until.Sub(workflow.Now(ctx)), workflow.TimerOptions{Summary: "back off before retrying"})
 	}
 	republish := w.republishTimer(tctx)
-	for !w.interrupt && !timerDone {
+	for !w.flags.interrupt && !timerDone {
 		republishDue := false
 		sel := workflow.NewSelector(ctx)
 		w.addSignals(sel)
@@ -51,7 +51,7 @@ func (w *proxyWorkflow) waitSignals(ctx workflow.Context, until time.Time) error
 			}
 			republish = w.republishTimer(tctx)
 		}
-		if w.memoDirty {
+		if w.flags.memoDirty {
 			if err := w.publishState(ctx); err != nil {
 				return err
 			}
@@ -86,14 +86,14 @@ func (w *proxyWorkflow) await(ctx workflow.Context, fut workflow.Future, cancel 
 		if w.policy.bounded() {
 			over, _ = w.overBudget(ctx)
 		}
-		if w.policy.serveWhileReplacing && w.memoDirty && !over {
+		if w.policy.serveWhileReplacing && w.flags.memoDirty && !over {
 			// A verdict while a step runs (a delete can take 15 minutes a try) reaches
 			// discovery now, not when the step ends; cooldowns follow within
 			// awaitPublishEvery, so crawlers' reports cannot make one write each. A run
 			// over its budget writes nothing more until the step ends and it continues.
-			next := w.publishedAt.Add(awaitPublishEvery)
+			next := w.written.at.Add(awaitPublishEvery)
 			switch {
-			case w.urgent || publishDue || !workflow.Now(ctx).Before(next):
+			case w.flags.urgent || publishDue || !workflow.Now(ctx).Before(next):
 				if err := w.publishState(ctx); err != nil {
 					return false, err
 				}
@@ -104,7 +104,7 @@ func (w *proxyWorkflow) await(ctx workflow.Context, fut workflow.Future, cancel 
 		if !interruptible {
 			continue
 		}
-		if w.interrupt || over {
+		if w.flags.interrupt || over {
 			if w.policy.serveWhileReplacing && fut.IsReady() {
 				// The result is here already: a replacement's verdict, say, which the
 				// instance that took over from it goes on with.
@@ -134,7 +134,7 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 	defer cancelMonitor()
 	var monitor workflow.Future
 	sharded := w.policy.shardWatched
-	if in, ok := w.monitorInput(); ok && !sharded {
+	if in, ok := w.view().monitorInput(); ok && !sharded {
 		mctx = workflow.WithActivityOptions(mctx, workflow.ActivityOptions{
 			Summary:             "watch " + in.Target,
 			StartToCloseTimeout: 365 * 24 * time.Hour,
@@ -154,7 +154,7 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 	w.details(ctx, w.steadyReason(wake, wakeReason))
 	republish := w.republishTimer(tctx)
 	// A report applied before this wait is already in the state it planned from.
-	w.reported = false
+	w.flags.reported = false
 
 	for {
 		var monitorDone, timerDone, republishDue bool
@@ -166,7 +166,7 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 		}
 		if sharded && !w.policy.serveWhileReplacing {
 			// Later versions take reports in addSignals, in every step.
-			sel.AddReceive(w.monCh, func(c workflow.ReceiveChannel, _ bool) { report = w.receiveReport(c) })
+			sel.AddReceive(w.ch.monitor, func(c workflow.ReceiveChannel, _ bool) { report = w.receiveReport(c) })
 		}
 		if timer != nil {
 			sel.AddFuture(timer, func(workflow.Future) { timerDone = true })
@@ -176,14 +176,14 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 		}
 		sel.Select(ctx)
 		switch {
-		case w.interrupt:
+		case w.flags.interrupt:
 			return nil
 		case republishDue:
 			if err := w.publishState(ctx); err != nil {
 				return err
 			}
 			republish = w.republishTimer(tctx)
-		case w.memoDirty && !monitorDone && !timerDone && report == nil && !w.reported:
+		case w.flags.memoDirty && !monitorDone && !timerDone && report == nil && !w.flags.reported:
 			// A report: publish the cooldowns and keep watching.
 			if err := w.publishState(ctx); err != nil {
 				return err
@@ -205,9 +205,9 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 		case report != nil:
 			w.apply(s.monitorReturned(report.Result, workflow.Now(ctx)))
 			return nil
-		case w.reported:
+		case w.flags.reported:
 			// addSignals applied a report: replan with it, as above.
-			w.reported = false
+			w.flags.reported = false
 			return nil
 		}
 		if w.policy.bounded() {
@@ -246,9 +246,9 @@ func (w *proxyWorkflow) sleep(ctx workflow.Context, d time.Duration) error {
 // nil. The steady and idle waits select on it, so a status that could not be written (the
 // API server was down) is written once it is back, without waiting for the next change.
 func (w *proxyWorkflow) republishTimer(ctx workflow.Context) workflow.Future {
-	if w.policy.legacy || w.republishAt.IsZero() {
+	if w.policy.legacy || w.written.retryAt.IsZero() {
 		return nil
 	}
-	return w.timer(ctx, max(w.republishAt.Sub(workflow.Now(ctx)), 0),
+	return w.timer(ctx, max(w.written.retryAt.Sub(workflow.Now(ctx)), 0),
 		workflow.TimerOptions{Summary: "write the Proxy's status again"})
 }
