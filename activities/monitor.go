@@ -167,7 +167,7 @@ func (a *Activities) watch(ctx context.Context, in MonitorInput, st *monitorProg
 		}
 	}
 
-	wait := firstWait(st.Health, resumed, interval, time.Now())
+	wait := firstWait(st.Health, resumed, interval, time.Now(), randomBelow)
 	for {
 		select {
 		case <-ctx.Done():
@@ -224,8 +224,9 @@ func (a *Activities) watch(ctx context.Context, in MonitorInput, st *monitorProg
 // the workflow restarts after a verdict does not add a pause to the next failure's detection
 // time. A probe long overdue waits a random part of the interval when the Monitor resumed
 // on another worker, so a restarted worker does not probe its whole fleet in one second; a
-// workflow's own restart probes at once.
-func firstWait(last Health, resumed bool, interval time.Duration, now time.Time) time.Duration {
+// workflow's own restart probes at once. random(d) is a random duration in [0, d): it is
+// passed in so the decision can be tested apart from the dice.
+func firstWait(last Health, resumed bool, interval time.Duration, now time.Time, random func(time.Duration) time.Duration) time.Duration {
 	if !last.Known && !resumed {
 		return 0
 	}
@@ -237,10 +238,13 @@ func firstWait(last Health, resumed bool, interval time.Duration, now time.Time)
 		}
 	}
 	if resumed || last.CheckedAt.IsZero() {
-		return time.Duration(rand.Int64N(int64(interval)))
+		return random(interval)
 	}
 	return 0
 }
+
+// randomBelow is a random duration in [0, d), d > 0.
+func randomBelow(d time.Duration) time.Duration { return time.Duration(rand.Int64N(int64(d))) }
 
 // drift asks the provider about the instance and reports it lost (gone, or stopped for
 // good) if so. A failed check is logged and tried again later: it proves nothing.

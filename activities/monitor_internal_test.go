@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/proxyfleet/proxyfleet/activities/probe"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
 // step is one probe result fed to the thresholds, and what must come out.
@@ -111,17 +112,90 @@ func TestFirstWaitKeepsTheCadence(t *testing.T) {
 	const interval = 2 * time.Second
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	checked := func(ago time.Duration) Health { return Health{Known: true, Healthy: true, CheckedAt: now.Add(-ago)} }
+	// The dice always roll a third of what they are asked for, so a random wait shows.
+	third := func(d time.Duration) time.Duration { return d / 3 }
+	cases := []struct {
+		name    string
+		last    Health
+		resumed bool
+		want    time.Duration
+	}{
+		{"no verdict yet: probe at once", Health{}, false, 0},
+		{"no verdict, resumed elsewhere: a random part of the interval", Health{}, true, interval / 3},
+		{"a verdict never probed here (a watch's start): a random part", Health{Known: true, Healthy: true}, false, interval / 3},
+		{"the cadence carries on from the last probe", checked(500 * time.Millisecond), false, 1500 * time.Millisecond},
+		{"resumed elsewhere, not overdue: the cadence too", checked(500 * time.Millisecond), true, 1500 * time.Millisecond},
+		{"due right now", checked(interval), false, 0},
+		{"overdue, restarted by the workflow: at once", checked(time.Minute), false, 0},
+		{"overdue, resumed on another worker: spread", checked(time.Minute), true, interval / 3},
+		{"a clock ahead waits one interval at most", checked(-time.Hour), false, interval},
+		{"a verdict without a probe yet, unhealthy", Health{Known: true}, false, interval / 3},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, firstWait(tc.last, tc.resumed, interval, now, third))
+		})
+	}
 
-	assert.Zero(t, firstWait(Health{}, false, interval, now), "no verdict yet: probe at once")
-	assert.Equal(t, 1500*time.Millisecond, firstWait(checked(500*time.Millisecond), false, interval, now))
-	assert.Equal(t, 1500*time.Millisecond, firstWait(checked(500*time.Millisecond), true, interval, now))
-	assert.Zero(t, firstWait(checked(time.Minute), false, interval, now), "overdue, restarted by the workflow")
-	assert.Equal(t, interval, firstWait(checked(-time.Hour), false, interval, now), "a clock ahead waits one interval at most")
 	spread := map[time.Duration]bool{}
 	for range 50 {
-		w := firstWait(checked(time.Minute), true, interval, now)
+		w := firstWait(checked(time.Minute), true, interval, now, randomBelow)
 		assert.True(t, w >= 0 && w < interval, "%s", w)
 		spread[w] = true
 	}
 	assert.Greater(t, len(spread), 1, "a resumed, overdue Monitor waits a random part of the interval")
+}
+
+// TestFold: one probe result folded into a proxy's counters, with its target's judgement,
+// and what comes out: a report (why) or none, and the verdict and reason it leaves.
+func TestFold(t *testing.T) {
+	th := thresholds{success: 2, failure: 1, latency: 10 * time.Minute}
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	healthy := Health{Known: true, Healthy: true}
+	unhealthy := Health{Known: true, Healthy: false}
+	down := targetJudgement{Down: true, Failed: 3, Of: 3, Name: "http://t"}
+	targetDown := v1alpha1.ReasonHealthCheckTargetDown
+	cases := []struct {
+		name        string
+		start       monitorProgress
+		res         probe.Result
+		target      targetJudgement
+		credsReason string
+		want        string // "" when nothing is reported
+		healthy     bool
+		reason      string // the verdict's FailureReason after it
+	}{
+		{"a proxy's own failure turns it unhealthy", monitorProgress{Health: healthy}, proxyFailure, targetJudgement{}, "", MonitorVerdict, false, ""},
+		{"its own failure while the target is down too", monitorProgress{Health: healthy}, proxyFailure, down, "", MonitorVerdict, false, ""},
+		{"a target failure not judged down needs targetFailureMin in a row", monitorProgress{Health: healthy}, targetFailure, targetJudgement{}, "", "", true, ""},
+		{"the third target failure in a row is the proxy's", monitorProgress{Health: healthy, ConsecFail: 2}, targetFailure, targetJudgement{}, "", MonitorVerdict, false, ""},
+		{"a target judged down keeps a healthy verdict, and says so", monitorProgress{Health: healthy}, targetFailure, down, "", MonitorTarget, true, targetDown},
+		{"a target judged down keeps an unhealthy verdict, and says so", monitorProgress{Health: unhealthy}, targetFailure, down, "", MonitorTarget, false, targetDown},
+		{"the target's reason is told at most once per rate-limit period",
+			monitorProgress{Health: healthy, Reported: "", ReasonAt: now.Add(-time.Minute)}, targetFailure, down, "", "", true, targetDown},
+		{"told already: nothing more",
+			monitorProgress{Health: Health{Known: true, Healthy: true, FailureReason: targetDown}, Reported: targetDown}, targetFailure, down, "", "", true, targetDown},
+		{"one success after the target's outage is not enough to clear it",
+			monitorProgress{Health: Health{Known: true, Healthy: true, FailureReason: targetDown}, Reported: targetDown}, probeOK, targetJudgement{}, "", "", true, targetDown},
+		{"successThreshold successes clear it",
+			monitorProgress{Health: Health{Known: true, Healthy: true, FailureReason: targetDown}, Reported: targetDown, ConsecOK: 1}, probeOK, targetJudgement{}, "", MonitorTarget, true, ""},
+		{"an unhealthy proxy's Secret reason is told at once", monitorProgress{Health: unhealthy}, proxyFailure, targetJudgement{}, v1alpha1.ReasonCredentialsNotLabelled,
+			MonitorVerdict, false, v1alpha1.ReasonCredentialsNotLabelled},
+		{"a healthy proxy's first success is no news", monitorProgress{Health: healthy}, probeOK, targetJudgement{}, "", "", true, ""},
+		{"an unhealthy proxy recovers after successThreshold", monitorProgress{Health: unhealthy, ConsecOK: 1}, probeOK, targetJudgement{}, "", MonitorVerdict, true, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st := tc.start
+			got, changed := th.fold(&st, tc.res, tc.target, tc.credsReason, now)
+			assert.Equal(t, tc.want, got)
+			assert.Equal(t, tc.want != "", changed)
+			assert.Equal(t, tc.healthy, st.Health.Healthy)
+			assert.Equal(t, tc.reason, st.Health.FailureReason)
+			assert.Equal(t, now, st.Health.CheckedAt)
+			if changed {
+				assert.Equal(t, st.Health.FailureReason, st.Reported, "a report tells the reason it carries")
+			}
+		})
+	}
 }

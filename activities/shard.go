@@ -95,12 +95,47 @@ type members struct {
 }
 
 type member struct {
-	epoch string
-	// run is the run that published the watch: the run the member's reports were meant
-	// for, though they reach whichever run of the workflow ID is current.
-	run    string
+	watching
 	cancel context.CancelFunc
 	done   chan struct{}
+}
+
+// watching is what a member watches: the epoch, and the run that published it (the run
+// the member's reports were meant for, though they reach whichever run of the workflow
+// ID is current).
+type watching struct {
+	epoch, run string
+}
+
+// memberChange is what a member does when its workflow's watch is read again.
+type memberChange int
+
+const (
+	memberKeep    memberChange = iota // carries on (or, with no member and no watch, nothing)
+	memberStart                       // none runs: one starts
+	memberRestart                     // the running one stops, and one starts on the new watch
+	memberStop                        // the running one stops: nothing to watch
+)
+
+// follow decides what the member watching cur (nil: none) does when its workflow's watch
+// reads w. A member runs on (or stays ended: a lost instance, a workflow gone) until a new
+// epoch. The same epoch from another run is the same watch when that run knows a verdict
+// (it continued as new, carrying it on). One that knows none (a run started again after a
+// terminate, which adopts the instance) must be told one, and the member may have told it
+// to the run before, which ended before it published anything else: the new run would
+// wait for a report that never comes, so the member starts again.
+func follow(cur *watching, w watch) memberChange {
+	switch {
+	case cur == nil && w.memo == nil:
+		return memberKeep
+	case cur == nil:
+		return memberStart
+	case w.memo == nil:
+		return memberStop
+	case cur.epoch == w.memo.Epoch && (cur.run == w.run || w.memo.Input.Last.Known):
+		return memberKeep
+	}
+	return memberRestart
 }
 
 // A watch is a MonitorMemo as one run of a workflow published it.
@@ -130,17 +165,17 @@ func (ms *members) sync(ctx context.Context, workflowID string, w watch, resumed
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	m := ms.byID[workflowID]
-	if m != nil && memo != nil && m.epoch == memo.Epoch && (m.run == w.run || memo.Input.Last.Known) {
-		// Running, or ended (a lost instance, a workflow gone): only a new epoch restarts
-		// it. The same epoch from another run is the same watch when that run knows a
-		// verdict (it continued as new, carrying it on). One that knows none (a run
-		// started again after a terminate, which adopts the instance) must be told one,
-		// and the member may have told it to the run before, which ended before it
-		// published anything else: the new run would wait for a report that never comes.
-		m.run = w.run
-		return
-	}
+	var cur *watching
 	if m != nil {
+		cur = &m.watching
+	}
+	switch follow(cur, w) {
+	case memberKeep:
+		if m != nil {
+			m.run = w.run
+		}
+		return
+	case memberStop, memberRestart:
 		m.cancel()
 		<-m.done
 		delete(ms.byID, workflowID)
@@ -149,7 +184,7 @@ func (ms *members) sync(ctx context.Context, workflowID string, w watch, resumed
 		return
 	}
 	mctx, cancel := context.WithCancel(ctx)
-	m = &member{epoch: memo.Epoch, run: w.run, cancel: cancel, done: make(chan struct{})}
+	m = &member{watching: watching{epoch: memo.Epoch, run: w.run}, cancel: cancel, done: make(chan struct{})}
 	ms.byID[workflowID] = m
 	ms.wg.Add(1)
 	targets := ms.targets
@@ -269,6 +304,25 @@ type ShardInput struct {
 	Overlap     time.Duration `json:"overlap,omitempty"`
 }
 
+// withDefaults fills in the paces in leaves unset. The idle pace is never faster than the
+// busy one.
+func (in ShardInput) withDefaults() ShardInput {
+	in.Refresh, in.Full, in.Overlap = orDefault(in.Refresh, time.Second), orDefault(in.Full, 5*time.Minute), orDefault(in.Overlap, 5*time.Second)
+	in.IdleRefresh, in.Quiet = max(orDefault(in.IdleRefresh, 5*time.Second), in.Refresh), orDefault(in.Quiet, 30*time.Second)
+	return in
+}
+
+// pace is how long a read of the membership waits after the one before it began, when the
+// last change was sinceChange ago. An idle fleet's reads are what its visibility store
+// pays for (each scans the queue's proxies on the dev server's SQLite); a fleet in motion
+// wants new watches picked up fast.
+func (in ShardInput) pace(sinceChange time.Duration) time.Duration {
+	if sinceChange < in.Quiet {
+		return in.Refresh
+	}
+	return in.IdleRefresh
+}
+
 // MonitorShard watches every proxy whose workflow the shard owns, until it is cancelled or
 // its worker dies (Temporal then starts it on another worker after the heartbeat timeout).
 // It learns its members from visibility, as discovery does: the running ProxyWorkflows
@@ -284,8 +338,7 @@ func (a *Activities) MonitorShard(ctx context.Context, in ShardInput) error {
 	if a.Temporal == nil || a.Signaller == nil {
 		return temporal.NewNonRetryableApplicationError("this worker has no Temporal client for monitor shards", ErrTypePermanent, nil)
 	}
-	in.Refresh, in.Full, in.Overlap = orDefault(in.Refresh, time.Second), orDefault(in.Full, 5*time.Minute), orDefault(in.Overlap, 5*time.Second)
-	in.IdleRefresh, in.Quiet = max(orDefault(in.IdleRefresh, 5*time.Second), in.Refresh), orDefault(in.Quiet, 30*time.Second)
+	in = in.withDefaults()
 	ms := newMembers(a, a.Signaller, contract.SignalMonitor)
 	defer ms.stopAll()
 	f, sub := subscribe(ctx, a, activity.GetInfo(ctx).TaskQueue, in, ms)
@@ -414,14 +467,7 @@ func (f *feed) run(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			f.a.log().WarnContext(ctx, "reading the monitor shards' members failed; watching those known", "taskQueue", f.queue, "error", err)
 		}
-		// An idle fleet's reads are what its visibility store pays for (each scans the
-		// queue's proxies on the dev server's SQLite); a fleet in motion wants new watches
-		// picked up fast.
-		pace := f.in.IdleRefresh
-		if time.Since(f.lastChange) < f.in.Quiet {
-			pace = f.in.Refresh
-		}
-		if !sleepCtx(ctx, max(pace-time.Since(t0), 0)) {
+		if !sleepCtx(ctx, max(f.in.pace(time.Since(f.lastChange))-time.Since(t0), 0)) {
 			return
 		}
 	}
@@ -435,34 +481,18 @@ func (f *feed) full(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	want := map[string]watch{}
-	for _, r := range latest {
-		if r.Running && r.Value != nil {
-			want[r.WorkflowID] = watch{r.Value, r.RunID}
-		}
-	}
+	want := watchesOf(latest)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for sub := range f.subs {
 		if sub.fresh {
 			continue
 		}
-		for id, w := range f.known {
-			if _, ok := want[id]; !ok && sub.owns(id) {
-				sub.ms.sync(sub.ctx, id, watch{run: w.run}, false)
-			}
-		}
-		for id, w := range want {
-			if sub.owns(id) {
-				sub.ms.sync(sub.ctx, id, w, false)
-			}
+		for id, w := range fullSyncs(f.known, want, sub.owns) {
+			sub.ms.sync(sub.ctx, id, w, false)
 		}
 	}
-	changed := !f.read || len(want) != len(f.known)
-	for id, w := range want {
-		changed = changed || !sameWatch(f.known[id], w)
-	}
-	if changed {
+	if !f.read || fullChanged(f.known, want) {
 		f.lastChange = time.Now()
 	}
 	f.known, f.watermark, f.lastFull, f.read = want, high, start, true
@@ -486,11 +516,7 @@ func (f *feed) changed(ctx context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, r := range latest {
-		id := r.WorkflowID
-		w := watch{run: r.RunID}
-		if r.Running {
-			w.memo = r.Value
-		}
+		id, w := r.WorkflowID, watchOf(r)
 		if !sameWatch(f.known[id], w) {
 			// Not every row is news: each read reaches back Overlap, so the last
 			// changes are read again, unchanged.
@@ -509,6 +535,59 @@ func (f *feed) changed(ctx context.Context) error {
 	}
 	f.watermark = high
 	return nil
+}
+
+// watchOf is the watch a run listed as the workflow's asks for: none once it is closed.
+func watchOf(r proxyruns.Latest[*MonitorMemo]) watch {
+	w := watch{run: r.RunID}
+	if r.Running {
+		w.memo = r.Value
+	}
+	return w
+}
+
+// watchesOf is the membership a full read lists: every workflow whose run asks for a
+// watch.
+func watchesOf(latest []proxyruns.Latest[*MonitorMemo]) map[string]watch {
+	want := map[string]watch{}
+	for _, r := range latest {
+		if w := watchOf(r); w.memo != nil {
+			want[r.WorkflowID] = w
+		}
+	}
+	return want
+}
+
+// fullSyncs is what the members of a shard (owns) follow after a full read that found
+// want where known was: every owned watch of want, and no watch for an owned workflow
+// that is no longer listed (it closed, or publishes nothing to watch).
+func fullSyncs(known, want map[string]watch, owns func(id string) bool) map[string]watch {
+	out := map[string]watch{}
+	for id, w := range known {
+		if _, ok := want[id]; !ok && owns(id) {
+			out[id] = watch{run: w.run}
+		}
+	}
+	for id, w := range want {
+		if owns(id) {
+			out[id] = w
+		}
+	}
+	return out
+}
+
+// fullChanged reports whether a full read that found want where known was found a
+// change: one is what keeps the feed at its busy pace.
+func fullChanged(known, want map[string]watch) bool {
+	if len(want) != len(known) {
+		return true
+	}
+	for id, w := range want {
+		if !sameWatch(known[id], w) {
+			return true
+		}
+	}
+	return false
 }
 
 // sameWatch reports whether two watches (no memo: none) are the same epoch of the same run.
@@ -544,14 +623,24 @@ func monitorMemoOf(r proxyruns.Run) (*MonitorMemo, bool) {
 		return nil, true
 	}
 	var v Verdict
-	if proxyruns.Decode(r, VerdictMemoKey, &v) && v.Epoch == m.Epoch {
-		// A member starts from the workflow's verdict now. The probe counters start
-		// afresh, so it reports what differs from it.
-		last := &m.Input.Last
-		last.Known, last.Healthy, last.Since, last.LatencyMillis = true, v.Healthy, v.Since, v.LatencyMillis
-		if v.Healthy {
-			last.LastFailure, last.FailureKind, last.FailureReason = "", "", v.FailureReason
-		}
+	if proxyruns.Decode(r, VerdictMemoKey, &v) {
+		m = startFrom(m, v)
 	}
 	return &m, true
+}
+
+// startFrom is the watch m starting from the workflow's verdict v when v is of m's epoch:
+// a member starts from the verdict the workflow holds now, not the one of the watch's
+// start. The probe counters start afresh, so it reports what differs from it. A verdict of
+// another epoch (about an instance since replaced) says nothing about this watch.
+func startFrom(m MonitorMemo, v Verdict) MonitorMemo {
+	if v.Epoch != m.Epoch {
+		return m
+	}
+	last := &m.Input.Last
+	last.Known, last.Healthy, last.Since, last.LatencyMillis = true, v.Healthy, v.Since, v.LatencyMillis
+	if v.Healthy {
+		last.LastFailure, last.FailureKind, last.FailureReason = "", "", v.FailureReason
+	}
+	return m
 }
