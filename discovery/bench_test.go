@@ -25,6 +25,7 @@ import (
 	"go.temporal.io/sdk/converter"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/temporal"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
@@ -269,10 +270,10 @@ func BenchmarkRefreshCredentials(b *testing.B) {
 
 // benchRefreshed is a store loaded by a full refresh of n memos whose proxies take auth
 // credentials ("none", "managed" or "sealed"), and the refresher that loaded it.
-func benchRefreshed(b *testing.B, n int, auth string, kr *proxyauth.Keyring) (*discovery.Store, *discovery.Refresher) {
+func benchRefreshed(b *testing.B, n int, auth string, kr *proxyauth.Keyring) (*discovery.Store, *temporal.Refresher) {
 	b.Helper()
 	st := discovery.NewStore(time.Hour)
-	r := &discovery.Refresher{Client: benchMemos(b, n, auth, kr), Namespace: "bench", Store: st, Keyring: kr,
+	r := &temporal.Refresher{Client: benchMemos(b, n, auth, kr), Namespace: "bench", Store: st, Keyring: kr,
 		Log: slog.New(slog.DiscardHandler)}
 	if err := r.Full(b.Context()); err != nil {
 		b.Fatal(err)

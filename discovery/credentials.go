@@ -29,23 +29,23 @@ const (
 // credentialsReasons lists every reason, in the order the metric exports them.
 var credentialsReasons = []string{CredentialsNoFleetKey, CredentialsUnknownKey, CredentialsCannotOpen, CredentialsMalformed}
 
-// authNote is what the refresher needs to warn about a proxy whose credentials did not
-// resolve, once per change: what the memo said (ref; the sealed text is ciphertext, and is
-// never logged anyway) and why it failed. Nothing in it is a secret.
-type authNote struct {
-	ref   string
-	keyID string
-	err   error
+// CredentialsNote is what the refresher needs to warn about a proxy whose credentials did
+// not resolve, once per change: what the memo said (Ref; the sealed text is ciphertext, and
+// is never logged anyway) and why it failed. Nothing in it is a secret.
+type CredentialsNote struct {
+	Ref   string
+	KeyID string
+	Err   error
 }
 
-// resolveCredentials finds the credentials of a proxy whose memo says auth, with kr (which
+// ResolveCredentials finds the credentials of a proxy whose memo says auth, with kr (which
 // may be nil). A nil auth is a proxy that takes none. When they cannot be resolved it
 // returns the reason (a Credentials* constant) and an error to log; neither holds a secret.
 //
 // They are resolved here, when a memo is decoded, rather than per lease: a memo changes
 // rarely, leases are the hot path, and deriving once means every lease of the proxy hands
 // out the same credentials until its memo changes.
-func resolveCredentials(kr *proxyauth.Keyring, auth *contract.ProxyAuth, uid string) (proxyauth.Credentials, *authNote, string) {
+func ResolveCredentials(kr *proxyauth.Keyring, auth *contract.ProxyAuth, uid string) (proxyauth.Credentials, *CredentialsNote, string) {
 	if auth == nil {
 		return proxyauth.Credentials{}, nil, ""
 	}
@@ -56,8 +56,8 @@ func resolveCredentials(kr *proxyauth.Keyring, auth *contract.ProxyAuth, uid str
 	}
 	// The note is built only on failure: the memos of a healthy fleet resolve, and a full
 	// pass reads every one of them.
-	fail := func(reason string, err error) (proxyauth.Credentials, *authNote, string) {
-		return proxyauth.Credentials{}, &authNote{ref: auth.KeyID + "\x00" + auth.Instance + "\x00" + auth.Sealed, keyID: keyID, err: err}, reason
+	fail := func(reason string, err error) (proxyauth.Credentials, *CredentialsNote, string) {
+		return proxyauth.Credentials{}, &CredentialsNote{Ref: auth.KeyID + "\x00" + auth.Instance + "\x00" + auth.Sealed, KeyID: keyID, Err: err}, reason
 	}
 	switch {
 	case derived && auth.Sealed != "":

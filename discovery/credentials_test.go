@@ -27,6 +27,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/discovery/service"
+	"github.com/proxyfleet/proxyfleet/discovery/temporal"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
@@ -52,14 +53,14 @@ func running(m contract.ProxyMemo) listedRun {
 type credsFixture struct {
 	*harness
 	lister *scriptedLister
-	ref    *discovery.Refresher
+	ref    *temporal.Refresher
 }
 
 func newCredsFixture(t *testing.T, kr *proxyauth.Keyring, memos ...contract.ProxyMemo) *credsFixture {
 	t.Helper()
 	h := newLoadingHarness(t, defaultConfig())
 	f := &credsFixture{harness: h, lister: &scriptedLister{}}
-	f.ref = &discovery.Refresher{Client: f.lister, Namespace: "default", Store: h.store, Keyring: kr,
+	f.ref = &temporal.Refresher{Client: f.lister, Namespace: "default", Store: h.store, Keyring: kr,
 		Log: slog.New(slog.NewTextHandler(h.logs, nil))}
 	f.set(memos...)
 	require.NoError(t, f.ref.Full(t.Context()))
@@ -483,7 +484,7 @@ func TestCredentialsOnlyInLeaseAnswers(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-reportsDone })
 	lister := &scriptedLister{}
 	lister.set(running(ext), running(mgd), running(stolen))
-	ref := &discovery.Refresher{Client: lister, Namespace: "default", Store: store, Keyring: kr, Log: log}
+	ref := &temporal.Refresher{Client: lister, Namespace: "default", Store: store, Keyring: kr, Log: log}
 	require.NoError(t, ref.Full(t.Context()))
 	require.NoError(t, ref.Incremental(t.Context()))
 

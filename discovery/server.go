@@ -36,15 +36,13 @@ type Config struct {
 	Replicas ReplicaConfig
 }
 
-// Defaults of Config and of the refresher; cmd/discovery's flags default to them too.
+// Defaults of Config; cmd/discovery's flags default to them too.
 const (
 	DefaultTTL                 = 5 * time.Minute
 	DefaultMaxTTL              = time.Hour
 	DefaultCooldownRateLimited = 5 * time.Minute
 	DefaultCooldownBanned      = 30 * time.Minute
 	DefaultBodyLimit           = 64 << 10
-	DefaultRefreshInterval     = time.Second
-	DefaultFullResyncInterval  = 5 * time.Minute
 )
 
 // WithDefaults is c with every unset field at its default, as NewServer uses it.

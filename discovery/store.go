@@ -45,8 +45,6 @@ type Proxy struct {
 	// the store counts it as unhealthy, whatever its health checks say, since a crawler
 	// could not use it.
 	CredentialsUnresolved string `json:"-"`
-	// authNote explains CredentialsUnresolved to the refresher, which logs it.
-	authNote *authNote
 }
 
 // ID is namespace/name, unique in the fleet.

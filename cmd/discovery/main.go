@@ -16,19 +16,20 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/discovery/service"
+	"github.com/proxyfleet/proxyfleet/discovery/temporal"
 	"github.com/proxyfleet/proxyfleet/internal/cmdline"
 )
 
 func main() {
-	temporal := cmdline.TemporalFlags()
+	tflags := cmdline.TemporalFlags()
 	var cfg service.Config
 	listen := flag.String("listen", cmdline.Env("DISCOVERY_LISTEN", "127.0.0.1:8090"), "address of the API, /healthz, /readyz and /metrics (env DISCOVERY_LISTEN)")
 	flag.DurationVar(&cfg.API.DefaultTTL, "default-ttl", discovery.DefaultTTL, "lease TTL when a request gives none")
 	flag.DurationVar(&cfg.API.MaxTTL, "max-ttl", discovery.DefaultMaxTTL, "longest TTL a lease or renewal may ask for")
 	flag.DurationVar(&cfg.API.CooldownRateLimited, "cooldown-rate-limited", discovery.DefaultCooldownRateLimited, "cooldown of a proxy for a target after a rate_limited report")
 	flag.DurationVar(&cfg.API.CooldownBanned, "cooldown-banned", discovery.DefaultCooldownBanned, "cooldown of a proxy for a target after a banned report")
-	flag.DurationVar(&cfg.RefreshInterval, "refresh-interval", discovery.DefaultRefreshInterval, "how often the index reads what changed in Temporal")
-	flag.DurationVar(&cfg.FullResyncInterval, "full-resync-interval", discovery.DefaultFullResyncInterval, "how often the index re-reads every proxy")
+	flag.DurationVar(&cfg.RefreshInterval, "refresh-interval", temporal.DefaultRefreshInterval, "how often the index reads what changed in Temporal")
+	flag.DurationVar(&cfg.FullResyncInterval, "full-resync-interval", temporal.DefaultFullResyncInterval, "how often the index re-reads every proxy")
 	cmdline.ListVar(&cfg.API.TrustedProxies, "trusted-proxies", cmdline.Env("DISCOVERY_TRUSTED_PROXIES", ""),
 		"comma-separated addresses or CIDRs of load balancers whose X-Forwarded-For names the client in logs (default: none) (env DISCOVERY_TRUSTED_PROXIES)")
 	flag.StringVar(&cfg.ClientsFile, "clients-file", cmdline.Env("DISCOVERY_CLIENTS_FILE", ""),
@@ -101,9 +102,9 @@ func main() {
 		if err := cfg.API.Replicas.Validate(); err != nil {
 			return err
 		}
-		cfg.Namespace = temporal.Namespace
+		cfg.Namespace = tflags.Namespace
 		reg := cmdline.NewMetrics()
-		tc, err := temporal.Dial(p, true, nil)
+		tc, err := tflags.Dial(p, true, nil)
 		if err != nil {
 			return err
 		}
@@ -119,7 +120,7 @@ func main() {
 			}
 			p.Log.Info("gateway listening", "addr", gw.Addr().String())
 		}
-		p.Log.Info("discovery listening", "addr", ln.Addr().String(), "temporal", temporal.Address, "fleetKeyIDs", kr.IDs())
+		p.Log.Info("discovery listening", "addr", ln.Addr().String(), "temporal", tflags.Address, "fleetKeyIDs", kr.IDs())
 		return service.New(cfg, tc, p.Log, reg).ServeWithGateway(ctx, ln, gw)
 	})
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/temporal"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 )
 
@@ -45,7 +46,7 @@ type Config struct {
 // Temporal is the part of the Temporal client discovery uses: it lists workflows for the
 // index and signals reports to them.
 type Temporal interface {
-	discovery.Lister
+	temporal.Lister
 	SignalWorkflow(ctx context.Context, workflowID, runID, signalName string, arg any) error
 }
 
@@ -58,7 +59,7 @@ type Service struct {
 	Store     *discovery.Store
 	server    *discovery.Server
 	gateway   *discovery.Gateway
-	refresher *discovery.Refresher
+	refresher *temporal.Refresher
 	sweep     time.Duration
 	log       *slog.Logger
 	// clientsFile and clientsReload configure the reload of the clients file.
@@ -100,8 +101,8 @@ func New(cfg Config, tc Temporal, log *slog.Logger, reg prometheus.Registerer) *
 	// the longest cooldown a report can start.
 	store := discovery.NewStoreWith(discovery.StoreConfig{KeepEnded: max(cfg.API.CooldownRateLimited, cfg.API.CooldownBanned),
 		Replica: byte(cfg.API.Replicas.Self)})
-	srv := discovery.NewServer(cfg.API, store, discovery.TemporalSignaler{Client: tc}, log, reg)
-	ref := &discovery.Refresher{Client: tc, Namespace: cfg.Namespace, Store: store, Keyring: cfg.Keyring,
+	srv := discovery.NewServer(cfg.API, store, temporal.Signaler{Client: tc}, log, reg)
+	ref := &temporal.Refresher{Client: tc, Namespace: cfg.Namespace, Store: store, Keyring: cfg.Keyring,
 		Interval: cfg.RefreshInterval, FullEvery: cfg.FullResyncInterval, Log: log, Observe: srv.ObserveRefresh}
 	if cfg.Keyring == nil {
 		log.Warn("discovery runs without a fleet key: proxies that take credentials are never leased")

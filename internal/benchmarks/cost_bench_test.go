@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/temporal"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/internal/worker"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
@@ -219,7 +220,7 @@ func measureIndex(b *testing.B, s *stack.Stack, ns string, n int) (full, incr ti
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	store := discovery.NewStore(time.Hour)
-	r := &discovery.Refresher{Client: s.Temporal.Client, Namespace: s.Temporal.Namespace, Store: store, Keyring: s.Keyring}
+	r := &temporal.Refresher{Client: s.Temporal.Client, Namespace: s.Temporal.Namespace, Store: store, Keyring: s.Keyring}
 	full, incr = time.Hour, time.Hour
 	for range 3 {
 		t0 := time.Now()

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/temporal"
 	"github.com/proxyfleet/proxyfleet/internal/stack/fakefleet"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 )
@@ -29,7 +30,7 @@ func BenchmarkIndexRefresh(b *testing.B) {
 
 	store := discovery.NewStore(time.Hour)
 	var reads = map[string]int{}
-	r := &discovery.Refresher{Client: env.Client, Namespace: env.Namespace, Store: store, Overlap: 500 * time.Millisecond,
+	r := &temporal.Refresher{Client: env.Client, Namespace: env.Namespace, Store: store, Overlap: 500 * time.Millisecond,
 		Observe: func(kind string, _ time.Duration, read int, _ error) { reads[kind] = read }}
 	require.Eventually(b, func() bool {
 		return r.Full(ctx) == nil && len(store.List(discovery.Selector{"region": "bench"}, nil)) == n

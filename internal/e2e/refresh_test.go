@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/temporal"
 	"github.com/proxyfleet/proxyfleet/internal/stack/fakefleet"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 )
@@ -30,7 +31,7 @@ func TestIncrementalReadsWhatChanged(t *testing.T) {
 	var mu sync.Mutex
 	most := 0 // the most workflows one incremental pass read, once counting starts
 	counting := false
-	r := &discovery.Refresher{Client: env.Client, Namespace: env.Namespace, Store: store, Overlap: 200 * time.Millisecond,
+	r := &temporal.Refresher{Client: env.Client, Namespace: env.Namespace, Store: store, Overlap: 200 * time.Millisecond,
 		Observe: func(kind string, _ time.Duration, read int, _ error) {
 			mu.Lock()
 			defer mu.Unlock()

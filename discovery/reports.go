@@ -10,21 +10,11 @@ import (
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
-// Signaler forwards reports to the proxies' workflows, which keep cooldowns durably.
+// Signaler forwards reports to the proxies' workflows, which keep cooldowns durably
+// (discovery/temporal signals them). A report reaches it through the server's queue, so a
+// slow Temporal never slows a crawler.
 type Signaler interface {
 	Report(ctx context.Context, namespace, name string, sig contract.ReportSignal) error
-}
-
-// TemporalSignaler signals ProxyWorkflows.
-type TemporalSignaler struct {
-	Client interface {
-		SignalWorkflow(ctx context.Context, workflowID, runID, signalName string, arg any) error
-	}
-}
-
-// Report implements Signaler.
-func (t TemporalSignaler) Report(ctx context.Context, namespace, name string, sig contract.ReportSignal) error {
-	return t.Client.SignalWorkflow(ctx, contract.ProxyWorkflowID(namespace, name), "", contract.SignalReport, sig)
 }
 
 type pendingReport struct {

@@ -1,10 +1,16 @@
-package discovery
+// Package temporal is discovery's adapter to Temporal: it builds the lease store's index
+// from the proxies' workflows as visibility lists them (memos and search attributes, never
+// Kubernetes), and forwards crawlers' reports to those workflows as signals. It is the
+// only discovery package that speaks to Temporal, so the domain and the other adapters
+// can be tested without it.
+package temporal
 
 import (
 	"context"
 	"log/slog"
 	"time"
 
+	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 	"github.com/proxyfleet/proxyfleet/workflows/proxyruns"
@@ -13,13 +19,19 @@ import (
 // Lister is the part of the Temporal client the refresher uses.
 type Lister = proxyruns.Lister
 
+// Defaults of the refresher; cmd/discovery's flags default to them too.
+const (
+	DefaultRefreshInterval    = time.Second
+	DefaultFullResyncInterval = 5 * time.Minute
+)
+
 // Refresher keeps a Store's index in step with the running ProxyWorkflows. It lists only
 // what changed since the last pass (by ProxyUpdatedAt, with an overlap for visibility lag),
 // and lists everything at start and every FullEvery, so nothing is missed for long.
 type Refresher struct {
 	Client    Lister
 	Namespace string
-	Store     *Store
+	Store     *discovery.Store
 	// Interval between incremental passes (default 1s), FullEvery between full ones
 	// (default 5m), Overlap re-reads a little of the past (default 5s).
 	Interval, FullEvery, Overlap time.Duration
@@ -37,6 +49,13 @@ type Refresher struct {
 	// warned maps the ID of each proxy in the index whose credentials did not resolve to
 	// what its memo said then, so each change is logged once, not at every pass.
 	warned map[string]string
+}
+
+// orDefault sets a zero or negative duration to def.
+func orDefault(d *time.Duration, def time.Duration) {
+	if *d <= 0 {
+		*d = def
+	}
 }
 
 func (r *Refresher) defaults() {
@@ -92,10 +111,12 @@ func (r *Refresher) Full(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var all []Proxy
+	var all []discovery.Proxy
+	var notes []*discovery.CredentialsNote
 	for _, run := range runs {
 		if run.Running {
-			all = append(all, run.Value)
+			all = append(all, run.Value.Proxy)
+			notes = append(notes, run.Value.note)
 		}
 	}
 	first := !r.Store.Loaded()
@@ -103,7 +124,7 @@ func (r *Refresher) Full(ctx context.Context) error {
 	listed := make(map[string]bool, len(all))
 	for i := range all {
 		listed[all[i].ID()] = true
-		r.noteCredentials(&all[i])
+		r.noteCredentials(&all[i], notes[i])
 	}
 	for id := range r.warned {
 		if !listed[id] {
@@ -132,8 +153,8 @@ func (r *Refresher) Incremental(ctx context.Context) error {
 	}
 	for _, run := range runs {
 		if run.Running {
-			r.Store.Upsert(run.Value)
-			r.noteCredentials(&run.Value)
+			r.Store.Upsert(run.Value.Proxy)
+			r.noteCredentials(&run.Value.Proxy, run.Value.note)
 		} else {
 			id := run.Value.ID()
 			r.Store.Remove(id)
@@ -149,15 +170,22 @@ func (r *Refresher) Incremental(ctx context.Context) error {
 // latestRuns lists query and returns, for each proxy listed, the run that is its
 // workflow (proxyruns.List), high, the latest change among all listed, and n, how many
 // were read. A run without a memo yet (just started) has nothing to offer and is skipped.
-func (r *Refresher) latestRuns(ctx context.Context, query string) ([]proxyruns.Latest[Proxy], time.Time, int, error) {
+func (r *Refresher) latestRuns(ctx context.Context, query string) ([]proxyruns.Latest[memoProxy], time.Time, int, error) {
 	return proxyruns.List(ctx, r.Client, proxyruns.Query{Namespace: r.Namespace, PageSize: r.PageSize, Query: query},
-		func(run proxyruns.Run) (Proxy, bool) {
+		func(run proxyruns.Run) (memoProxy, bool) {
 			p, ok := decode(run, r.Keyring)
 			if ok && p.Namespace == "" {
 				p.Namespace, p.Name, _ = contract.ParseProxyWorkflowID(run.WorkflowID)
 			}
 			return p, ok
 		})
+}
+
+// memoProxy is a proxy as a run's memo describes it, with, when its credentials did not
+// resolve, what the refresher logs about them (the store has no use for it).
+type memoProxy struct {
+	discovery.Proxy
+	note *discovery.CredentialsNote
 }
 
 func (r *Refresher) observe(kind string, start time.Time, n int, err error) {
@@ -169,7 +197,7 @@ func (r *Refresher) observe(kind string, start time.Time, n int, err error) {
 // noteCredentials logs, once per proxy and per change of its memo's auth, that a proxy in
 // the index cannot be leased because its credentials did not resolve, and once more when
 // they resolve again. It logs the proxy, the reason and the key ID, never a credential.
-func (r *Refresher) noteCredentials(p *Proxy) {
+func (r *Refresher) noteCredentials(p *discovery.Proxy, n *discovery.CredentialsNote) {
 	id := p.ID()
 	if p.CredentialsUnresolved == "" {
 		if _, ok := r.warned[id]; ok {
@@ -178,18 +206,18 @@ func (r *Refresher) noteCredentials(p *Proxy) {
 		}
 		return
 	}
-	var note authNote
-	if p.authNote != nil {
-		note = *p.authNote
+	var note discovery.CredentialsNote
+	if n != nil {
+		note = *n
 	}
-	seen := p.CredentialsUnresolved + "\x00" + note.ref
+	seen := p.CredentialsUnresolved + "\x00" + note.Ref
 	if r.warned[id] == seen {
 		return
 	}
 	r.warned[id] = seen
-	attrs := []any{"proxy", id, "reason", p.CredentialsUnresolved, "keyID", note.keyID}
-	if note.err != nil {
-		attrs = append(attrs, "error", note.err.Error())
+	attrs := []any{"proxy", id, "reason", p.CredentialsUnresolved, "keyID", note.KeyID}
+	if note.Err != nil {
+		attrs = append(attrs, "error", note.Err.Error())
 	}
 	r.Log.Warn("proxy credentials cannot be resolved; the proxy is not leased until they can", attrs...)
 }
@@ -197,12 +225,12 @@ func (r *Refresher) noteCredentials(p *Proxy) {
 // decode turns a run's memo into a Proxy, with the credentials its memo points to
 // resolved with kr. Workflows without a memo yet (just started) are skipped: they have
 // nothing to offer.
-func decode(run proxyruns.Run, kr *proxyauth.Keyring) (Proxy, bool) {
+func decode(run proxyruns.Run, kr *proxyauth.Keyring) (memoProxy, bool) {
 	var m contract.ProxyMemo
 	if !proxyruns.Decode(run, contract.MemoKey, &m) {
-		return Proxy{}, false
+		return memoProxy{}, false
 	}
-	p := Proxy{
+	p := discovery.Proxy{
 		Name: m.Name, Namespace: m.Namespace, UID: m.UID, IP: m.IP, Port: m.Port,
 		Attributes: m.Attributes, LatencyMillis: m.LatencyMillis,
 		Healthy: m.Healthy && (m.Phase == contract.PhaseReady || m.Phase == contract.PhaseReplacing) && m.IP != "",
@@ -216,6 +244,7 @@ func decode(run proxyruns.Run, kr *proxyauth.Keyring) (Proxy, bool) {
 	// memo does not open.
 	// A proxy whose credentials do not resolve keeps the health its checks gave: the
 	// store never leases it (Store.Upsert), but still renews leases already on it.
-	p.Credentials, p.authNote, p.CredentialsUnresolved = resolveCredentials(kr, m.Auth, m.UID)
-	return p, true
+	var note *discovery.CredentialsNote
+	p.Credentials, note, p.CredentialsUnresolved = discovery.ResolveCredentials(kr, m.Auth, m.UID)
+	return memoProxy{Proxy: p, note: note}, true
 }

@@ -1,4 +1,4 @@
-package discovery_test
+package temporal_test
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/temporal"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -47,7 +48,7 @@ func TestRefresherRunRetriesTheFirstLoad(t *testing.T) {
 	store := discovery.NewStore(time.Minute)
 	lister := &fakeLister{}
 	lister.failFirst.Store(3)
-	r := &discovery.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler),
+	r := &temporal.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler),
 		Interval: 10 * time.Millisecond, FullEvery: time.Hour}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
@@ -64,7 +65,7 @@ func TestRefresherRunRetriesTheFirstLoad(t *testing.T) {
 func TestRefresherLoadsIndex(t *testing.T) {
 	store := discovery.NewStore(time.Minute)
 	lister := &fakeLister{err: errors.New("temporal unreachable")}
-	r := &discovery.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
+	r := &temporal.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
 
 	require.Error(t, r.Full(t.Context()))
 	assert.False(t, store.Loaded(), "a failed full pass")
@@ -146,7 +147,7 @@ func TestIncrementalDropsClosedRuns(t *testing.T) {
 	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	lister := &scriptedLister{}
 	store := discovery.NewStore(time.Minute)
-	r := &discovery.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
+	r := &temporal.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
 	lister.set(
 		listedRun{memo: readyMemo("a"), status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base},
 		listedRun{memo: readyMemo("b"), status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base},
@@ -179,11 +180,11 @@ func TestTheLatestRunIsTheProxy(t *testing.T) {
 	lister := &scriptedLister{}
 	for _, order := range [][]listedRun{{old, next}, {next, old}} {
 		lister.set(order...)
-		for pass, run := range map[string]func(*discovery.Refresher, context.Context) error{
-			"full": (*discovery.Refresher).Full, "incremental": (*discovery.Refresher).Incremental,
+		for pass, run := range map[string]func(*temporal.Refresher, context.Context) error{
+			"full": (*temporal.Refresher).Full, "incremental": (*temporal.Refresher).Incremental,
 		} {
 			store := discovery.NewStore(time.Minute)
-			r := &discovery.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
+			r := &temporal.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
 			require.NoError(t, run(r, t.Context()))
 			list := store.List(discovery.Selector{}, nil)
 			require.Len(t, list, 1, pass)
@@ -200,7 +201,7 @@ func TestReplacingProxiesStayLeasable(t *testing.T) {
 	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	lister := &scriptedLister{}
 	store := discovery.NewStore(time.Minute)
-	r := &discovery.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
+	r := &temporal.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
 	serving := readyMemo("a")
 	serving.Phase = contract.PhaseReplacing
 	older := readyMemo("b")
