@@ -9,47 +9,87 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities"
 )
 
-// How the run waits: for signals, for an activity, and while steady, with the timers
-// each wait keeps (a wake, a status rewrite, a publish of what crawlers reported).
+// How the run waits. Every wait is a loop over waiter.next, the run's one selector: it
+// takes signals (handing each to the core) and ends on the first of the wait's own
+// events. The three loops below differ only in what ends them: an idle or backoff wait
+// (waitSignals), a step's activity (await), and steady's wake, monitor or reports. The
+// timers they keep — steady's wake, the status rewrite, await's throttled publish — are
+// started by the waiter too, so what a run's waiting costs is in one place.
 
-// pendingWake is a timer steady started, and what for.
-type pendingWake struct {
-	at     time.Time
-	reason string
-	timer  workflow.Future
-	cancel workflow.CancelFunc
+// waiter is what one wait selects on besides signals; a nil future is not waited for.
+// The order of next's cases is the order every wait added them in before they shared
+// this type: when several are ready at once, a replay must pick the same.
+type waiter struct {
+	// activity is the step's activity: the wait ends when it completes.
+	activity workflow.Future
+	// monitor is the Monitor activity of a run not watched by shards.
+	monitor workflow.Future
+	// reports reads shard reports here (runs of version 4, while steady only; later runs
+	// take them with the signals).
+	reports bool
+	// deadline is a backoff or steady's wake.
+	deadline workflow.Future
+	// republish is the timer of a status write the API server refused.
+	republish workflow.Future
+	// publish is await's timer of a memo write held back (cooldowns).
+	publish workflow.Future
+}
+
+// waited is what ended one next: the signals it took are in the run's flags.
+type waited struct {
+	activity, monitor, deadline, republish, publish bool
+	// report is a shard report read by this wait (nil: none, or stale).
+	report *activities.MonitorReport
+}
+
+// next blocks until a signal arrives (and is applied) or one of wt's futures is ready.
+func (w *proxyWorkflow) next(ctx workflow.Context, wt *waiter) waited {
+	var ev waited
+	sel := workflow.NewSelector(ctx)
+	if wt.activity != nil {
+		sel.AddFuture(wt.activity, func(workflow.Future) { ev.activity = true })
+	}
+	w.addSignals(sel)
+	if wt.monitor != nil {
+		sel.AddFuture(wt.monitor, func(workflow.Future) { ev.monitor = true })
+	}
+	if wt.reports {
+		sel.AddReceive(w.ch.monitor, func(c workflow.ReceiveChannel, _ bool) { ev.report = w.receiveReport(c) })
+	}
+	if wt.deadline != nil {
+		sel.AddFuture(wt.deadline, func(workflow.Future) { ev.deadline = true })
+	}
+	if wt.republish != nil {
+		sel.AddFuture(wt.republish, func(workflow.Future) { ev.republish = true })
+	}
+	if wt.publish != nil {
+		sel.AddFuture(wt.publish, func(workflow.Future) { ev.publish = true })
+	}
+	sel.Select(ctx)
+	return ev
 }
 
 // waitSignals blocks until a signal changes the plan or until (if set) passes. Reports are
 // published as they come, and a run over its budget returns to continue as new.
 func (w *proxyWorkflow) waitSignals(ctx workflow.Context, until time.Time) error {
-	var timerDone bool
 	tctx, cancel := workflow.WithCancel(ctx)
 	defer cancel()
-	var timer workflow.Future
+	var wt waiter
 	if !until.IsZero() {
-		timer = w.timer(tctx, until.Sub(workflow.Now(ctx)), workflow.TimerOptions{Summary: "back off before retrying"})
+		wt.deadline = w.timer(tctx, until.Sub(workflow.Now(ctx)), workflow.TimerOptions{Summary: "back off before retrying"})
 	}
-	republish := w.republishTimer(tctx)
-	for !w.flags.interrupt && !timerDone {
-		republishDue := false
-		sel := workflow.NewSelector(ctx)
-		w.addSignals(sel)
-		if timer != nil {
-			sel.AddFuture(timer, func(workflow.Future) { timerDone = true })
-		}
-		if republish != nil {
-			sel.AddFuture(republish, func(workflow.Future) { republishDue = true })
-		}
-		sel.Select(ctx)
+	wt.republish = w.republishTimer(tctx)
+	for passed := false; !w.flags.interrupt && !passed; {
+		ev := w.next(ctx, &wt)
+		passed = ev.deadline
 		if w.policy.legacy {
 			continue
 		}
-		if republishDue {
+		if ev.republish {
 			if err := w.publishState(ctx); err != nil {
 				return err
 			}
-			republish = w.republishTimer(tctx)
+			wt.republish = w.republishTimer(tctx)
 		}
 		if w.flags.memoDirty {
 			if err := w.publishState(ctx); err != nil {
@@ -69,17 +109,13 @@ func (w *proxyWorkflow) waitSignals(ctx workflow.Context, until time.Time) error
 func (w *proxyWorkflow) await(ctx workflow.Context, fut workflow.Future, cancel workflow.CancelFunc, interruptible bool, result any) (bool, error) {
 	pctx, cancelPublish := workflow.WithCancel(ctx)
 	defer cancelPublish()
-	var publishTimer workflow.Future
+	wt := waiter{activity: fut}
 	for {
-		done, publishDue := false, false
-		sel := workflow.NewSelector(ctx)
-		sel.AddFuture(fut, func(workflow.Future) { done = true })
-		w.addSignals(sel)
-		if publishTimer != nil {
-			sel.AddFuture(publishTimer, func(workflow.Future) { publishDue, publishTimer = true, nil })
+		ev := w.next(ctx, &wt)
+		if ev.publish {
+			wt.publish = nil
 		}
-		sel.Select(ctx)
-		if done {
+		if ev.activity {
 			return false, fut.Get(ctx, result)
 		}
 		over := false
@@ -93,12 +129,12 @@ func (w *proxyWorkflow) await(ctx workflow.Context, fut workflow.Future, cancel 
 			// over its budget writes nothing more until the step ends and it continues.
 			next := w.written.at.Add(awaitPublishEvery)
 			switch {
-			case w.flags.urgent || publishDue || !workflow.Now(ctx).Before(next):
+			case w.flags.urgent || ev.publish || !workflow.Now(ctx).Before(next):
 				if err := w.publishState(ctx); err != nil {
 					return false, err
 				}
-			case publishTimer == nil:
-				publishTimer = w.timer(pctx, next.Sub(workflow.Now(ctx)), workflow.TimerOptions{Summary: "publish what crawlers reported"})
+			case wt.publish == nil:
+				wt.publish = w.timer(pctx, next.Sub(workflow.Now(ctx)), workflow.TimerOptions{Summary: "publish what crawlers reported"})
 			}
 		}
 		if !interruptible {
@@ -145,54 +181,37 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 	}
 	tctx, cancelTimer := workflow.WithCancel(ctx)
 	defer cancelTimer()
-	var timer workflow.Future
+	wt := waiter{monitor: monitor, reports: sharded && !w.policy.serveWhileReplacing}
 	if sharded {
-		timer = w.wakeTimer(ctx, wake, wakeReason)
+		wt.deadline = w.wakeTimer(ctx, wake, wakeReason)
 	} else if !wake.IsZero() {
-		timer = w.timer(tctx, max(wake.Sub(workflow.Now(ctx)), 0), workflow.TimerOptions{Summary: wakeReason})
+		wt.deadline = w.timer(tctx, max(wake.Sub(workflow.Now(ctx)), 0), workflow.TimerOptions{Summary: wakeReason})
 	}
 	w.details(ctx, w.steadyReason(wake, wakeReason))
-	republish := w.republishTimer(tctx)
+	wt.republish = w.republishTimer(tctx)
 	// A report applied before this wait is already in the state it planned from.
 	w.flags.reported = false
 
 	for {
-		var monitorDone, timerDone, republishDue bool
-		var report *activities.MonitorReport
-		sel := workflow.NewSelector(ctx)
-		w.addSignals(sel)
-		if monitor != nil {
-			sel.AddFuture(monitor, func(workflow.Future) { monitorDone = true })
-		}
-		if sharded && !w.policy.serveWhileReplacing {
-			// Later versions take reports in addSignals, in every step.
-			sel.AddReceive(w.ch.monitor, func(c workflow.ReceiveChannel, _ bool) { report = w.receiveReport(c) })
-		}
-		if timer != nil {
-			sel.AddFuture(timer, func(workflow.Future) { timerDone = true })
-		}
-		if republish != nil {
-			sel.AddFuture(republish, func(workflow.Future) { republishDue = true })
-		}
-		sel.Select(ctx)
+		ev := w.next(ctx, &wt)
 		switch {
 		case w.flags.interrupt:
 			return nil
-		case republishDue:
+		case ev.republish:
 			if err := w.publishState(ctx); err != nil {
 				return err
 			}
-			republish = w.republishTimer(tctx)
-		case w.flags.memoDirty && !monitorDone && !timerDone && report == nil && !w.flags.reported:
+			wt.republish = w.republishTimer(tctx)
+		case w.flags.memoDirty && !ev.monitor && !ev.deadline && ev.report == nil && !w.flags.reported:
 			// A report: publish the cooldowns and keep watching.
 			if err := w.publishState(ctx); err != nil {
 				return err
 			}
-		case timerDone:
+		case ev.deadline:
 			w.wake = pendingWake{}
 			s.woke(wakeReason)
 			return nil
-		case monitorDone:
+		case ev.monitor:
 			var res activities.MonitorResult
 			if err := monitor.Get(ctx, &res); err != nil {
 				// Only a bug or a config the schema should have refused ends up here.
@@ -202,8 +221,8 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 			}
 			w.apply(s.monitorReturned(res, workflow.Now(ctx)))
 			return nil
-		case report != nil:
-			w.apply(s.monitorReturned(report.Result, workflow.Now(ctx)))
+		case ev.report != nil:
+			w.apply(s.monitorReturned(ev.report.Result, workflow.Now(ctx)))
 			return nil
 		case w.flags.reported:
 			// addSignals applied a report: replan with it, as above.
@@ -216,6 +235,14 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 			}
 		}
 	}
+}
+
+// pendingWake is a timer steady started, and what for.
+type pendingWake struct {
+	at     time.Time
+	reason string
+	timer  workflow.Future
+	cancel workflow.CancelFunc
 }
 
 // wakeTimer is the timer of steady's wake at at (zero: none): the pending one if it is for
