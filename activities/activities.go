@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"go.temporal.io/sdk/activity"
@@ -58,6 +59,11 @@ type Activities struct {
 	// External ones are sealed with. A worker without one creates nothing (the error says
 	// so) and probes only proxies that take no credentials.
 	Keyring *proxyauth.Keyring
+
+	// shardFeeds are the feeds of this worker's monitor shards (see MonitorShard), made
+	// at its first shard.
+	feedsOnce  sync.Once
+	shardFeeds *shardFeeds
 }
 
 // Prober sends one probe through a proxy.

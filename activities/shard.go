@@ -341,7 +341,7 @@ func (a *Activities) MonitorShard(ctx context.Context, in ShardInput) error {
 	in = in.withDefaults()
 	ms := newMembers(a, a.Signaller, contract.SignalMonitor)
 	defer ms.stopAll()
-	f, sub := subscribe(ctx, a, activity.GetInfo(ctx).TaskQueue, in, ms)
+	f, sub := a.feeds().subscribe(ctx, a, activity.GetInfo(ctx).TaskQueue, in, ms)
 	defer f.unsubscribe(sub)
 	tick := time.NewTicker(in.Refresh)
 	defer tick.Stop()
@@ -360,8 +360,8 @@ func (a *Activities) MonitorShard(ctx context.Context, in ShardInput) error {
 // hands each shard the changes to the proxies it owns. It runs while a shard subscribes.
 type feed struct {
 	a     *Activities
-	key   feedKey
-	in    ShardInput // Refresh, Full and Overlap of the shard that started it
+	feeds *shardFeeds // the registry it is in
+	in    ShardInput  // Refresh, Full and Overlap of the shard that started it
 	queue string
 
 	mu   sync.Mutex
@@ -380,11 +380,6 @@ type feed struct {
 	done    chan struct{}
 }
 
-type feedKey struct {
-	a     *Activities
-	queue string
-}
-
 // feedSub is one shard's subscription. fresh: it has not been given its members yet, which
 // then start spread over their interval (the shard took over from another worker, or
 // starts a fleet whose probes are all due).
@@ -395,23 +390,33 @@ type feedSub struct {
 	fresh        bool
 }
 
-var feeds = struct {
-	sync.Mutex
-	m map[feedKey]*feed
-}{m: map[feedKey]*feed{}}
+// shardFeeds are the feeds of one worker's shards, by task queue. They belong to the
+// worker (its Activities), not to the process: the shards a worker holds for one queue
+// share one feed, so visibility answers one read per refresh per worker and the shards
+// judge health-check targets together; two workers in one process (tests, a benchmark's
+// fleet) each read their own.
+type shardFeeds struct {
+	mu      sync.Mutex
+	byQueue map[string]*feed
+}
 
-// subscribe subscribes a shard to the feed of a's queue, started if none runs. It holds
-// the registry's lock throughout, so a feed whose last shard is leaving is never joined.
-func subscribe(ctx context.Context, a *Activities, queue string, in ShardInput, ms *members) (*feed, *feedSub) {
-	feeds.Lock()
-	defer feeds.Unlock()
-	k := feedKey{a, queue}
-	f := feeds.m[k]
+// feeds returns a's registry of feeds, made at its first shard.
+func (a *Activities) feeds() *shardFeeds {
+	a.feedsOnce.Do(func() { a.shardFeeds = &shardFeeds{byQueue: map[string]*feed{}} })
+	return a.shardFeeds
+}
+
+// subscribe subscribes a shard to the feed of queue, started if none runs. It holds the
+// registry's lock throughout, so a feed whose last shard is leaving is never joined.
+func (fs *shardFeeds) subscribe(ctx context.Context, a *Activities, queue string, in ShardInput, ms *members) (*feed, *feedSub) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	f := fs.byQueue[queue]
 	if f == nil {
 		fctx, cancel := context.WithCancel(context.Background())
-		f = &feed{a: a, key: k, in: in, queue: queue, subs: map[*feedSub]bool{}, known: map[string]watch{},
+		f = &feed{a: a, feeds: fs, in: in, queue: queue, subs: map[*feedSub]bool{}, known: map[string]watch{},
 			targets: newTargetBoard(a.Metrics), stop: cancel, done: make(chan struct{})}
-		feeds.m[k] = f
+		fs.byQueue[queue] = f
 		go f.run(fctx)
 	}
 	f.mu.Lock()
@@ -427,15 +432,15 @@ func subscribe(ctx context.Context, a *Activities, queue string, in ShardInput, 
 
 // unsubscribe ends a shard's subscription; the last one stops the feed.
 func (f *feed) unsubscribe(sub *feedSub) {
-	feeds.Lock()
+	f.feeds.mu.Lock()
 	f.mu.Lock()
 	delete(f.subs, sub)
 	last := len(f.subs) == 0
 	f.mu.Unlock()
-	if last && feeds.m[f.key] == f {
-		delete(feeds.m, f.key)
+	if last && f.feeds.byQueue[f.queue] == f {
+		delete(f.feeds.byQueue, f.queue)
 	}
-	feeds.Unlock()
+	f.feeds.mu.Unlock()
 	if last {
 		f.stop()
 		<-f.done

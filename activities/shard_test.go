@@ -372,6 +372,44 @@ func TestShardsOfAProcessShareOneReader(t *testing.T) {
 	assert.Zero(t, watching())
 }
 
+// TestShardsOfTwoWorkersReadApart: two workers in one process (tests, a benchmark's fleet)
+// each read their own visibility for the same task queue: a worker's shards share a reader,
+// workers do not. Each watches, and reports, only the proxies its own visibility lists.
+func TestShardsOfTwoWorkersReadApart(t *testing.T) {
+	m := newMonitorEnv(t)
+	type worker struct {
+		vis *fakeVisibility
+		fw  *fakeWorkflows
+		reg *prometheus.Registry
+		id  string
+	}
+	var workers []worker
+	for i := range 2 {
+		w := worker{vis: &fakeVisibility{wfs: map[string]*workflowpb.WorkflowExecutionInfo{}}, fw: newFakeWorkflows(),
+			reg: prometheus.NewRegistry(), id: fmt.Sprintf("proxy/ns/apart-%d", i)}
+		m.watchedProxy(t, w.vis, fmt.Sprintf("px-apart-%d", i), w.id, "e1", activities.Health{Known: true, Healthy: true})
+		acts := m.shardActivities(w.vis, w.fw)
+		acts.Metrics = activities.NewMetrics(w.reg)
+		startShard(t, acts, activities.ShardInput{Index: 0, Count: 1, Refresh: 50 * time.Millisecond})
+		workers = append(workers, w)
+	}
+	for i, w := range workers {
+		require.Eventually(t, func() bool { return metricValue(t, w.reg, "proxyfleet_monitors_running") == 1 }, 10*time.Second, 20*time.Millisecond,
+			"worker %d never watched exactly its own proxy", i)
+		_, _, err := m.daemon.SetFault(fmt.Sprintf("px-apart-%d", i), local.FaultAuth)
+		require.NoError(t, err)
+	}
+	for i, w := range workers {
+		got := w.fw.waitReports(t, w.id, 1)
+		assert.False(t, got[0].Result.Health.Healthy)
+		other := workers[1-i]
+		w.fw.mu.Lock()
+		assert.Zero(t, w.fw.attempts[other.id], "worker %d reported a proxy only the other worker's visibility lists", i)
+		w.fw.mu.Unlock()
+		assert.Equal(t, 1.0, metricValue(t, w.reg, "proxyfleet_monitors_running"), "worker %d", i)
+	}
+}
+
 // TestShardReaderSlowsWhileNothingChanges: once no watch has changed for a while, the
 // shards read visibility at their idle pace, although every read returns the last changes
 // again (as visibility does within the overlap); a new epoch is still picked up.
