@@ -15,8 +15,8 @@ import (
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
-// Review tests for workflow version 5's hand-over on loss (core.go monitorReturned,
-// nextOnLoss) and the reports drained at the loop's top (proxy.go drainSignals).
+// Review tests for workflow version 5's hand-over on loss (health.go monitorReturned,
+// serveWhileReplacing) and the reports drained at the loop's top (signals.go drainSignals).
 
 // reviewVerifyOf2 mocks the check of instance 2 through itself: it takes five minutes, and
 // just before its verdict comes back the old instance's shard member reports instance 1

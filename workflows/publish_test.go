@@ -6,7 +6,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.temporal.io/sdk/workflow"
 
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
@@ -190,15 +189,4 @@ func TestPublication(t *testing.T) {
 		pub, _ = published(&s, policyFor(versionShardMonitor), written{}, false)
 		assert.Empty(t, pub.fields[activities.VerdictMemoKey].(*activities.Verdict).FailureReason)
 	})
-}
-
-// TestPolicyFor: each version turns on what it added and keeps what came before.
-func TestPolicyFor(t *testing.T) {
-	assert.Equal(t, runPolicy{legacy: true}, policyFor(workflow.DefaultVersion))
-	assert.Equal(t, runPolicy{}, policyFor(versionLongLived))
-	assert.Equal(t, runPolicy{requireAuth: true}, policyFor(versionCredentials))
-	assert.Equal(t, runPolicy{requireAuth: true, createFirst: true}, policyFor(versionLostFirst))
-	assert.Equal(t, runPolicy{requireAuth: true, createFirst: true, shardWatched: true}, policyFor(versionShardMonitor))
-	assert.Equal(t, runPolicy{requireAuth: true, createFirst: true, shardWatched: true, serveWhileReplacing: true}, policyFor(versionServeWhileReplacing))
-	assert.Equal(t, policyFor(versionServeWhileReplacing), policyFor(versionLatest))
 }

@@ -57,7 +57,7 @@ const (
 )
 
 // events is the upper bound on the run's history events.
-// It charges what the workflow charges itself (the cost constants in proxy.go), plus the
+// It charges what the workflow charges itself (the cost constants in budget.go), plus the
 // closing event and the version marker, so the test checks the workflow's own accounting.
 func (c runCounts) events() int {
 	const closing = 1

@@ -7,7 +7,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
-// How the run takes signals: each is handed to the core (core.go), whose effect tells the
+// How the run takes signals: each is handed to the core (transitions.go), whose effect tells the
 // loop whether to re-plan, publish or log.
 
 func (w *proxyWorkflow) addSignals(sel workflow.Selector) {

@@ -15,7 +15,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
-// The tests in this file drive the pure core (core.go) transition by transition, without
+// The tests in this file drive the pure core (transitions.go) transition by transition, without
 // Temporal: each case is a state, one event at a time, and what must hold afterwards.
 
 var (

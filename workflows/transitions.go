@@ -1,12 +1,8 @@
 package workflows
 
 import (
-	"cmp"
 	"fmt"
 	"maps"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/proxyfleet/proxyfleet/activities"
@@ -15,10 +11,12 @@ import (
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
-// This file is ProxyWorkflow's pure core: every change to ProxyState is a method here that
-// takes the time it happens at and returns what the loop must do about it. Nothing here
-// touches Temporal, so each transition is a table test away from being checked (core_test.go),
-// and the workflow function in proxy.go is left with signals, waiting and activities.
+// ProxyWorkflow's pure core: every change to ProxyState is a method that takes the time it
+// happens at and returns what the loop must do about it — here for signals, instance steps
+// and failures, in health.go for the monitor's verdicts and the times to wake, in adopt.go
+// for a run that starts without state. Nothing here touches Temporal, so each transition is
+// a table test away from being checked (transitions_test.go), and the loop (proxy.go, the
+// steps in execute.go) is left with signals, waiting and activities.
 
 // failKind is what an activity failure means to the state machine. The loop maps Temporal's
 // errors to it (failureOf), so the core never sees an SDK type.
@@ -484,117 +482,6 @@ func (s *ProxyState) hashed(h string) {
 	}
 }
 
-// --- health --------------------------------------------------------------------------
-
-// LostPreempted is why an instance was lost when the cloud took it back (a GCP Spot VM):
-// the status's Healthy condition then has reason Preempted.
-const LostPreempted = "preempted"
-
-// monitorReturned records a change the monitor found: a verdict, a latency, or an instance
-// lost behind our back (which is retired and recreated, showing Unhealthy meanwhile).
-func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time) effect {
-	prev := s.Health
-	s.Health = res.Health
-	if res.Reason == activities.MonitorVerdict && (prev.Known != res.Health.Known || prev.Healthy != res.Health.Healthy) {
-		// Grace periods count in workflow time, which replays exactly.
-		s.Health.Since = now
-	} else {
-		s.Health.Since = prev.Since
-	}
-	switch res.Reason {
-	case activities.MonitorCredentials:
-		// The memo carries the new sealed credentials to discovery at the next publish.
-		s.Sealed = res.Sealed
-		if s.Sealed == "" {
-			return effect{publish: true, note: "the credentials Secret may not be used; the proxy is not leased until it may"}
-		}
-		return effect{publish: true, note: "the credentials Secret changed; leases now hand out the new credentials"}
-	case activities.MonitorGone, activities.MonitorStopped:
-		if s.Instance != nil {
-			name, why := s.Instance.Name, res.Reason
-			if res.Instance.Preempted {
-				why = LostPreempted
-			}
-			s.Instance.Lost, s.Instance.LostReason = true, why
-			s.retire(name)
-			s.Health = activities.Health{Known: true, Healthy: false, Since: now, LastFailure: "instance " + why}
-			if s.policy.serveWhileReplacing && s.Next != nil {
-				// Its replacement is already being built: it takes over (a report can now
-				// arrive while it is), and whatever it was built for is done. It is watched
-				// like any current instance once it runs.
-				s.Instance, s.Next = s.Next, nil
-				if h := s.Instance.Health; h != nil {
-					// Already checked through itself: that verdict is the proxy's now.
-					s.Health = *h
-					s.Health.Since = now
-				}
-				s.Instance.CreatedAt, s.Instance.Health = now, nil
-				s.ReplaceReason, s.Cooldowns, s.Bans = "", nil, nil
-				s.Replacements++
-				return effect{publish: true, note: "instance lost; its replacement " + s.Instance.Name + " takes over: " + name + " (" + why + ")", warn: true}
-			}
-			return effect{note: "instance lost; recreating: " + name + " (" + why + ")", warn: true}
-		}
-	}
-	return effect{}
-}
-
-// monitorFailed records a monitor that could not run (a bug or a config the schema should
-// have refused).
-func (s *ProxyState) monitorFailed(msg string) {
-	s.Health.LastFailure, s.Health.FailureReason = msg, ""
-}
-
-// Reasons the steady step wakes up by itself.
-const (
-	wakeRetry       = "retry"
-	wakeRetryDelete = "retry-delete"
-	wakeMaxAge      = "maxAge"
-	wakeUnhealthy   = "unhealthy"
-	// wakeRunAge ends the run so it continues as new (the loop adds it; see runEnd).
-	wakeRunAge = "run-age"
-)
-
-// nextWake is when the steady step must wake without a signal or a monitor result, and why:
-// a retry time, the instance's maxAge, or the end of the unhealthy grace. Zero means never.
-func (s *ProxyState) nextWake() (time.Time, string) {
-	var wake time.Time
-	var why string
-	set := func(t time.Time, reason string) {
-		if !t.IsZero() && (wake.IsZero() || t.Before(wake)) {
-			wake, why = t, reason
-		}
-	}
-	set(s.RetryAt, wakeRetry)
-	set(s.DeleteRetryAt, wakeRetryDelete)
-	if s.Instance.Running() && s.ReplaceReason == "" {
-		// Once a replacement is asked for, neither is news: a wake for a time already
-		// past (a replacement held while a delete waits for its retry) would fire at once,
-		// again and again, without the run ever yielding.
-		if age := s.maxAge(); age > 0 {
-			set(s.Instance.CreatedAt.Add(age), wakeMaxAge)
-		}
-		if grace := s.unhealthyGrace(); grace > 0 && s.Health.Known && !s.Health.Healthy {
-			set(s.Health.Since.Add(grace), wakeUnhealthy)
-		}
-	}
-	return wake, why
-}
-
-// woke records that the steady step's timer fired: maxAge and a lasting unhealthy verdict
-// call for a replacement.
-func (s *ProxyState) woke(why string) {
-	if s.ReplaceReason != "" {
-		return
-	}
-	switch why {
-	case wakeMaxAge:
-		s.ReplaceReason = "maxAge"
-	case wakeUnhealthy:
-		s.ReplaceReason = fmt.Sprintf("unhealthy for %s", s.unhealthyGrace())
-	}
-}
-
 // --- failures ------------------------------------------------------------------------
 
 // failed records an activity failure by its kind: quota is a slow retry, permanent latches
@@ -639,101 +526,4 @@ func portOr(p int32, spec *v1alpha1.ProxySpec) int32 {
 		return p
 	}
 	return spec.EffectivePort()
-}
-
-// --- a run that starts without state -------------------------------------------------
-
-// adopt takes what the providers hold for this Proxy, on a run that started without state.
-// Instances already recorded are left alone. Of the others, the newest that can serve
-// becomes the current instance when there is none and the Proxy is not being deleted: kept
-// as-is if its spec-hash label says it was built from the spec now wanted, otherwise
-// replaced make-before-break like any outdated instance. Everything else is retired. The
-// counter moves past every number found, so no new instance reuses an old name.
-func (s *ProxyState) adopt(res activities.FindResult, now time.Time) effect {
-	found := res.Instances
-	s.Unlisted = false
-	s.succeeded()
-	s.Replacements = max(s.Replacements, res.Replacements)
-	prefix := strings.TrimSuffix(InstanceName(s.UID, 0), "0")
-	number := func(name string) int {
-		n, err := strconv.Atoi(strings.TrimPrefix(name, prefix))
-		if err != nil || !strings.HasPrefix(name, prefix) {
-			return 0
-		}
-		return n
-	}
-	var unknown []activities.OwnedInstance
-	for _, f := range found {
-		if s.find(f.Instance.Name) == nil {
-			unknown = append(unknown, f)
-		}
-		s.Counter = max(s.Counter, number(f.Instance.Name))
-	}
-	if len(unknown) == 0 {
-		return effect{}
-	}
-	// Newest first: running before provisioning, then the higher number.
-	rank := func(f activities.OwnedInstance) int {
-		if f.Instance.State == provider.StateRunning && f.Instance.IP != "" {
-			return 1
-		}
-		return 0
-	}
-	slices.SortStableFunc(unknown, func(x, y activities.OwnedInstance) int {
-		if c := cmp.Compare(rank(y), rank(x)); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(number(y.Instance.Name), number(x.Instance.Name)); c != 0 {
-			return c
-		}
-		return strings.Compare(x.Instance.Name, y.Instance.Name)
-	})
-	ref := func(f activities.OwnedInstance) InstanceRef {
-		r := InstanceRef{
-			Provider: f.Provider, Name: f.Instance.Name, ProviderID: f.Instance.ProviderID, Created: true,
-			State: f.Instance.State, IP: f.Instance.IP, Hash: f.Instance.Labels[provider.LabelSpecHash],
-			CreatedAt: f.Instance.CreatedAt, KeyID: f.Instance.Labels[provider.LabelKeyID],
-		}
-		if r.Hash == "" && s.Spec != nil && f.Provider == s.Spec.Provider {
-			// Built before instances carried their spec hash (version 0): taken as built from
-			// the spec now wanted, or every proxy would be replaced when its run moves to
-			// this version. Until the cloud-init hash is known it stays empty (hashed fills it).
-			if !s.NeedHash {
-				r.Hash = DesiredHash(s.Spec, s.SecretHash)
-			}
-		}
-		if s.Spec != nil {
-			r.Spec = *s.Spec
-			r.Port = portOr(f.Instance.Port, s.Spec)
-		}
-		if r.CreatedAt.IsZero() {
-			r.CreatedAt = now
-		}
-		return r
-	}
-	var adopted string
-	canServe := func(f activities.OwnedInstance) bool {
-		st := f.Instance.State
-		return st == provider.StateRunning || st == provider.StateProvisioning
-	}
-	if !s.Deleting && s.Spec != nil && s.Spec.EffectiveMode() == v1alpha1.ModeManaged && s.Instance == nil &&
-		unknown[0].Provider == s.Spec.Provider && canServe(unknown[0]) {
-		r := ref(unknown[0])
-		s.Instance = &r
-		adopted = r.Name
-		unknown = unknown[1:]
-	}
-	var retired []string
-	for _, f := range unknown {
-		s.Retiring = append(s.Retiring, ref(f))
-		retired = append(retired, f.Instance.Name)
-	}
-	note := fmt.Sprintf("found %d instance(s) of earlier runs", len(found))
-	if adopted != "" {
-		note += "; adopted " + adopted
-	}
-	if len(retired) > 0 {
-		note += "; retiring " + strings.Join(retired, ", ")
-	}
-	return effect{replan: true, note: note, warn: true}
 }

@@ -1,0 +1,120 @@
+package workflows
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/proxyfleet/proxyfleet/activities"
+)
+
+// The monitor's verdicts, and the times a steady run wakes at (maxAge, the unhealthy
+// grace): transitions of the pure core, like those in transitions.go.
+
+// LostPreempted is why an instance was lost when the cloud took it back (a GCP Spot VM):
+// the status's Healthy condition then has reason Preempted.
+const LostPreempted = "preempted"
+
+// monitorReturned records a change the monitor found: a verdict, a latency, or an instance
+// lost behind our back (which is retired and recreated, showing Unhealthy meanwhile).
+func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time) effect {
+	prev := s.Health
+	s.Health = res.Health
+	if res.Reason == activities.MonitorVerdict && (prev.Known != res.Health.Known || prev.Healthy != res.Health.Healthy) {
+		// Grace periods count in workflow time, which replays exactly.
+		s.Health.Since = now
+	} else {
+		s.Health.Since = prev.Since
+	}
+	switch res.Reason {
+	case activities.MonitorCredentials:
+		// The memo carries the new sealed credentials to discovery at the next publish.
+		s.Sealed = res.Sealed
+		if s.Sealed == "" {
+			return effect{publish: true, note: "the credentials Secret may not be used; the proxy is not leased until it may"}
+		}
+		return effect{publish: true, note: "the credentials Secret changed; leases now hand out the new credentials"}
+	case activities.MonitorGone, activities.MonitorStopped:
+		if s.Instance != nil {
+			name, why := s.Instance.Name, res.Reason
+			if res.Instance.Preempted {
+				why = LostPreempted
+			}
+			s.Instance.Lost, s.Instance.LostReason = true, why
+			s.retire(name)
+			s.Health = activities.Health{Known: true, Healthy: false, Since: now, LastFailure: "instance " + why}
+			if s.policy.serveWhileReplacing && s.Next != nil {
+				// Its replacement is already being built: it takes over (a report can now
+				// arrive while it is), and whatever it was built for is done. It is watched
+				// like any current instance once it runs.
+				s.Instance, s.Next = s.Next, nil
+				if h := s.Instance.Health; h != nil {
+					// Already checked through itself: that verdict is the proxy's now.
+					s.Health = *h
+					s.Health.Since = now
+				}
+				s.Instance.CreatedAt, s.Instance.Health = now, nil
+				s.ReplaceReason, s.Cooldowns, s.Bans = "", nil, nil
+				s.Replacements++
+				return effect{publish: true, note: "instance lost; its replacement " + s.Instance.Name + " takes over: " + name + " (" + why + ")", warn: true}
+			}
+			return effect{note: "instance lost; recreating: " + name + " (" + why + ")", warn: true}
+		}
+	}
+	return effect{}
+}
+
+// monitorFailed records a monitor that could not run (a bug or a config the schema should
+// have refused).
+func (s *ProxyState) monitorFailed(msg string) {
+	s.Health.LastFailure, s.Health.FailureReason = msg, ""
+}
+
+// Reasons the steady step wakes up by itself.
+const (
+	wakeRetry       = "retry"
+	wakeRetryDelete = "retry-delete"
+	wakeMaxAge      = "maxAge"
+	wakeUnhealthy   = "unhealthy"
+	// wakeRunAge ends the run so it continues as new (the loop adds it; see runEnd).
+	wakeRunAge = "run-age"
+)
+
+// nextWake is when the steady step must wake without a signal or a monitor result, and why:
+// a retry time, the instance's maxAge, or the end of the unhealthy grace. Zero means never.
+func (s *ProxyState) nextWake() (time.Time, string) {
+	var wake time.Time
+	var why string
+	set := func(t time.Time, reason string) {
+		if !t.IsZero() && (wake.IsZero() || t.Before(wake)) {
+			wake, why = t, reason
+		}
+	}
+	set(s.RetryAt, wakeRetry)
+	set(s.DeleteRetryAt, wakeRetryDelete)
+	if s.Instance.Running() && s.ReplaceReason == "" {
+		// Once a replacement is asked for, neither is news: a wake for a time already
+		// past (a replacement held while a delete waits for its retry) would fire at once,
+		// again and again, without the run ever yielding.
+		if age := s.maxAge(); age > 0 {
+			set(s.Instance.CreatedAt.Add(age), wakeMaxAge)
+		}
+		if grace := s.unhealthyGrace(); grace > 0 && s.Health.Known && !s.Health.Healthy {
+			set(s.Health.Since.Add(grace), wakeUnhealthy)
+		}
+	}
+	return wake, why
+}
+
+// woke records that the steady step's timer fired: maxAge and a lasting unhealthy verdict
+// call for a replacement.
+func (s *ProxyState) woke(why string) {
+	if s.ReplaceReason != "" {
+		return
+	}
+	switch why {
+	case wakeMaxAge:
+		s.ReplaceReason = "maxAge"
+	case wakeUnhealthy:
+		s.ReplaceReason = fmt.Sprintf("unhealthy for %s", s.unhealthyGrace())
+	}
+}
