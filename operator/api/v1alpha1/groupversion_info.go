@@ -18,7 +18,7 @@ var (
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &Proxy{}, &ProxyList{})
+	s.AddKnownTypes(GroupVersion, &Proxy{}, &ProxyList{}, &ProxyPool{}, &ProxyPoolList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }
