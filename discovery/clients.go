@@ -109,17 +109,23 @@ func (c ClientConfig) tokenHash() ([32]byte, error) {
 	return h, nil
 }
 
-// client is a configured identity at run time.
-type client struct {
+// Client is a configured identity at run time: what a request's token authenticates.
+type Client struct {
 	name      string
 	maxLeases int
 	// limiter is nil without a rate limit.
 	limiter *rate.Limiter
 }
 
+// Name names the client in logs, metrics and its leases.
+func (c *Client) Name() string { return c.name }
+
+// MaxLeases is how many live leases the client may hold at once (0: no cap).
+func (c *Client) MaxLeases() int { return c.maxLeases }
+
 // clientSet is one version of the clients, replaced whole on a reload.
 type clientSet struct {
-	byHash map[[32]byte]*client
+	byHash map[[32]byte]*Client
 	names  []string
 }
 
@@ -167,16 +173,16 @@ func LoadClients(path string) (*Clients, error) {
 
 // replaceLocked installs cfgs; c.mu is held.
 func (c *Clients) replaceLocked(cfgs []ClientConfig) {
-	old := map[string]*client{}
+	old := map[string]*Client{}
 	if cur := c.set.Load(); cur != nil {
 		for _, cl := range cur.byHash {
 			old[cl.name] = cl
 		}
 	}
-	next := &clientSet{byHash: map[[32]byte]*client{}}
+	next := &clientSet{byHash: map[[32]byte]*Client{}}
 	for _, cfg := range cfgs {
 		h, _ := cfg.tokenHash()
-		cl := &client{name: cfg.Name, maxLeases: cfg.MaxLeases}
+		cl := &Client{name: cfg.Name, maxLeases: cfg.MaxLeases}
 		if cfg.RequestsPerSecond > 0 {
 			burst := cfg.Burst
 			if burst == 0 {
@@ -199,7 +205,7 @@ func (c *Clients) replaceLocked(cfgs []ClientConfig) {
 
 // lookup finds the client a bearer token belongs to. Tokens are compared by their SHA-256:
 // a map lookup on the hash reveals nothing usable about the token through its timing.
-func (c *Clients) lookup(token string) *client {
+func (c *Clients) lookup(token string) *Client {
 	return c.set.Load().byHash[sha256.Sum256([]byte(token))]
 }
 

@@ -26,7 +26,8 @@ type APIError struct {
 
 func (e *APIError) Error() string { return e.Code + ": " + e.Message }
 
-func apiErr(code, format string, args ...any) *APIError {
+// Errorf is the error answered with code (a codes constant) and the message.
+func Errorf(code, format string, args ...any) *APIError {
 	return &APIError{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
@@ -39,7 +40,7 @@ const (
 
 // opError is an error of the store with the request it failed for: the API's messages name
 // the lease or the target, which the store's errors do not carry. Its text is the store's
-// error alone; what it adds is for toAPIError.
+// error alone; what it adds is for ErrorOf.
 type opError struct {
 	op      string // opAcquire, opRenew or opReport
 	leaseID string // renew and report
@@ -50,12 +51,12 @@ type opError struct {
 func (e *opError) Error() string { return e.err.Error() }
 func (e *opError) Unwrap() error { return e.err }
 
-// toAPIError maps err to the answer the API gives for it: an *APIError as it is (request
+// ErrorOf maps err to the answer the API and the gateway give for it: an *APIError as it is (request
 // validation and DecodeJSON make those), and the store's errors (*NoMatch, ErrUnknownLease,
 // ErrLeaseExpired) worded with what their *opError names. Any other error is a bug of
 // discovery: known is false, and the answer is a bare internal error, so that nothing of
 // err reaches the client; the caller logs err.
-func toAPIError(err error) (ae *APIError, known bool) {
+func ErrorOf(err error) (ae *APIError, known bool) {
 	if e, ok := errors.AsType[*APIError](err); ok {
 		return e, true
 	}
@@ -74,7 +75,7 @@ func toAPIError(err error) (ae *APIError, known bool) {
 		return ae, true
 	}
 	if ll, ok := errors.AsType[*LeaseLimit](err); ok {
-		ae := apiErr(codes.LeaseLimit, "client %q holds %d leases, as many as it may; release one or wait", ll.Client, ll.Max)
+		ae := Errorf(codes.LeaseLimit, "client %q holds %d leases, as many as it may; release one or wait", ll.Client, ll.Max)
 		ae.RetryAfterSeconds = int((ll.RetryAfter + time.Second - 1) / time.Second)
 		return ae, true
 	}
@@ -86,15 +87,15 @@ func toAPIError(err error) (ae *APIError, known bool) {
 	case errors.Is(err, ErrUnknownLease) && op.op == opReport:
 		// Reports are taken for the cooldown window after a lease ends, so an unknown
 		// lease may also be one that ended before that window.
-		return apiErr(codes.UnknownLease, "no lease %q (or it expired more than the cooldown window ago)", op.leaseID), true
+		return Errorf(codes.UnknownLease, "no lease %q (or it expired more than the cooldown window ago)", op.leaseID), true
 	case errors.Is(err, ErrUnknownLease):
-		return apiErr(codes.UnknownLease, "no lease %q", op.leaseID), true
+		return Errorf(codes.UnknownLease, "no lease %q", op.leaseID), true
 	case errors.Is(err, ErrReportLimit):
-		return apiErr(codes.ReportLimit, "lease %q has reported as many cooldowns as a lease may; report further ones on a new lease", op.leaseID), true
+		return Errorf(codes.ReportLimit, "lease %q has reported as many cooldowns as a lease may; report further ones on a new lease", op.leaseID), true
 	case errors.Is(err, ErrLeaseExpired):
-		return apiErr(codes.LeaseExpired, "lease %q has expired; acquire a new one", op.leaseID), true
+		return Errorf(codes.LeaseExpired, "lease %q has expired; acquire a new one", op.leaseID), true
 	}
-	return apiErr(codes.Internal, "internal error"), false
+	return Errorf(codes.Internal, "internal error"), false
 }
 
 func goneText(reason string) string {
@@ -117,9 +118,9 @@ func forTarget(t string) string {
 	return fmt.Sprintf(" for %q", t)
 }
 
-// fail answers with err, as toAPIError maps it. An internal error is logged, never shown.
+// fail answers with err, as ErrorOf maps it. An internal error is logged, never shown.
 func (s *Server) fail(c *gin.Context, err error) {
-	ae, known := toAPIError(err)
+	ae, known := ErrorOf(err)
 	if !known {
 		s.log.Error("internal error", "method", c.Request.Method, "path", c.FullPath(), "error", err)
 	}

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -124,20 +123,20 @@ func (s *Server) listProxies(c *gin.Context) {
 		// An unknown parameter (region=eu for attr.region=eu, say) would otherwise be
 		// ignored, and the answer would list proxies the caller meant to exclude.
 		if name != "healthy" && !strings.HasPrefix(name, "attr.") {
-			s.fail(c, apiErr(codes.Invalid, "unknown query parameter %q: select by attribute with attr.<key>=<value>, or filter with healthy=true|false", name))
+			s.fail(c, Errorf(codes.Invalid, "unknown query parameter %q: select by attribute with attr.<key>=<value>, or filter with healthy=true|false", name))
 			return
 		}
 	}
 	sel, err := ParseQuerySelector(c.Request.URL.Query())
 	if err != nil {
-		s.fail(c, apiErr(codes.InvalidSelector, "%v", err))
+		s.fail(c, Errorf(codes.InvalidSelector, "%v", err))
 		return
 	}
 	var healthy *bool
 	if h := c.Query("healthy"); h != "" {
 		v, err := strconv.ParseBool(h)
 		if err != nil {
-			s.fail(c, apiErr(codes.Invalid, "healthy must be true or false, got %q", h))
+			s.fail(c, Errorf(codes.Invalid, "healthy must be true or false, got %q", h))
 			return
 		}
 		healthy = &v
@@ -192,32 +191,28 @@ func (r LeaseResponse) LogValue() slog.Value {
 // cfg.DefaultTTL when it gives none. It normalises r.Target (NormalizeTarget).
 func (r *LeaseRequest) Validate(cfg Config) (time.Duration, error) {
 	if err := r.Selector.Validate(); err != nil {
-		return 0, apiErr(codes.InvalidSelector, "%v", err)
+		return 0, Errorf(codes.InvalidSelector, "%v", err)
 	}
 	target, err := NormalizeTarget(r.Target)
 	if err != nil {
 		return 0, err
 	}
 	r.Target = target
-	if r.Session != "" && !sessionRE.MatchString(r.Session) {
-		return 0, apiErr(codes.Invalid, "session must be 1-128 letters, digits, '.', '_', '~', ':' or '-'")
+	if r.Session != "" && !ValidSession(r.Session) {
+		return 0, Errorf(codes.Invalid, "session must be 1-128 letters, digits, '.', '_', '~', ':' or '-'")
 	}
 	return ttl(r.TTLSeconds, cfg)
 }
 
-// sessionRE is what a session name may be: enough for a UUID or a crawler's own key, and
-// nothing that could not travel in a proxy username or a log line as it is.
-var sessionRE = regexp.MustCompile(`^[A-Za-z0-9._~:-]{1,128}$`)
-
 func ttl(seconds int, cfg Config) (time.Duration, error) {
 	switch {
 	case seconds < 0:
-		return 0, apiErr(codes.Invalid, "ttlSeconds must be positive")
+		return 0, Errorf(codes.Invalid, "ttlSeconds must be positive")
 	case seconds == 0:
 		return cfg.DefaultTTL, nil
 	// Compared in seconds: seconds*time.Second can overflow into a negative duration.
 	case int64(seconds) > int64(cfg.MaxTTL/time.Second):
-		return 0, apiErr(codes.Invalid, "ttlSeconds %d exceeds the maximum of %d", seconds, int(cfg.MaxTTL/time.Second))
+		return 0, Errorf(codes.Invalid, "ttlSeconds %d exceeds the maximum of %d", seconds, int(cfg.MaxTTL/time.Second))
 	}
 	return time.Duration(seconds) * time.Second, nil
 }
@@ -231,7 +226,7 @@ func NormalizeTarget(t string) (string, error) {
 		return "", nil
 	}
 	bad := func() (string, error) {
-		return "", apiErr(codes.Invalid, "target must be a host name such as shop.example (at most 253 characters, optionally with a port; no scheme, path, spaces or control characters)")
+		return "", Errorf(codes.Invalid, "target must be a host name such as shop.example (at most 253 characters, optionally with a port; no scheme, path, spaces or control characters)")
 	}
 	if len(t) > 253+6 || strings.ContainsFunc(t, func(r rune) bool {
 		return r <= ' ' || r == 0x7f || r == '/' || r == '?' || r == '#' || r == '@' || r == '\\'
@@ -284,7 +279,7 @@ func (s *Server) acquire(c *gin.Context) {
 	if cl := clientOf(c); cl != nil {
 		w.Client, w.MaxLeases = cl.name, cl.maxLeases
 	}
-	resp, err := s.grant(c.Request.Context(), w, nil)
+	resp, err := s.Grant(c.Request.Context(), w, nil)
 	if err != nil {
 		if _, ok := errors.AsType[*NoMatch](err); ok {
 			s.metrics.leaseRequests.WithLabelValues("no_match").Inc()
@@ -366,20 +361,20 @@ func (s *Server) reportSession(c *gin.Context) {
 		return
 	}
 	name := c.Param("session")
-	if !sessionRE.MatchString(name) {
-		s.fail(c, apiErr(codes.Invalid, "session must be 1-128 letters, digits, '.', '_', '~', ':' or '-'"))
+	if !ValidSession(name) {
+		s.fail(c, Errorf(codes.Invalid, "session must be 1-128 letters, digits, '.', '_', '~', ':' or '-'"))
 		return
 	}
 	unknown := func() {
-		s.fail(c, apiErr(codes.UnknownSession, "no lease of session %q in the last %s", name, s.store.cfg.SessionIdle))
+		s.fail(c, Errorf(codes.UnknownSession, "no lease of session %q in the last %s", name, s.store.cfg.SessionIdle))
 	}
 	id, ok := s.store.SessionLease(clientName(c), name)
 	if !ok {
 		unknown()
 		return
 	}
-	err := s.reportLease(c.Request.Context(), c.GetHeader("Authorization"), id, req.Result, req.Target)
-	if ae, _ := toAPIError(err); err != nil && ae.Code == codes.UnknownLease {
+	err := s.ReportLease(c.Request.Context(), c.GetHeader("Authorization"), id, req.Result, req.Target)
+	if ae, _ := ErrorOf(err); err != nil && ae.Code == codes.UnknownLease {
 		// Here (ErrUnknownLease) or at the owner (its answer): the lease is past its
 		// report window, and the session with it.
 		unknown()

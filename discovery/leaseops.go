@@ -23,8 +23,8 @@ import (
 // release 204 and no change): the owner decides, from the client its lease records, and
 // the same check in the store serves both, so no other code path tells them apart.
 
-// grant leases a proxy for w, passing over the proxies except names (when not nil).
-func (s *Server) grant(ctx context.Context, w Want, except func(string) bool) (*LeaseResponse, error) {
+// Grant leases a proxy for w, passing over the proxies except names (when not nil).
+func (s *Server) Grant(ctx context.Context, w Want, except func(string) bool) (*LeaseResponse, error) {
 	if s.replicas != nil {
 		return s.acquireReplicated(ctx, w, w.TTL, except)
 	}
@@ -63,7 +63,7 @@ func (s *Server) authClient(auth string) (string, error) {
 	}
 	cl := s.bearerClient(auth)
 	if cl == nil {
-		return "", apiErr(codes.Unauthorized, "a valid bearer token is required")
+		return "", Errorf(codes.Unauthorized, "a valid bearer token is required")
 	}
 	return cl.name, nil
 }
@@ -81,7 +81,7 @@ func (s *Server) onOwner(ctx context.Context, owner int, auth, method, path stri
 	resp, err := s.replicas.call(context.WithoutCancel(ctx), owner, method, path, raw, h)
 	if err != nil {
 		s.replicas.markDown(owner, 2*time.Second)
-		return unavailable("replica %d, which owns the lease, did not answer", owner)
+		return Unavailable("replica %d, which owns the lease, did not answer", owner)
 	}
 	s.metrics.forwarded.Inc()
 	return peerAnswer(resp, want, v)
@@ -89,8 +89,8 @@ func (s *Server) onOwner(ctx context.Context, owner int, auth, method, path stri
 
 func leasePath(id, op string) string { return "/v1/leases/" + url.PathEscape(id) + op }
 
-// renewLease extends lease id by d.
-func (s *Server) renewLease(ctx context.Context, auth, id string, d time.Duration) (*LeaseResponse, error) {
+// RenewLease extends lease id by d.
+func (s *Server) RenewLease(ctx context.Context, auth, id string, d time.Duration) (*LeaseResponse, error) {
 	owner, remote, err := s.remoteOwner(id)
 	switch {
 	case err != nil:
@@ -127,9 +127,9 @@ func (s *Server) renewOwned(client, id string, d time.Duration) (*LeaseResponse,
 	return &resp, nil
 }
 
-// releaseLease ends lease id. Failing to reach its owner only keeps the slot counted until
+// ReleaseLease ends lease id. Failing to reach its owner only keeps the slot counted until
 // the lease expires.
-func (s *Server) releaseLease(ctx context.Context, auth, id string) error {
+func (s *Server) ReleaseLease(ctx context.Context, auth, id string) error {
 	owner, remote, err := s.remoteOwner(id)
 	switch {
 	case err != nil:
@@ -157,8 +157,8 @@ func (s *Server) releaseOwned(client, id string) {
 	_ = s.replicateLease(id)
 }
 
-// reportLease records a report on lease id (see reportOwned).
-func (s *Server) reportLease(ctx context.Context, auth, id, result, target string) error {
+// ReportLease records a report on lease id (see reportOwned).
+func (s *Server) ReportLease(ctx context.Context, auth, id, result, target string) error {
 	owner, remote, err := s.remoteOwner(id)
 	switch {
 	case err != nil:
@@ -186,7 +186,7 @@ func (s *Server) reportOwned(client, id, result, target string) error {
 	case contract.ReportBanned:
 		window = s.cfg.CooldownBanned
 	default:
-		return apiErr(codes.InvalidResult, "result must be ok, rate_limited or banned, got %q", result)
+		return Errorf(codes.InvalidResult, "result must be ok, rate_limited or banned, got %q", result)
 	}
 	target, err := NormalizeTarget(target)
 	if err != nil {
@@ -210,3 +210,18 @@ func (s *Server) reportOwned(client, id, result, target string) error {
 	}
 	return nil
 }
+
+// ClientOf is the client whose token this is (nil if none); open says the server has no
+// clients, and takes anyone.
+func (s *Server) ClientOf(token string) (cl *Client, open bool) {
+	if s.clients == nil {
+		return nil, true
+	}
+	return s.clients.lookup(token), false
+}
+
+// Loaded says the index has been read from Temporal in full (Store.Loaded).
+func (s *Server) Loaded() bool { return s.store.Loaded() }
+
+// Freed counts the changes to the store that can free a slot (Store.Freed).
+func (s *Server) Freed() uint64 { return s.store.Freed() }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"regexp"
 	"slices"
 	"time"
 )
@@ -106,6 +107,14 @@ type Want struct {
 	Client    string
 	MaxLeases int
 }
+
+// sessionRE is what a session name may be: enough for a UUID or a crawler's own key, and
+// nothing that could not travel in a proxy username or a log line as it is.
+var sessionRE = regexp.MustCompile(`^[A-Za-z0-9._~:-]{1,128}$`)
+
+// ValidSession says whether name may name a sticky session, through the API or in the
+// gateway's proxy username alike.
+func ValidSession(name string) bool { return sessionRE.MatchString(name) }
 
 // sessionKey is where the session table and the ring place a client's session.
 func sessionKey(client, session string) string {

@@ -9,8 +9,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-
-	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // serverMetrics are registered explicitly on the Registerer the caller passes; with a nil
@@ -30,18 +28,7 @@ type serverMetrics struct {
 	clientRequests       *prometheus.CounterVec
 	throttled            *prometheus.CounterVec
 	clientsReloadErrors  prometheus.Counter
-	// The gateway's.
-	gatewayRequests         *prometheus.CounterVec
-	gatewayUpstreamFailures *prometheus.CounterVec
-	gatewayRetries          prometheus.Counter
-	gatewayConnectSeconds   prometheus.Histogram
-	gatewayTunnels          prometheus.Gauge
-	gatewayLeasesHeld       prometheus.Gauge
-	gatewayBytes            *prometheus.CounterVec
-	gatewayReports          *prometheus.CounterVec
-	gatewayLeasesLost       prometheus.Counter
-	gatewayWaits            prometheus.Counter
-	handler                 http.Handler
+	handler              http.Handler
 	// lastRefresh is the unix nanosecond time of the last successful refresh.
 	lastRefresh atomic.Int64
 }
@@ -108,58 +95,6 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 			Name: "proxyfleet_discovery_clients_reload_errors_total",
 			Help: "Reloads of the clients file that failed (the clients loaded before stay in force).",
 		}),
-		gatewayRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "proxyfleet_gateway_requests_total",
-			Help: "Gateway requests (kind http) and tunnels (kind connect) by client and outcome: ok, auth_failed, invalid, throttled, no_proxy, upstream_failed, unavailable, canceled, aborted (the answer was cut off mid-way by the site or fleet proxy), internal.",
-		}, []string{"client", "kind", "outcome"}),
-		gatewayUpstreamFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "proxyfleet_gateway_upstream_failures_total",
-			Help: "Fleet proxies that failed a gateway request or tunnel before it got through, by kind: unreachable, timeout, reset, auth, refused.",
-		}, []string{"kind"}),
-		gatewayRetries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "proxyfleet_gateway_retries_total",
-			Help: "Gateway requests and tunnels tried again on another fleet proxy after one failed.",
-		}),
-		gatewayConnectSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "proxyfleet_gateway_connect_duration_seconds",
-			Help:    "Time to open a tunnel: lease, connection to the fleet proxy and its answer to CONNECT, retries included.",
-			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
-		}),
-		gatewayTunnels: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "proxyfleet_gateway_tunnels_open",
-			Help: "CONNECT tunnels open through the gateway.",
-		}),
-		gatewayLeasesHeld: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "proxyfleet_gateway_leases_held",
-			Help: "Leases the gateway holds for requests and tunnels in progress, renewed while they last; back to 0 when no traffic is in flight.",
-		}),
-		gatewayBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "proxyfleet_gateway_tunnel_bytes_total",
-			Help: "Bytes carried through gateway tunnels, by direction: upstream (crawler to site) and downstream.",
-		}, []string{"direction"}),
-		gatewayReports: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "proxyfleet_gateway_reports_total",
-			Help: "Reports the gateway made from plain answers' statuses, by result.",
-		}, []string{"result"}),
-		gatewayWaits: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "proxyfleet_gateway_waits_total",
-			Help: "Gateway requests and tunnels that waited for a proxy to free a slot (every one that could take them was full or resting): the fleet is saturated.",
-		}),
-		gatewayLeasesLost: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "proxyfleet_gateway_leases_lost_total",
-			Help: "Leases of open gateway requests or tunnels that could not be renewed (their proxy was replaced, turned unhealthy or left); the connection goes on uncounted.",
-		}),
-	}
-	// The label values known in advance are exported at 0 from the start, so that a
-	// dashboard shows them and an alert can compare against 0.
-	for _, kind := range []string{failUnreachable, failTimeout, failReset, failAuth, failRefused, failSwitched} {
-		m.gatewayUpstreamFailures.WithLabelValues(kind)
-	}
-	for _, d := range []string{"upstream", "downstream"} {
-		m.gatewayBytes.WithLabelValues(d)
-	}
-	for _, r := range []string{contract.ReportBanned, contract.ReportRateLimited} {
-		m.gatewayReports.WithLabelValues(r)
 	}
 	if reg == nil {
 		return m
@@ -170,8 +105,8 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 	}
 	reg.MustRegister(m.leaseRequests, m.acquireSeconds, m.reports, m.reportsCoalesced, m.reportSignalFailures,
 		m.requests, m.requestSeconds, m.refreshSeconds, m.refreshErrors, m.replicationFailures, m.forwarded,
-		m.clientRequests, m.throttled, m.clientsReloadErrors, m.gatewayRequests, m.gatewayUpstreamFailures, m.gatewayRetries,
-		m.gatewayConnectSeconds, m.gatewayTunnels, m.gatewayLeasesHeld, m.gatewayBytes, m.gatewayReports, m.gatewayLeasesLost, m.gatewayWaits, clientLeasesCollector{store: store, clients: clients,
+		m.clientRequests, m.throttled, m.clientsReloadErrors,
+		clientLeasesCollector{store: store, clients: clients,
 			desc: prometheus.NewDesc("proxyfleet_discovery_client_leases", "Live leases by client name.", []string{"client"}, nil)},
 		gauge("proxyfleet_discovery_leases_active", "Leases held right now (in a replica set, every replica counts all of them).", func(s Stats) int { return s.Leases }),
 		gauge("proxyfleet_discovery_cooldowns_active", "Per-target cooldowns known locally.", func(s Stats) int { return s.Cooldowns }),

@@ -70,12 +70,12 @@ func (s *Server) requireIndex(c *gin.Context) {
 	c.Next()
 }
 
-func (s *Server) indexLoading(c *gin.Context) { s.fail(c, errIndexLoading()) }
+func (s *Server) indexLoading(c *gin.Context) { s.fail(c, ErrIndexLoading()) }
 
-// errIndexLoading is the answer while the index has not been loaded in full, with its
+// ErrIndexLoading is the answer while the index has not been loaded in full, with its
 // Retry-After.
-func errIndexLoading() *APIError {
-	e := apiErr(codes.IndexLoading, "the proxy index is still loading from Temporal; retry shortly")
+func ErrIndexLoading() *APIError {
+	e := Errorf(codes.IndexLoading, "the proxy index is still loading from Temporal; retry shortly")
 	e.RetryAfterSeconds = 1
 	return e
 }
@@ -91,7 +91,7 @@ func (s *Server) readyz(c *gin.Context) {
 		c.Header("Retry-After", retryIndexAfter)
 		c.AbortWithStatus(codes.Status(codes.ReplicasUnavailable))
 	case loaded && !s.restored():
-		s.fail(c, unavailable("this replica is restoring its leases from the others"))
+		s.fail(c, Unavailable("this replica is restoring its leases from the others"))
 	case !loaded && head:
 		c.Header("Retry-After", retryIndexAfter)
 		c.AbortWithStatus(codes.Status(codes.IndexLoading))
@@ -117,7 +117,7 @@ func (s *Server) limitBody(c *gin.Context) {
 	c.Next()
 }
 
-// clientKey is where authenticate leaves the request's *client in the gin context.
+// clientKey is where authenticate leaves the request's *Client in the gin context.
 const clientKey = "proxyfleet.client"
 
 // authenticate finds the client whose token the request bears, and holds it to its rate
@@ -130,12 +130,12 @@ func (s *Server) authenticate(c *gin.Context) {
 	cl := s.bearerClient(c.GetHeader("Authorization"))
 	if cl == nil {
 		c.Header("WWW-Authenticate", `Bearer realm="proxyfleet"`)
-		s.fail(c, apiErr(codes.Unauthorized, "a valid bearer token is required"))
+		s.fail(c, Errorf(codes.Unauthorized, "a valid bearer token is required"))
 		return
 	}
 	c.Set(clientKey, cl)
 	if !s.fromPeer(c) {
-		if e := s.throttle(cl); e != nil {
+		if e := s.Throttle(cl); e != nil {
 			s.fail(c, e)
 			return
 		}
@@ -145,7 +145,7 @@ func (s *Server) authenticate(c *gin.Context) {
 
 // bearerClient is the client whose token an Authorization header bears, or nil (also when
 // authentication is off). The scheme name is case-insensitive (RFC 9110).
-func (s *Server) bearerClient(auth string) *client {
+func (s *Server) bearerClient(auth string) *Client {
 	scheme, token, _ := strings.Cut(auth, " ")
 	if s.clients == nil || !strings.EqualFold(scheme, "Bearer") {
 		return nil
@@ -153,9 +153,9 @@ func (s *Server) bearerClient(auth string) *client {
 	return s.clients.lookup(token)
 }
 
-// throttle holds a client to its requests per second, through the API or the gateway:
+// Throttle holds a client to its requests per second, through the API or the gateway:
 // nil when the request may go on, else the 429 to answer.
-func (s *Server) throttle(cl *client) *APIError {
+func (s *Server) Throttle(cl *Client) *APIError {
 	if cl.limiter == nil {
 		return nil
 	}
@@ -167,15 +167,15 @@ func (s *Server) throttle(cl *client) *APIError {
 	}
 	r.CancelAt(now)
 	s.metrics.throttled.WithLabelValues(cl.name, "requests").Inc()
-	e := apiErr(codes.TooManyRequests, "client %q is over its limit of %g requests per second", cl.name, float64(cl.limiter.Limit()))
+	e := Errorf(codes.TooManyRequests, "client %q is over its limit of %g requests per second", cl.name, float64(cl.limiter.Limit()))
 	e.RetryAfterSeconds = int(max(1, (d+time.Second-1)/time.Second))
 	return e
 }
 
 // clientOf is the client authenticate found (nil when authentication is off).
-func clientOf(c *gin.Context) *client {
+func clientOf(c *gin.Context) *Client {
 	cl, _ := c.Get(clientKey)
-	v, _ := cl.(*client)
+	v, _ := cl.(*Client)
 	return v
 }
 
@@ -199,7 +199,7 @@ func DecodeJSON(r io.Reader, v any, allowEmpty bool) error {
 		if allowEmpty {
 			return nil
 		}
-		return apiErr(codes.Invalid, "a JSON body is required")
+		return Errorf(codes.Invalid, "a JSON body is required")
 	}
 	dec := json.NewDecoder(r)
 	dec.DisallowUnknownFields()
@@ -209,28 +209,28 @@ func DecodeJSON(r io.Reader, v any, allowEmpty bool) error {
 	var syntaxErr *json.SyntaxError
 	switch {
 	case errors.As(err, &tooBig):
-		return apiErr(codes.TooLarge, "request body exceeds %d bytes", tooBig.Limit)
+		return Errorf(codes.TooLarge, "request body exceeds %d bytes", tooBig.Limit)
 	case errors.Is(err, io.EOF):
 		if allowEmpty {
 			return nil
 		}
-		return apiErr(codes.Invalid, "a JSON body is required")
+		return Errorf(codes.Invalid, "a JSON body is required")
 	case errors.As(err, &typeErr):
-		return apiErr(codes.Invalid, "field %q: want %s, got %s", typeErr.Field, typeErr.Type, typeErr.Value)
+		return Errorf(codes.Invalid, "field %q: want %s, got %s", typeErr.Field, typeErr.Type, typeErr.Value)
 	case errors.As(err, &syntaxErr):
-		return apiErr(codes.Invalid, "malformed JSON at byte %d: %v", syntaxErr.Offset, syntaxErr)
+		return Errorf(codes.Invalid, "malformed JSON at byte %d: %v", syntaxErr.Offset, syntaxErr)
 	case err != nil && strings.HasPrefix(err.Error(), "json: unknown field"):
-		return apiErr(codes.Invalid, "%s", strings.TrimPrefix(err.Error(), "json: "))
+		return Errorf(codes.Invalid, "%s", strings.TrimPrefix(err.Error(), "json: "))
 	case err != nil:
-		return apiErr(codes.Invalid, "invalid JSON: %v", err)
+		return Errorf(codes.Invalid, "invalid JSON: %v", err)
 	}
 	// Anything after the object is a client bug worth reporting.
 	var extra json.RawMessage
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		if errors.As(err, &tooBig) {
-			return apiErr(codes.TooLarge, "request body exceeds %d bytes", tooBig.Limit)
+			return Errorf(codes.TooLarge, "request body exceeds %d bytes", tooBig.Limit)
 		}
-		return apiErr(codes.Invalid, "unexpected data after the JSON object")
+		return Errorf(codes.Invalid, "unexpected data after the JSON object")
 	}
 	return nil
 }

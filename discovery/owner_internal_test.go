@@ -24,7 +24,7 @@ func TestLeaseOpsActAsTheCrawler(t *testing.T) {
 	s := NewServer(Config{Clients: NewClients([]ClientConfig{{Name: "shop", Token: shopTok}, {Name: "news", Token: newsTok}})},
 		store, nil, slog.New(slog.DiscardHandler), nil)
 	ctx := context.Background()
-	l, err := s.grant(ctx, Want{Client: "shop", Target: "shop.example", TTL: time.Minute}, nil)
+	l, err := s.Grant(ctx, Want{Client: "shop", Target: "shop.example", TTL: time.Minute}, nil)
 	require.NoError(t, err)
 	const unknown = "00aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 	shop, news := "Bearer "+shopTok, "Bearer "+newsTok
@@ -33,25 +33,25 @@ func TestLeaseOpsActAsTheCrawler(t *testing.T) {
 		if err == nil {
 			return ""
 		}
-		ae, _ := toAPIError(err)
+		ae, _ := ErrorOf(err)
 		return ae.Code
 	}
-	_, err = s.renewLease(ctx, news, l.LeaseID, time.Minute)
+	_, err = s.RenewLease(ctx, news, l.LeaseID, time.Minute)
 	assert.Equal(t, codes.UnknownLease, code(err), "news renews shop's lease: %v", err)
-	_, uerr := s.renewLease(ctx, news, unknown, time.Minute)
+	_, uerr := s.RenewLease(ctx, news, unknown, time.Minute)
 	assert.Equal(t, code(uerr), code(err))
-	err = s.reportLease(ctx, news, l.LeaseID, contract.ReportBanned, "")
+	err = s.ReportLease(ctx, news, l.LeaseID, contract.ReportBanned, "")
 	assert.Equal(t, codes.UnknownLease, code(err), "news reports on shop's lease: %v", err)
-	assert.NoError(t, s.releaseLease(ctx, news, l.LeaseID), "a release answers as for an unknown lease")
+	assert.NoError(t, s.ReleaseLease(ctx, news, l.LeaseID), "a release answers as for an unknown lease")
 	assert.Equal(t, 1, store.Stats().Leases, "and ends nothing")
 
-	_, err = s.renewLease(ctx, "Bearer gone-token-0123456789abcdef", l.LeaseID, time.Minute)
+	_, err = s.RenewLease(ctx, "Bearer gone-token-0123456789abcdef", l.LeaseID, time.Minute)
 	assert.Equal(t, codes.Unauthorized, code(err), "a token no client has: %v", err)
 
-	r, err := s.renewLease(ctx, shop, l.LeaseID, time.Minute)
+	r, err := s.RenewLease(ctx, shop, l.LeaseID, time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, l.Proxy.IP, r.Proxy.IP)
-	require.NoError(t, s.reportLease(ctx, shop, l.LeaseID, contract.ReportOK, ""))
-	require.NoError(t, s.releaseLease(ctx, shop, l.LeaseID))
+	require.NoError(t, s.ReportLease(ctx, shop, l.LeaseID, contract.ReportOK, ""))
+	require.NoError(t, s.ReleaseLease(ctx, shop, l.LeaseID))
 	assert.Equal(t, 0, store.Stats().Leases)
 }

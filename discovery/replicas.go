@@ -130,10 +130,11 @@ func newReplicas(cfg ReplicaConfig, store *Store, log *slog.Logger, m *serverMet
 // ownerOf is the replica that owns a proxy: the highest hash of the proxy's ID with each
 // replica's number (rendezvous hashing). Every replica computes the same owner, and adding
 // a replica moves only the proxies it now wins.
-func (r *replicas) ownerOf(proxyID string) int { return rendezvousOwner(proxyID, len(r.cfg.Peers)) }
+func (r *replicas) ownerOf(proxyID string) int { return OwnerOf(proxyID, len(r.cfg.Peers)) }
 
-// rendezvousOwner is ownerOf for a set of n replicas.
-func rendezvousOwner(proxyID string, n int) int {
+// OwnerOf is the replica of a set of n that owns the proxy proxyID (see replicas.ownerOf):
+// the one that alone grants leases on it.
+func OwnerOf(proxyID string, n int) int {
 	best, owner := uint64(0), 0
 	var num [4]byte
 	for i := range n {
@@ -499,9 +500,9 @@ func relay(c *gin.Context, resp *http.Response) {
 
 // --- the server's side ---------------------------------------------------------------
 
-// unavailable is the answer when the replica that must answer cannot now.
-func unavailable(format string, args ...any) *APIError {
-	e := apiErr(codes.ReplicasUnavailable, format, args...)
+// Unavailable is the answer when the replica that must answer cannot now.
+func Unavailable(format string, args ...any) *APIError {
+	e := Errorf(codes.ReplicasUnavailable, format, args...)
 	e.RetryAfterSeconds = 1
 	return e
 }
@@ -521,7 +522,7 @@ func (s *Server) acquireReplicated(ctx context.Context, w Want, d time.Duration,
 		}
 		if owner := r.ownerOf(id); !r.canGrant(owner) {
 			// Not a 409: this proxy may well be free, its owner will answer soon.
-			lastErr = unavailable("replica %d, which owns proxies that could take the lease, cannot grant now", owner)
+			lastErr = Unavailable("replica %d, which owns proxies that could take the lease, cannot grant now", owner)
 			return true
 		}
 		return false
@@ -558,7 +559,7 @@ func (s *Server) acquireReplicated(ctx context.Context, w Want, d time.Duration,
 		resp, err := r.call(context.WithoutCancel(ctx), owner, http.MethodPost, peerGrantPath, body, nil)
 		if err != nil {
 			r.markDown(owner, 2*time.Second)
-			lastErr = unavailable("replica %d, which owns the proxy picked, did not answer", owner)
+			lastErr = Unavailable("replica %d, which owns the proxy picked, did not answer", owner)
 			continue
 		}
 		switch resp.StatusCode {
@@ -568,7 +569,7 @@ func (s *Server) acquireReplicated(ctx context.Context, w Want, d time.Duration,
 			continue
 		case http.StatusServiceUnavailable:
 			r.markDown(owner, time.Second)
-			lastErr = unavailable("replica %d, which owns the proxy picked, cannot grant now", owner)
+			lastErr = Unavailable("replica %d, which owns the proxy picked, cannot grant now", owner)
 			resp.Body.Close()
 			continue
 		}
@@ -588,7 +589,7 @@ func (s *Server) acquireReplicated(ctx context.Context, w Want, d time.Duration,
 
 // errCrawlerLeft answers a crawler that hung up before its lease was granted: nobody
 // reads it.
-func errCrawlerLeft() error { return unavailable("the crawler left before its lease was granted") }
+func errCrawlerLeft() error { return Unavailable("the crawler left before its lease was granted") }
 
 // handOver hands a lease just granted to the crawler that asked, or, if it has left
 // meanwhile, ends it on its owner: nobody would hold it, and it would take its slot for
@@ -625,20 +626,20 @@ func peerAnswer(resp *http.Response, want int, v any) error {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return unavailable("another replica's answer was cut off: %v", err)
+		return Unavailable("another replica's answer was cut off: %v", err)
 	}
 	if resp.StatusCode == want {
 		if v == nil {
 			return nil
 		}
 		if err := json.Unmarshal(body, v); err != nil {
-			return unavailable("another replica answered what this one cannot read: %v", err)
+			return Unavailable("another replica answered what this one cannot read: %v", err)
 		}
 		return nil
 	}
 	var ae APIError
 	if err := json.Unmarshal(body, &ae); err != nil || ae.Code == "" {
-		return unavailable("another replica answered %d", resp.StatusCode)
+		return Unavailable("another replica answered %d", resp.StatusCode)
 	}
 	return &ae
 }
@@ -684,9 +685,9 @@ func (s *Server) grantOwned(proxyID string, w Want) (*Lease, error) {
 func (r *replicas) ready() error {
 	switch {
 	case !r.restored.Load():
-		return unavailable("this replica is restoring its leases from the others")
+		return Unavailable("this replica is restoring its leases from the others")
 	case !r.store.Loaded():
-		return unavailable("this replica is still loading its proxy index from Temporal")
+		return Unavailable("this replica is still loading its proxy index from Temporal")
 	}
 	return nil
 }
@@ -702,7 +703,7 @@ func (s *Server) replicateLease(id string) error {
 	}
 	if err := s.replicas.replicate(rec); err != nil {
 		s.log.Warn("lease change not copied to any replica", "error", err)
-		return unavailable("no other replica could take a copy of the lease; retry")
+		return Unavailable("no other replica could take a copy of the lease; retry")
 	}
 	return nil
 }
@@ -726,12 +727,12 @@ func (s *Server) ownLease(c *gin.Context) bool {
 		return true
 	}
 	if c.GetHeader(forwardedHeader) != "" {
-		s.fail(c, unavailable("replica %s forwarded lease %q here, but replica %d owns it: the replicas' --peers differ", c.GetHeader(forwardedHeader), c.Param("id"), owner))
+		s.fail(c, Unavailable("replica %s forwarded lease %q here, but replica %d owns it: the replicas' --peers differ", c.GetHeader(forwardedHeader), c.Param("id"), owner))
 		return false
 	}
 	body, err := io.ReadAll(c.Request.Body)
 	if err != nil {
-		s.fail(c, apiErr(codes.TooLarge, "request body exceeds %d bytes", s.cfg.BodyLimit))
+		s.fail(c, Errorf(codes.TooLarge, "request body exceeds %d bytes", s.cfg.BodyLimit))
 		return false
 	}
 	if len(body) == 0 {
@@ -741,7 +742,7 @@ func (s *Server) ownLease(c *gin.Context) bool {
 		http.Header{"Authorization": c.Request.Header.Values("Authorization")})
 	if err != nil {
 		r.markDown(owner, 2*time.Second)
-		s.fail(c, unavailable("replica %d, which owns lease %q, did not answer", owner, c.Param("id")))
+		s.fail(c, Unavailable("replica %d, which owns lease %q, did not answer", owner, c.Param("id")))
 		return false
 	}
 	s.metrics.forwarded.Inc()
@@ -756,7 +757,7 @@ func (s *Server) authenticatePeer(c *gin.Context) {
 		c.Next()
 		return
 	}
-	s.fail(c, apiErr(codes.Unauthorized, "only discovery's replicas may call this route"))
+	s.fail(c, Errorf(codes.Unauthorized, "only discovery's replicas may call this route"))
 }
 
 // fromPeer reports whether another replica forwarded the request.
@@ -781,7 +782,7 @@ func (r *replicas) validToken(t string) bool {
 func (s *Server) peerApply(c *gin.Context) {
 	var recs []LeaseRecord
 	if err := json.NewDecoder(c.Request.Body).Decode(&recs); err != nil {
-		s.fail(c, apiErr(codes.Invalid, "lease records: %v", err))
+		s.fail(c, Errorf(codes.Invalid, "lease records: %v", err))
 		return
 	}
 	s.store.Apply(recs)
@@ -796,7 +797,7 @@ func (s *Server) peerApply(c *gin.Context) {
 func (s *Server) peerSnapshot(c *gin.Context) {
 	owner, err := strconv.Atoi(c.Query("owner"))
 	if err != nil {
-		s.fail(c, apiErr(codes.Invalid, "owner must be a replica number"))
+		s.fail(c, Errorf(codes.Invalid, "owner must be a replica number"))
 		return
 	}
 	c.JSON(http.StatusOK, s.store.Snapshot(owner))
@@ -815,13 +816,13 @@ func (s *Server) peerGrant(c *gin.Context) {
 		return
 	}
 	if s.replicas.ownerOf(req.ProxyID) != s.replicas.cfg.Self {
-		s.fail(c, apiErr(codes.ProxyUnavailable, "this replica does not own proxy %q: the replicas' --peers differ", req.ProxyID))
+		s.fail(c, Errorf(codes.ProxyUnavailable, "this replica does not own proxy %q: the replicas' --peers differ", req.ProxyID))
 		return
 	}
 	l, err := s.grantOwned(req.ProxyID, Want{Selector: req.Selector, Target: req.Target, Session: req.Session, TTL: d,
 		Client: req.Client, MaxLeases: req.MaxLeases})
 	if errors.Is(err, ErrProxyUnavailable) {
-		s.fail(c, apiErr(codes.ProxyUnavailable, "proxy %q cannot take the lease now", req.ProxyID))
+		s.fail(c, Errorf(codes.ProxyUnavailable, "proxy %q cannot take the lease now", req.ProxyID))
 		return
 	}
 	if err != nil {

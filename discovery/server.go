@@ -128,10 +128,10 @@ func (s *Server) Handler() http.Handler {
 	// it answers.
 	r.Use(s.logRequests, s.recoverPanics, s.limitBody)
 	r.NoRoute(func(c *gin.Context) {
-		s.fail(c, apiErr(codes.NotFound, "no such route: %s %s", c.Request.Method, c.Request.URL.Path))
+		s.fail(c, Errorf(codes.NotFound, "no such route: %s %s", c.Request.Method, c.Request.URL.Path))
 	})
 	r.NoMethod(func(c *gin.Context) {
-		s.fail(c, apiErr(codes.MethodNotAllowed, "%s is not allowed on %s", c.Request.Method, c.Request.URL.Path))
+		s.fail(c, Errorf(codes.MethodNotAllowed, "%s is not allowed on %s", c.Request.Method, c.Request.URL.Path))
 	})
 	healthz := func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) }
 	r.GET("/healthz", healthz)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/gateway"
 	"github.com/proxyfleet/proxyfleet/discovery/service"
 	"github.com/proxyfleet/proxyfleet/discovery/temporal"
 	"github.com/proxyfleet/proxyfleet/internal/cmdline"
@@ -45,11 +46,11 @@ func main() {
 	var reportStatuses []string
 	cmdline.ListVar(&reportStatuses, "gateway-report-statuses", "403,429",
 		"comma-separated statuses of plain HTTP answers through the gateway that report the proxy for the site: 429 as rate_limited, others as banned")
-	flag.IntVar(&cfg.Gateway.Attempts, "gateway-attempts", discovery.DefaultGatewayAttempts,
+	flag.IntVar(&cfg.Gateway.Attempts, "gateway-attempts", gateway.DefaultAttempts,
 		"fleet proxies one gateway request or tunnel tries when a proxy refuses before anything was sent")
-	flag.DurationVar(&cfg.Gateway.Wait, "gateway-wait", discovery.DefaultGatewayWait,
+	flag.DurationVar(&cfg.Gateway.Wait, "gateway-wait", gateway.DefaultWait,
 		"how long a gateway request or tunnel waits for a slot when every proxy that could take it is full or resting (0: the default; negative: answer 503 at once)")
-	flag.DurationVar(&cfg.Gateway.LeaseTTL, "gateway-lease-ttl", discovery.DefaultGatewayLeaseTTL,
+	flag.DurationVar(&cfg.Gateway.LeaseTTL, "gateway-lease-ttl", gateway.DefaultLeaseTTL,
 		"TTL of the lease each gateway request or tunnel holds, renewed while it lasts")
 	replica := flag.String("replica", cmdline.Env("DISCOVERY_REPLICA", "0"),
 		"this replica's number in --peers, or a StatefulSet pod name ending in it, such as discovery-2 (env DISCOVERY_REPLICA)")
@@ -115,7 +116,7 @@ func main() {
 		}
 		var gw net.Listener
 		if *gatewayListen != "" {
-			if gw, err = discovery.ListenGateway(ctx, *gatewayListen); err != nil {
+			if gw, err = gateway.Listen(ctx, *gatewayListen); err != nil {
 				return fmt.Errorf("--gateway-listen: %w", err)
 			}
 			p.Log.Info("gateway listening", "addr", gw.Addr().String())

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/gateway"
 	"github.com/proxyfleet/proxyfleet/discovery/temporal"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 )
@@ -40,7 +41,7 @@ type Config struct {
 	ClientsFile   string
 	ClientsReload time.Duration
 	// Gateway configures the gateway, which ServeWithGateway serves.
-	Gateway discovery.GatewayConfig
+	Gateway gateway.Config
 }
 
 // Temporal is the part of the Temporal client discovery uses: it lists workflows for the
@@ -58,7 +59,7 @@ type Service struct {
 	// Store is the lease store, for tests that look inside.
 	Store     *discovery.Store
 	server    *discovery.Server
-	gateway   *discovery.Gateway
+	gateway   *gateway.Gateway
 	refresher *temporal.Refresher
 	sweep     time.Duration
 	log       *slog.Logger
@@ -110,7 +111,7 @@ func New(cfg Config, tc Temporal, log *slog.Logger, reg prometheus.Registerer) *
 	if cfg.ClientsReload <= 0 {
 		cfg.ClientsReload = 5 * time.Second
 	}
-	return &Service{Store: store, server: srv, gateway: srv.NewGateway(cfg.Gateway), refresher: ref, sweep: cfg.SweepInterval, log: log,
+	return &Service{Store: store, server: srv, gateway: gateway.New(cfg.Gateway, srv, log, reg), refresher: ref, sweep: cfg.SweepInterval, log: log,
 		clientsFile: cfg.ClientsFile, clientsReload: cfg.ClientsReload}
 }
 

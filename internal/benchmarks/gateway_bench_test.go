@@ -47,6 +47,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/provider/squid"
 	"github.com/proxyfleet/proxyfleet/activities/provider/squid/squidtest"
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/gateway"
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
@@ -92,11 +93,14 @@ func benchGateway(b testing.TB, fleet []discovery.Proxy) string {
 	st := discovery.NewStore(time.Hour)
 	st.ReplaceAll(fleet)
 	srv := discovery.NewServer(discovery.Config{Token: benchToken}, st, nopSignaler{}, slog.New(slog.DiscardHandler), nil)
-	ln, err := discovery.ListenGateway(context.Background(), "127.0.0.1:0") // as cmd/discovery listens
+	ln, err := gateway.Listen(context.Background(), "127.0.0.1:0") // as cmd/discovery listens
 	require.NoError(b, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.NewGateway(discovery.GatewayConfig{}).Serve(ctx, ln) }()
+	go func() {
+		defer close(done)
+		_ = gateway.New(gateway.Config{}, srv, slog.New(slog.DiscardHandler), nil).Serve(ctx, ln)
+	}()
 	b.Cleanup(func() { cancel(); <-done })
 	return ln.Addr().String()
 }

@@ -26,6 +26,7 @@ func TestNoArrowUp(t *testing.T) {
 	}{
 		{"operator/controller", "the controller starts and signals workflows with workflows/proxyinput and workflows/contract", workflowCode},
 		{"discovery", "the lease domain reads workflows through workflows/contract only", discoveryForbid},
+		{"discovery/gateway", "the gateway leases through the domain and links workflows/contract only", discoveryForbid},
 		{"discovery/temporal", "the index reader links workflows/contract and workflows/proxyruns, the workflows' own readers", discoveryForbid},
 		{"discovery/service", "discovery's process reads workflows through workflows/contract and proxyruns only", discoveryForbid},
 		{"workflows/contract", "every process links contract: it is a leaf", append(append(workflowCode, kubernetes...), module+"discovery", module+"operator")},

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/gateway"
 	"github.com/proxyfleet/proxyfleet/discovery/service"
 )
 
@@ -46,7 +47,7 @@ func (s *Stack) StartDiscovery(t testing.TB, options ...func(*service.Config)) *
 	svc := service.New(cfg, s.Temporal.Client, s.logger(), nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	gw, err := discovery.ListenGateway(context.Background(), "127.0.0.1:0") // as cmd/discovery listens
+	gw, err := gateway.Listen(context.Background(), "127.0.0.1:0") // as cmd/discovery listens
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -1,4 +1,4 @@
-package discovery
+package gateway
 
 import (
 	"context"
@@ -65,13 +65,13 @@ func copyCounting(dst, src net.Conn, bytes prometheus.Counter) error {
 // tunnelBuffers lend 32 KiB to a tunnel for one read and write.
 var tunnelBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-// ListenGateway listens for crawlers on addr, TCP keepalive on for every connection, as
+// Listen listens for crawlers on addr, TCP keepalive on for every connection, as
 // Go's listeners do by default (15 s idle, then every 15 s, 9 probes: a crawler gone
 // without a word frees its tunnel's slot within three minutes). Linux gives a connection
 // the keepalive settings of the socket that accepted it, so they are set once here
 // instead of by four system calls on every connection, which Go's listener makes: a
 // crawler that opens a tunnel per fetch opens a connection per fetch.
-func ListenGateway(ctx context.Context, addr string) (net.Listener, error) {
+func Listen(ctx context.Context, addr string) (net.Listener, error) {
 	lc := net.ListenConfig{KeepAlive: -1, Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		if err := c.Control(func(fd uintptr) { serr = setKeepAlive(int(fd)) }); err != nil {

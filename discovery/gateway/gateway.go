@@ -1,4 +1,10 @@
-package discovery
+// Package gateway is discovery's forward proxy: the whole fleet behind one HTTP_PROXY
+// address (plain HTTP and CONNECT), for crawlers that cannot speak the lease API. It
+// leases through the same operations as the API's handlers (the leaseOps it is given), so
+// its crawlers count against maxLeases, client caps, cooldowns and sessions as the API's
+// do; what is its own is the proxying: dialling fleet proxies, tunnels, retries, waiting
+// for a slot and renewing the leases of long requests.
+package gateway
 
 import (
 	"bufio"
@@ -29,13 +35,14 @@ import (
 	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/discovery/codes"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
-// GatewayConfig configures the gateway: one forward proxy address (HTTP and CONNECT) for
+// Config configures the gateway: one forward proxy address (HTTP and CONNECT) for
 // the whole fleet, for crawlers that cannot speak the lease API.
-type GatewayConfig struct {
+type Config struct {
 	// ReportStatuses are the statuses of plain HTTP answers that count as reports on the
 	// proxy for the target: 429 as rate_limited, any other as banned (default 403, 429).
 	// Inside a CONNECT tunnel the gateway sees no status; crawlers report by session.
@@ -64,21 +71,21 @@ type GatewayConfig struct {
 	HalfClosedTimeout time.Duration
 }
 
-// Defaults of GatewayConfig.
+// Defaults of Config.
 const (
-	DefaultGatewayAttempts       = 3
-	DefaultGatewayLeaseTTL       = time.Minute
-	DefaultGatewayConnectTimeout = 10 * time.Second
-	DefaultGatewayHeaderTimeout  = time.Minute
-	DefaultGatewayWait           = 10 * time.Second
-	DefaultGatewayHalfClosed     = 30 * time.Second
+	DefaultAttempts       = 3
+	DefaultLeaseTTL       = time.Minute
+	DefaultConnectTimeout = 10 * time.Second
+	DefaultHeaderTimeout  = time.Minute
+	DefaultWait           = 10 * time.Second
+	DefaultHalfClosed     = 30 * time.Second
 )
 
 // DefaultReportStatuses are the plain HTTP statuses the gateway reports by default.
 var DefaultReportStatuses = []int{http.StatusForbidden, http.StatusTooManyRequests}
 
 // Validate checks the configuration a user gave.
-func (c GatewayConfig) Validate() error {
+func (c Config) Validate() error {
 	for _, s := range c.ReportStatuses {
 		if s < 100 || s > 599 {
 			return fmt.Errorf("gateway report status %d is not an HTTP status", s)
@@ -93,30 +100,37 @@ func (c GatewayConfig) Validate() error {
 	return nil
 }
 
-func (c *GatewayConfig) defaults() {
+// orDefault sets a zero or negative duration to def.
+func orDefault(d *time.Duration, def time.Duration) {
+	if *d <= 0 {
+		*d = def
+	}
+}
+
+func (c *Config) defaults() {
 	if c.ReportStatuses == nil {
 		c.ReportStatuses = DefaultReportStatuses
 	}
 	if c.Attempts <= 0 {
-		c.Attempts = DefaultGatewayAttempts
+		c.Attempts = DefaultAttempts
 	}
-	orDefault(&c.LeaseTTL, DefaultGatewayLeaseTTL)
-	orDefault(&c.ConnectTimeout, DefaultGatewayConnectTimeout)
-	orDefault(&c.ResponseHeaderTimeout, DefaultGatewayHeaderTimeout)
+	orDefault(&c.LeaseTTL, DefaultLeaseTTL)
+	orDefault(&c.ConnectTimeout, DefaultConnectTimeout)
+	orDefault(&c.ResponseHeaderTimeout, DefaultHeaderTimeout)
 	if c.Wait == 0 {
-		c.Wait = DefaultGatewayWait
+		c.Wait = DefaultWait
 	}
-	orDefault(&c.HalfClosedTimeout, DefaultGatewayHalfClosed)
+	orDefault(&c.HalfClosedTimeout, DefaultHalfClosed)
 }
 
 // Headers of the gateway's answers to the crawler.
 const (
-	// GatewayErrorHeader names, on an answer the gateway made itself, the error code of
+	// ErrorHeader names, on an answer the gateway made itself, the error code of
 	// its JSON body: a crawler tells the gateway's 502 from a site's without parsing it.
-	GatewayErrorHeader = "Proxyfleet-Error"
-	// GatewayProxyHeader names the fleet proxy (namespace/name) that carried a request,
+	ErrorHeader = "Proxyfleet-Error"
+	// ProxyHeader names the fleet proxy (namespace/name) that carried a request,
 	// on plain answers and on a tunnel's 200.
-	GatewayProxyHeader = "Proxyfleet-Proxy"
+	ProxyHeader = "Proxyfleet-Proxy"
 )
 
 // Kinds of a fleet proxy's failure, the label of proxyfleet_gateway_upstream_failures_total.
@@ -146,8 +160,8 @@ func (f upstreamFailure) String() string { return f.proxy + ": " + f.detail }
 type Gateway struct {
 	// ops are the lease operations, the API's own; metrics are the server's.
 	ops     leaseOps
-	metrics *serverMetrics
-	cfg     GatewayConfig
+	metrics *metrics
+	cfg     Config
 	log     *slog.Logger
 	tracer  trace.Tracer
 	// report maps a plain answer's status to the report it makes.
@@ -187,41 +201,37 @@ type Gateway struct {
 // freed by another door, at two scans of the fleet a second per waiter.
 const defaultWaitPoll = 500 * time.Millisecond
 
-// NewGateway builds the gateway over the API server's leases.
-func (s *Server) NewGateway(cfg GatewayConfig) *Gateway {
-	return newGateway(cfg, s, s.metrics, s.log)
-}
-
 // leaseOps are the lease operations the gateway needs: those the API's handlers call, each
-// answered by this replica or the lease's (or proxy's) owner. *Server is the product's;
-// the gateway's unit tests stand a mock in.
+// answered by this replica or the lease's (or proxy's) owner. *discovery.Server is the
+// product's; the gateway's unit tests stand a mock in.
 type leaseOps interface {
-	grant(ctx context.Context, w Want, except func(string) bool) (*LeaseResponse, error)
-	renewLease(ctx context.Context, auth, id string, d time.Duration) (*LeaseResponse, error)
-	releaseLease(ctx context.Context, auth, id string) error
-	reportLease(ctx context.Context, auth, id, result, target string) error
-	// clientOf is the client whose token this is (nil if none); open says the server has
+	Grant(ctx context.Context, w discovery.Want, except func(string) bool) (*discovery.LeaseResponse, error)
+	RenewLease(ctx context.Context, auth, id string, d time.Duration) (*discovery.LeaseResponse, error)
+	ReleaseLease(ctx context.Context, auth, id string) error
+	ReportLease(ctx context.Context, auth, id, result, target string) error
+	// ClientOf is the client whose token this is (nil if none); open says the server has
 	// no clients, and takes anyone.
-	clientOf(token string) (cl *client, open bool)
-	throttle(cl *client) *APIError
-	// loaded says the index has been read from Temporal; freed counts the changes to it
+	ClientOf(token string) (cl *discovery.Client, open bool)
+	Throttle(cl *discovery.Client) *discovery.APIError
+	// Loaded says the index has been read from Temporal; Freed counts the changes to it
 	// that can free a slot (Store.Freed).
-	loaded() bool
-	freed() uint64
+	Loaded() bool
+	Freed() uint64
 }
 
-func (s *Server) clientOf(token string) (*client, bool) {
-	if s.clients == nil {
-		return nil, true
+var _ leaseOps = (*discovery.Server)(nil)
+
+// New builds the gateway over ops, the lease operations of the API's server. Its metrics
+// go to reg when it is not nil.
+func New(cfg Config, ops leaseOps, log *slog.Logger, reg prometheus.Registerer) *Gateway {
+	if log == nil {
+		log = slog.Default()
 	}
-	return s.clients.lookup(token), false
+	return newGateway(cfg, ops, newMetrics(reg), log)
 }
-
-func (s *Server) loaded() bool  { return s.store.Loaded() }
-func (s *Server) freed() uint64 { return s.store.Freed() }
 
 // newGateway builds a gateway over ops.
-func newGateway(cfg GatewayConfig, ops leaseOps, m *serverMetrics, log *slog.Logger) *Gateway {
+func newGateway(cfg Config, ops leaseOps, m *metrics, log *slog.Logger) *Gateway {
 	cfg.defaults()
 	g := &Gateway{ops: ops, metrics: m, cfg: cfg, log: log.With("component", "gateway"), tracer: otel.Tracer("proxyfleet-gateway"),
 		report: map[int]string{}, held: map[string]string{}, tunnels: map[*tunnel]struct{}{},
@@ -284,7 +294,7 @@ func fleetProxyOf(r *http.Request) (*url.URL, error) {
 
 // exchange is one crawler request as the gateway handles it.
 type exchange struct {
-	client *client
+	client *discovery.Client
 	user   gatewayUser
 	// auth is the crawler's credentials as an API Authorization ("" without auth).
 	auth     string
@@ -298,10 +308,10 @@ type exchange struct {
 	body io.Closer
 }
 
-func (x *exchange) want(ttl time.Duration) Want {
-	w := Want{Selector: x.user.selector, Target: x.target, Session: x.user.session, TTL: ttl}
+func (x *exchange) want(ttl time.Duration) discovery.Want {
+	w := discovery.Want{Selector: x.user.selector, Target: x.target, Session: x.user.session, TTL: ttl}
 	if x.client != nil {
-		w.Client, w.MaxLeases = x.client.name, x.client.maxLeases
+		w.Client, w.MaxLeases = x.client.Name(), x.client.MaxLeases()
 	}
 	return w
 }
@@ -312,7 +322,7 @@ func (x *exchange) clientName() string {
 	if x.client == nil {
 		return ""
 	}
-	return x.client.name
+	return x.client.Name()
 }
 
 type exchangeKey struct{}
@@ -333,7 +343,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if outcome != "ok" {
 			span.SetStatus(otelcodes.Error, outcome)
 		}
-		g.metrics.gatewayRequests.WithLabelValues(x.clientName(), kind, outcome).Inc()
+		g.metrics.requests.WithLabelValues(x.clientName(), kind, outcome).Inc()
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -358,24 +368,24 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange, kin
 	if ae := g.authenticate(r, x); ae != nil {
 		return g.fail(w, ae)
 	}
-	if !g.ops.loaded() {
-		return g.fail(w, errIndexLoading())
+	if !g.ops.Loaded() {
+		return g.fail(w, discovery.ErrIndexLoading())
 	}
 	var hostport string
 	switch {
 	case kind == "connect":
 		hostport = r.Host
 		if _, port, err := net.SplitHostPort(hostport); err != nil || port == "" {
-			return g.fail(w, apiErr(codes.Invalid, "CONNECT needs host:port, got %q", hostport))
+			return g.fail(w, discovery.Errorf(codes.Invalid, "CONNECT needs host:port, got %q", hostport))
 		}
 	case r.URL.IsAbs() && r.URL.Scheme == "http" && r.URL.Host != "":
 		hostport = r.URL.Host
 	case r.URL.IsAbs():
-		return g.fail(w, apiErr(codes.Invalid, "the gateway forwards http:// URLs; tunnel %s:// with CONNECT (an HTTPS proxy setting does that)", r.URL.Scheme))
+		return g.fail(w, discovery.Errorf(codes.Invalid, "the gateway forwards http:// URLs; tunnel %s:// with CONNECT (an HTTPS proxy setting does that)", r.URL.Scheme))
 	default:
-		return g.fail(w, apiErr(codes.Invalid, "this is a forward proxy: send CONNECT or an absolute http:// URI, with this address as the proxy"))
+		return g.fail(w, discovery.Errorf(codes.Invalid, "this is a forward proxy: send CONNECT or an absolute http:// URI, with this address as the proxy"))
 	}
-	target, err := NormalizeTarget(hostport)
+	target, err := discovery.NormalizeTarget(hostport)
 	if err != nil {
 		return g.fail(w, err)
 	}
@@ -401,30 +411,30 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange, kin
 
 // authenticate finds the client whose token is the password of the request's proxy
 // credentials, reads the options of its username and holds it to its rate limit.
-func (g *Gateway) authenticate(r *http.Request, x *exchange) *APIError {
+func (g *Gateway) authenticate(r *http.Request, x *exchange) *discovery.APIError {
 	user, password, ok := proxyCredentials(r.Header)
-	cl, open := g.ops.clientOf(password)
+	cl, open := g.ops.ClientOf(password)
 	if open {
 		u, err := parseGatewayUser(user, "")
 		if err != nil {
-			return apiErr(codes.Invalid, "%v", err)
+			return discovery.Errorf(codes.Invalid, "%v", err)
 		}
 		x.user = u
 		return nil
 	}
 	if !ok || cl == nil {
-		return apiErr(codes.ProxyAuthRequired, "the gateway takes a client's name and token as proxy credentials: http://<client>:<token>@<gateway>")
+		return discovery.Errorf(codes.ProxyAuthRequired, "the gateway takes a client's name and token as proxy credentials: http://<client>:<token>@<gateway>")
 	}
-	u, err := parseGatewayUser(user, cl.name)
-	if u.client != cl.name {
+	u, err := parseGatewayUser(user, cl.Name())
+	if u.client != cl.Name() {
 		// The token is another client's: as wrong as a wrong token.
-		return apiErr(codes.ProxyAuthRequired, "the proxy username must start with the name of the client whose token is the password")
+		return discovery.Errorf(codes.ProxyAuthRequired, "the proxy username must start with the name of the client whose token is the password")
 	}
 	if err != nil {
-		return apiErr(codes.Invalid, "%v", err)
+		return discovery.Errorf(codes.Invalid, "%v", err)
 	}
 	x.client, x.user, x.auth = cl, u, "Bearer "+password
-	return g.ops.throttle(cl)
+	return g.ops.Throttle(cl)
 }
 
 // proxyCredentials reads Basic credentials from Proxy-Authorization (the scheme in any
@@ -441,15 +451,15 @@ func proxyCredentials(h http.Header) (user, password string, ok bool) {
 	return strings.Cut(string(raw), ":")
 }
 
-// fail answers with err as JSON, its code also in GatewayErrorHeader, and returns the
+// fail answers with err as JSON, its code also in ErrorHeader, and returns the
 // outcome.
 func (g *Gateway) fail(w http.ResponseWriter, err error) string {
-	ae, known := toAPIError(err)
+	ae, known := discovery.ErrorOf(err)
 	if !known {
 		g.log.Error("internal error", "error", err)
 	}
 	h := w.Header()
-	h.Set(GatewayErrorHeader, ae.Code)
+	h.Set(ErrorHeader, ae.Code)
 	h.Set("Content-Type", "application/json; charset=utf-8")
 	if ae.RetryAfterSeconds > 0 {
 		h.Set("Retry-After", strconv.Itoa(ae.RetryAfterSeconds))
@@ -473,12 +483,12 @@ func (g *Gateway) failNoLease(w http.ResponseWriter, x *exchange, err error) str
 }
 
 // upstreamError says what every fleet proxy tried did.
-func (x *exchange) upstreamError() *APIError {
+func (x *exchange) upstreamError() *discovery.APIError {
 	parts := make([]string, len(x.failures))
 	for i, f := range x.failures {
 		parts[i] = f.String()
 	}
-	e := apiErr(codes.UpstreamFailed, "no fleet proxy carried the request (%d tried): %s", len(parts), strings.Join(parts, "; "))
+	e := discovery.Errorf(codes.UpstreamFailed, "no fleet proxy carried the request (%d tried): %s", len(parts), strings.Join(parts, "; "))
 	e.Reason = x.failures[len(x.failures)-1].kind
 	return e
 }
@@ -486,9 +496,9 @@ func (x *exchange) upstreamError() *APIError {
 // failed records an attempt's failure.
 func (g *Gateway) failed(x *exchange, f upstreamFailure) {
 	x.failures = append(x.failures, f)
-	g.metrics.gatewayUpstreamFailures.WithLabelValues(f.kind).Inc()
+	g.metrics.upstreamFailures.WithLabelValues(f.kind).Inc()
 	if f.retry && len(x.tried) < g.cfg.Attempts {
-		g.metrics.gatewayRetries.Inc()
+		g.metrics.retries.Inc()
 	}
 	x.span.AddEvent("upstream failure", trace.WithAttributes(attribute.String("proxyfleet.proxy", f.proxy),
 		attribute.String("proxyfleet.gateway.failure", f.kind)))
@@ -497,9 +507,9 @@ func (g *Gateway) failed(x *exchange, f upstreamFailure) {
 
 // leaseFor grants the next attempt's lease, on a proxy not tried yet, waiting for a slot
 // when none is free (see waitForSlot).
-func (g *Gateway) leaseFor(ctx context.Context, x *exchange) (*LeaseResponse, error) {
-	freed, storeFreed := g.freed.Load(), g.ops.freed()
-	l, err := g.ops.grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
+func (g *Gateway) leaseFor(ctx context.Context, x *exchange) (*discovery.LeaseResponse, error) {
+	freed, storeFreed := g.freed.Load(), g.ops.Freed()
+	l, err := g.ops.Grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
 	if err != nil {
 		if l, err = g.waitForSlot(ctx, x, err, freed, storeFreed); err != nil {
 			return nil, err
@@ -518,11 +528,11 @@ func (g *Gateway) leaseFor(ctx context.Context, x *exchange) (*LeaseResponse, er
 // refusal said one frees up by itself. It returns the last refusal if none came free, or
 // the crawler left. freed and storeFreed are g.freed and the store's count as they were
 // before the grant that was refused.
-func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, freed, storeFreed uint64) (*LeaseResponse, error) {
+func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, freed, storeFreed uint64) (*discovery.LeaseResponse, error) {
 	if g.cfg.Wait < 0 || !worthWaiting(refusal) {
 		return nil, refusal
 	}
-	g.metrics.gatewayWaits.Inc()
+	g.metrics.waits.Inc()
 	deadline := time.NewTimer(g.cfg.Wait)
 	defer deadline.Stop()
 	poll := time.NewTimer(g.pollAfter(refusal))
@@ -546,16 +556,16 @@ func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, f
 				g.waiters.took(w)
 				woken = true
 			case <-poll.C:
-				if g.ops.freed() == seen && (due.IsZero() || time.Now().Before(due)) {
+				if g.ops.Freed() == seen && (due.IsZero() || time.Now().Before(due)) {
 					poll.Reset(g.pollAfter(refusal))
 					continue
 				}
 			}
 		}
 		again = false
-		seen = g.ops.freed()
+		seen = g.ops.Freed()
 		g.waitChecks.Add(1)
-		l, err := g.ops.grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
+		l, err := g.ops.Grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
 		if err == nil {
 			return l, nil
 		}
@@ -584,13 +594,13 @@ func (g *Gateway) pollAfter(refusal error) time.Duration {
 	return d
 }
 
-// noMatchOf is the NoMatch a refusal carries: the store's own, or the one another replica
+// noMatchOf is the discovery.NoMatch a refusal carries: the store's own, or the one another replica
 // answered with.
-func noMatchOf(err error) *NoMatch {
-	if nm, ok := errors.AsType[*NoMatch](err); ok {
+func noMatchOf(err error) *discovery.NoMatch {
+	if nm, ok := errors.AsType[*discovery.NoMatch](err); ok {
 		return nm
 	}
-	if ae, ok := errors.AsType[*APIError](err); ok && ae.Code == codes.NoMatch {
+	if ae, ok := errors.AsType[*discovery.APIError](err); ok && ae.Code == codes.NoMatch {
 		return ae.NoMatch
 	}
 	return nil
@@ -604,10 +614,10 @@ func worthWaiting(err error) bool {
 	if nm := noMatchOf(err); nm != nil {
 		return nm.AtCapacity > 0 || nm.InCooldown > 0
 	}
-	if _, limited := errors.AsType[*LeaseLimit](err); limited {
+	if _, limited := errors.AsType[*discovery.LeaseLimit](err); limited {
 		return true
 	}
-	ae, ok := errors.AsType[*APIError](err)
+	ae, ok := errors.AsType[*discovery.APIError](err)
 	return ok && ae.Code == codes.LeaseLimit
 }
 
@@ -620,7 +630,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 	var (
 		up    net.Conn
 		early []byte
-		l     *LeaseResponse
+		l     *discovery.LeaseResponse
 	)
 	for up == nil && len(x.tried) < g.cfg.Attempts {
 		var err error
@@ -656,7 +666,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 	if err != nil {
 		up.Close()
 		g.release(x.auth, l.LeaseID)
-		return g.fail(w, apiErr(codes.Invalid, "tunnels need HTTP/1.1 to the gateway"))
+		return g.fail(w, discovery.Errorf(codes.Invalid, "tunnels need HTTP/1.1 to the gateway"))
 	}
 	// The server's read and write deadlines must not cut a tunnel short.
 	_ = cc.SetDeadline(time.Time{})
@@ -666,7 +676,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 		g.release(x.auth, l.LeaseID)
 		return "unavailable"
 	}
-	head := "HTTP/1.1 200 Connection established\r\n" + GatewayProxyHeader + ": " + proxyID + "\r\n\r\n"
+	head := "HTTP/1.1 200 Connection established\r\n" + ProxyHeader + ": " + proxyID + "\r\n\r\n"
 	_, err = io.WriteString(cc, head)
 	if err == nil && len(early) > 0 {
 		_, err = cc.Write(early)
@@ -682,21 +692,21 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 		}
 	}
 	x.span.SetAttributes(attribute.String("proxyfleet.proxy", proxyID))
-	g.metrics.gatewayConnectSeconds.Observe(time.Since(start).Seconds())
-	g.metrics.gatewayTunnels.Inc()
+	g.metrics.connectSeconds.Observe(time.Since(start).Seconds())
+	g.metrics.tunnels.Inc()
 	t.left.Store(2)
 	if tc, ok := up.(*net.TCPConn); ok {
 		t.keep = time.AfterFunc(upstreamKeepAliveAfter, func() { _ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true}) })
 	}
-	go g.splice(t, t.up, t.client, tunnelBytes{g.metrics.gatewayBytes.WithLabelValues("upstream"), &t.moved})
-	go g.splice(t, t.client, t.up, tunnelBytes{g.metrics.gatewayBytes.WithLabelValues("downstream"), &t.moved})
+	go g.splice(t, t.up, t.client, tunnelBytes{g.metrics.bytes.WithLabelValues("upstream"), &t.moved})
+	go g.splice(t, t.client, t.up, tunnelBytes{g.metrics.bytes.WithLabelValues("downstream"), &t.moved})
 	return "ok"
 }
 
 // dialTunnel connects to the leased proxy and asks it for a tunnel to hostport, all
 // within ConnectTimeout. It returns the connection, any bytes the proxy sent after its
 // 200, or what went wrong.
-func (g *Gateway) dialTunnel(ctx context.Context, l *LeaseResponse, hostport string) (net.Conn, []byte, *upstreamFailure) {
+func (g *Gateway) dialTunnel(ctx context.Context, l *discovery.LeaseResponse, hostport string) (net.Conn, []byte, *upstreamFailure) {
 	id := l.Proxy.ID()
 	deadline := time.Now().Add(g.cfg.ConnectTimeout)
 	dctx, cancel := context.WithDeadline(ctx, deadline)
@@ -824,7 +834,7 @@ func (g *Gateway) splice(t *tunnel, dst, src net.Conn, bytes prometheus.Counter)
 		}
 		t.close()
 		g.untrack(t)
-		g.metrics.gatewayTunnels.Dec()
+		g.metrics.tunnels.Dec()
 		g.release(t.auth, t.lease)
 		return
 	}
@@ -1011,7 +1021,7 @@ func (rt gatewayRoundTripper) RoundTrip(req *http.Request) (*http.Response, erro
 				return nil, err
 			}
 		}
-		resp.Header.Set(GatewayProxyHeader, id)
+		resp.Header.Set(ProxyHeader, id)
 		done := func() { g.release(x.auth, l.LeaseID) }
 		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
 			lc := &leaseConn{ReadWriteCloser: rwc, g: g}
@@ -1022,7 +1032,7 @@ func (rt gatewayRoundTripper) RoundTrip(req *http.Request) (*http.Response, erro
 			if !g.trackSwitched(lc) {
 				rwc.Close()
 				g.release(x.auth, l.LeaseID)
-				return nil, apiErr(codes.ReplicasUnavailable, "the gateway stopped while the site answered")
+				return nil, discovery.Errorf(codes.ReplicasUnavailable, "the gateway stopped while the site answered")
 			}
 			resp.Body = lc
 		} else {
@@ -1093,9 +1103,9 @@ func upgradeOf(h http.Header) string {
 
 // reportStatus reports the proxy for the request's target on a status that says the
 // site refused it.
-func (g *Gateway) reportStatus(ctx context.Context, x *exchange, l *LeaseResponse, result string) {
-	g.metrics.gatewayReports.WithLabelValues(result).Inc()
-	if err := g.ops.reportLease(ctx, x.auth, l.LeaseID, result, ""); err != nil {
+func (g *Gateway) reportStatus(ctx context.Context, x *exchange, l *discovery.LeaseResponse, result string) {
+	g.metrics.reports.WithLabelValues(result).Inc()
+	if err := g.ops.ReportLease(ctx, x.auth, l.LeaseID, result, ""); err != nil {
 		g.log.Warn("report from an answer's status not recorded", "proxy", l.Proxy.Namespace+"/"+l.Proxy.Name,
 			"result", result, "error", err)
 	}
@@ -1213,7 +1223,7 @@ func (g *Gateway) hold(id, auth string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if _, ok := g.held[id]; !ok {
-		g.metrics.gatewayLeasesHeld.Inc()
+		g.metrics.leasesHeld.Inc()
 	}
 	g.held[id] = auth
 }
@@ -1226,7 +1236,7 @@ func (g *Gateway) unhold(id string) bool {
 		return false
 	}
 	delete(g.held, id)
-	g.metrics.gatewayLeasesHeld.Dec()
+	g.metrics.leasesHeld.Dec()
 	return true
 }
 
@@ -1235,7 +1245,7 @@ func (g *Gateway) release(auth, id string) {
 	g.unhold(id)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := g.ops.releaseLease(ctx, auth, id); err != nil {
+	if err := g.ops.ReleaseLease(ctx, auth, id); err != nil {
 		g.log.Debug("lease not released; it frees up when it expires", "lease", id, "error", err)
 	}
 	g.freed.Add(1)
@@ -1247,7 +1257,16 @@ func (g *Gateway) release(auth, id string) {
 // that cannot be renewed any more (its proxy is gone) is dropped: the request or tunnel
 // on it carries on, uncounted, while it works.
 func (g *Gateway) renewHeld(ctx context.Context) {
-	every(ctx, g.cfg.LeaseTTL/3, func() { g.renewPass(ctx) })
+	t := time.NewTicker(g.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			g.renewPass(ctx)
+		}
+	}
 }
 
 // renewConcurrency bounds the renewals of one pass in flight at once. A renewal may wait
@@ -1278,12 +1297,12 @@ func (g *Gateway) renewPass(ctx context.Context) {
 			if err == nil {
 				return
 			}
-			if ae, _ := toAPIError(err); ae.Code == codes.ReplicasUnavailable || rctx.Err() != nil && ctx.Err() == nil {
+			if ae, _ := discovery.ErrorOf(err); ae.Code == codes.ReplicasUnavailable || rctx.Err() != nil && ctx.Err() == nil {
 				return // the owner will answer again; the lease has LeaseTTL/3*2 left
 			}
 			// A lease released since the pass began is not lost: its request ended.
 			if g.unhold(id) {
-				g.metrics.gatewayLeasesLost.Inc()
+				g.metrics.leasesLost.Inc()
 			}
 		})
 	}
@@ -1295,7 +1314,7 @@ func (g *Gateway) renewOne(ctx context.Context, auth, id string) error {
 	if g.renewHook != nil {
 		return g.renewHook(ctx, auth, id)
 	}
-	_, err := g.ops.renewLease(ctx, auth, id, g.cfg.LeaseTTL)
+	_, err := g.ops.RenewLease(ctx, auth, id, g.cfg.LeaseTTL)
 	return err
 }
 

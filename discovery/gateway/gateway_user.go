@@ -1,8 +1,10 @@
-package discovery
+package gateway
 
 import (
 	"fmt"
 	"strings"
+
+	"github.com/proxyfleet/proxyfleet/discovery"
 )
 
 // gatewayUser is what a crawler asks of the gateway in its proxy username: the options
@@ -12,7 +14,7 @@ type gatewayUser struct {
 	// client is the name the username starts with.
 	client   string
 	session  string
-	selector Selector
+	selector discovery.Selector
 }
 
 // sessionOption is the one option that is not an attribute: every other key selects
@@ -72,14 +74,14 @@ func parseGatewayUser(user, known string) (gatewayUser, error) {
 			if u.session != "" {
 				return u, fmt.Errorf("username option %q is given twice", k)
 			}
-			if !sessionRE.MatchString(v) {
+			if !discovery.ValidSession(v) {
 				return u, fmt.Errorf("username option session=%q: use 1-128 letters, digits, '.', '_', '~', ':' or '-'", v)
 			}
 			u.session = v
 			continue
 		}
 		if u.selector == nil {
-			u.selector = Selector{}
+			u.selector = discovery.Selector{}
 		}
 		if _, dup := u.selector[k]; dup {
 			return u, fmt.Errorf("username option %q is given twice", k)

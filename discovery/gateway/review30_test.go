@@ -1,10 +1,11 @@
-package discovery_test
+package gateway_test
 
 import (
 	"bufio"
 	"context"
 	"encoding/base64"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/gateway"
 )
 
 // TestReview30PipelinedCrawlerHangsUpOnAStalledAnswer: a crawler that sends anything
@@ -28,7 +30,7 @@ import (
 // (or once the answer has been silent for a bound, as tunnels have HalfClosedTimeout): the
 // gateway's bound is ResponseHeaderTimeout, for the body's silences as for the headers.
 func TestReview30PipelinedCrawlerHangsUpOnAStalledAnswer(t *testing.T) {
-	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *discovery.GatewayConfig, _ []discovery.Proxy) {
+	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *gateway.Config, _ []discovery.Proxy) {
 		g.ResponseHeaderTimeout = 200 * time.Millisecond
 	})
 	s := newAnswersSite(t)
@@ -57,7 +59,7 @@ func TestReview30PipelinedCrawlerHangsUpOnAStalledAnswer(t *testing.T) {
 // is closed and its lease released.
 func TestReview30SwitchAfterShutdownIsNeverClosed(t *testing.T) {
 	relay := blindProxy(t)
-	e := newGatewayEnv(t, 1, func(_ *discovery.Config, _ *discovery.GatewayConfig, fleet []discovery.Proxy) {
+	e := newGatewayEnv(t, 1, func(_ *discovery.Config, _ *gateway.Config, fleet []discovery.Proxy) {
 		fleet[0].Port = int32(relay)
 	})
 	started, answer := make(chan struct{}, 1), make(chan struct{})
@@ -85,7 +87,7 @@ func TestReview30SwitchAfterShutdownIsNeverClosed(t *testing.T) {
 	// A gateway of the same server whose stop the test controls.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	g := e.srv.NewGateway(discovery.GatewayConfig{Wait: -1})
+	g := gateway.New(gateway.Config{Wait: -1}, e.srv, slog.New(slog.DiscardHandler), e.reg)
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
 	go func() { defer close(served); _ = g.Serve(ctx, ln) }()
@@ -128,7 +130,7 @@ func TestReview30SwitchAfterShutdownIsNeverClosed(t *testing.T) {
 // cost of waiting does not grow with the number of waiters while nothing changes (a waiter
 // looks again when the store has changed, or one look serves every waiter of a want).
 func TestReview30WaitersPollCostGrowsWithWaiters(t *testing.T) {
-	e := newOneSlotGatewayEnv(t, discovery.GatewayConfig{Wait: time.Minute})
+	e := newOneSlotGatewayEnv(t, gateway.Config{Wait: time.Minute})
 	gw := e.gw
 	host := e.proxies[0].ln.Addr().String()
 	_, resp := e.connect("", "", host)

@@ -1,4 +1,4 @@
-package discovery_test
+package gateway_test
 
 import (
 	"bufio"
@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/gateway"
 )
 
 // answersSite is a site on loopback that answers in every way an answer can go: 1xx
@@ -431,7 +432,7 @@ func TestGatewayEveryPathEndsItsLease(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			relay := blindProxy(t)
-			ge := newGatewayEnv(t, 2, func(_ *discovery.Config, g *discovery.GatewayConfig, fleet []discovery.Proxy) {
+			ge := newGatewayEnv(t, 2, func(_ *discovery.Config, g *gateway.Config, fleet []discovery.Proxy) {
 				fleet[0].Attributes = map[string]string{"relay": "local"}
 				fleet[1].Attributes = map[string]string{"relay": "blind"}
 				fleet[1].Port = int32(relay)

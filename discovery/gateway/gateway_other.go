@@ -1,6 +1,6 @@
 //go:build !linux
 
-package discovery
+package gateway
 
 import (
 	"context"
@@ -14,8 +14,8 @@ func copyCounting(dst, src net.Conn, bytes prometheus.Counter) error {
 	return copyChunks(dst, src, bytes)
 }
 
-// ListenGateway listens for crawlers on addr, with Go's default TCP keepalive.
-func ListenGateway(ctx context.Context, addr string) (net.Listener, error) {
+// Listen listens for crawlers on addr, with Go's default TCP keepalive.
+func Listen(ctx context.Context, addr string) (net.Listener, error) {
 	var lc net.ListenConfig
 	return lc.Listen(ctx, "tcp", addr)
 }

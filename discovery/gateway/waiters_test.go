@@ -1,4 +1,4 @@
-package discovery
+package gateway
 
 import (
 	"testing"
@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/discovery/codes"
 )
 
@@ -75,15 +76,15 @@ func TestWorthWaiting(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{"full", &NoMatch{Considered: 2, AtCapacity: 2}, true},
-		{"resting", &NoMatch{Considered: 1, InCooldown: 1}, true},
-		{"unhealthy", &NoMatch{Considered: 2, Unhealthy: 2}, false},
-		{"nothing matches", &NoMatch{}, false},
-		{"at the client's cap", &LeaseLimit{Client: "shop", Max: 1}, true},
-		{"the owner's 409", &APIError{Code: codes.NoMatch, NoMatch: &NoMatch{Considered: 1, AtCapacity: 1}}, true},
-		{"the owner's 409, none healthy", &APIError{Code: codes.NoMatch, NoMatch: &NoMatch{Considered: 1, Unhealthy: 1}}, false},
-		{"the owner's lease_limit", &APIError{Code: codes.LeaseLimit}, true},
-		{"the owner is down", unavailable("replica 1 did not answer"), false},
+		{"full", &discovery.NoMatch{Considered: 2, AtCapacity: 2}, true},
+		{"resting", &discovery.NoMatch{Considered: 1, InCooldown: 1}, true},
+		{"unhealthy", &discovery.NoMatch{Considered: 2, Unhealthy: 2}, false},
+		{"nothing matches", &discovery.NoMatch{}, false},
+		{"at the client's cap", &discovery.LeaseLimit{Client: "shop", Max: 1}, true},
+		{"the owner's 409", &discovery.APIError{Code: codes.NoMatch, NoMatch: &discovery.NoMatch{Considered: 1, AtCapacity: 1}}, true},
+		{"the owner's 409, none healthy", &discovery.APIError{Code: codes.NoMatch, NoMatch: &discovery.NoMatch{Considered: 1, Unhealthy: 1}}, false},
+		{"the owner's lease_limit", &discovery.APIError{Code: codes.LeaseLimit}, true},
+		{"the owner is down", discovery.Unavailable("replica 1 did not answer"), false},
 	} {
 		assert.Equal(t, tc.want, worthWaiting(tc.err), tc.name)
 	}

@@ -1,4 +1,4 @@
-package discovery
+package gateway
 
 import (
 	"context"
@@ -20,6 +20,3 @@ func (g *Gateway) Hold(id, auth string) { g.hold(id, auth) }
 
 // RenewPass runs one pass of renewals of the leases g holds.
 func (g *Gateway) RenewPass(ctx context.Context) { g.renewPass(ctx) }
-
-// OwnerOf is the replica of a set of n that owns proxyID.
-func OwnerOf(proxyID string, n int) int { return rendezvousOwner(proxyID, n) }

@@ -1,4 +1,4 @@
-package discovery_test
+package gateway_test
 
 import (
 	"bufio"
@@ -28,6 +28,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/discovery"
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
+	"github.com/proxyfleet/proxyfleet/discovery/gateway"
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
@@ -50,7 +51,7 @@ type gatewayEnv struct {
 	srv     *discovery.Server
 	reg     *prometheus.Registry
 	logs    *testenv.LogBuffer
-	gw      *discovery.Gateway
+	gw      *gateway.Gateway
 	addr    string
 	proxies []*fleetProxy
 	signals chan forwarded
@@ -177,7 +178,7 @@ func (s *site) last() seenRequest {
 	return s.seen[len(s.seen)-1]
 }
 
-type gatewayOption func(*discovery.Config, *discovery.GatewayConfig, []discovery.Proxy)
+type gatewayOption func(*discovery.Config, *gateway.Config, []discovery.Proxy)
 
 func newGatewayEnv(t *testing.T, n int, opts ...gatewayOption) *gatewayEnv {
 	t.Helper()
@@ -197,7 +198,7 @@ func newGatewayEnv(t *testing.T, n int, opts ...gatewayOption) *gatewayEnv {
 		{Name: gwClient, Token: gwToken}, {Name: otherClient, Token: otherToken}}),
 		CooldownBanned: 30 * time.Minute, CooldownRateLimited: 5 * time.Minute}
 	// No wait for a free slot unless a test asks: refusals are answered at once.
-	gcfg := discovery.GatewayConfig{Wait: -1}
+	gcfg := gateway.Config{Wait: -1}
 	for _, o := range opts {
 		o(&cfg, &gcfg, fleet)
 	}
@@ -207,12 +208,13 @@ func newGatewayEnv(t *testing.T, n int, opts ...gatewayOption) *gatewayEnv {
 		e.signals <- forwarded{namespace, name, sig}
 		return nil
 	}}
-	e.srv = discovery.NewServer(cfg, e.store, sig, slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})), e.reg)
+	log := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	e.srv = discovery.NewServer(cfg, e.store, sig, log, e.reg)
 	ctx, cancel := context.WithCancel(context.Background())
 	reported := make(chan struct{})
 	go func() { defer close(reported); e.srv.RunReports(ctx) }()
 	t.Cleanup(func() { cancel(); <-reported })
-	e.gw, e.addr = serveGatewayOf(t, e.srv, gcfg)
+	e.gw, e.addr = serveGatewayOf(t, e.srv, gcfg, log, e.reg)
 	return e
 }
 
@@ -242,20 +244,22 @@ func startFleet(t *testing.T, n int) ([]*fleetProxy, []discovery.Proxy) {
 
 // serveGateway runs the gateway of srv on a loopback port until the test ends and
 // returns its address.
-func serveGateway(t *testing.T, srv *discovery.Server, cfg discovery.GatewayConfig) string {
+func serveGateway(t *testing.T, srv *discovery.Server, cfg gateway.Config) string {
 	t.Helper()
-	_, addr := serveGatewayOf(t, srv, cfg)
+	_, addr := serveGatewayOf(t, srv, cfg, slog.New(slog.DiscardHandler), nil)
 	return addr
 }
 
-// serveGatewayOf is serveGateway, and returns the gateway too.
-func serveGatewayOf(t *testing.T, srv *discovery.Server, cfg discovery.GatewayConfig, before ...func(*discovery.Gateway)) (*discovery.Gateway, string) {
+// serveGatewayOf is serveGateway, logging to log and counting in reg (when not nil), and
+// returns the gateway too.
+func serveGatewayOf(t *testing.T, srv *discovery.Server, cfg gateway.Config, log *slog.Logger, reg prometheus.Registerer,
+	before ...func(*gateway.Gateway)) (*gateway.Gateway, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
-	g := srv.NewGateway(cfg)
+	g := gateway.New(cfg, srv, log, reg)
 	for _, f := range before {
 		f(g)
 	}
@@ -342,7 +346,7 @@ func gatewayError(t *testing.T, resp *http.Response, body string) discovery.APIE
 	t.Helper()
 	var ae discovery.APIError
 	require.NoError(t, json.Unmarshal([]byte(body), &ae), "body %q", body)
-	assert.Equal(t, ae.Code, resp.Header.Get(discovery.GatewayErrorHeader), "the header names the body's code")
+	assert.Equal(t, ae.Code, resp.Header.Get(gateway.ErrorHeader), "the header names the body's code")
 	assert.Contains(t, resp.Header.Get("Content-Type"), "application/json")
 	return ae
 }
@@ -377,7 +381,7 @@ func TestGatewayForwardsPlainRequestsThroughTheFleet(t *testing.T) {
 
 		seen := e.site.last()
 		p := e.proxyByEgress(seen.from)
-		assert.Equal(t, p.id(), resp.Header.Get(discovery.GatewayProxyHeader), "the answer names the proxy that carried it")
+		assert.Equal(t, p.id(), resp.Header.Get(gateway.ProxyHeader), "the answer names the proxy that carried it")
 		used[p.id()] = true
 		assert.Equal(t, "shop-crawler/1.0", seen.header.Get("User-Agent"), "the crawler's own headers go through")
 		for _, h := range []string{"Proxy-Authorization", "Via", "Forwarded", "X-Forwarded-For", "Proxy-Connection"} {
@@ -410,14 +414,14 @@ func TestGatewayTunnelsHoldALeaseWhileOpen(t *testing.T) {
 
 // newOneSlotGatewayEnv is a gateway without authentication over one real fleet proxy that
 // takes one lease: the second request or tunnel has to wait.
-func newOneSlotGatewayEnv(t *testing.T, cfg discovery.GatewayConfig) *gatewayEnv {
+func newOneSlotGatewayEnv(t *testing.T, cfg gateway.Config) *gatewayEnv {
 	proxies, fleet := startFleet(t, 1)
 	fleet[0].MaxLeases = 1
 	store := discovery.NewStore(30 * time.Minute)
 	store.ReplaceAll(fleet)
 	reg := prometheus.NewRegistry()
 	srv := discovery.NewServer(discovery.Config{}, store, &fakeSignaler{}, slog.New(slog.DiscardHandler), reg)
-	gw, addr := serveGatewayOf(t, srv, cfg)
+	gw, addr := serveGatewayOf(t, srv, cfg, slog.New(slog.DiscardHandler), reg)
 	return &gatewayEnv{t: t, store: store, srv: srv, reg: reg, gw: gw, addr: addr, proxies: proxies}
 }
 
@@ -440,7 +444,7 @@ func (e *gatewayEnv) connect(user, password, hostport string) (net.Conn, *http.R
 }
 
 func TestGatewayTunnelsCountAgainstMaxLeases(t *testing.T) {
-	e := newGatewayEnv(t, 2, func(_ *discovery.Config, _ *discovery.GatewayConfig, fleet []discovery.Proxy) {
+	e := newGatewayEnv(t, 2, func(_ *discovery.Config, _ *gateway.Config, fleet []discovery.Proxy) {
 		for i := range fleet {
 			fleet[i].MaxLeases = 1
 		}
@@ -510,7 +514,7 @@ func TestGatewayTriesAnotherProxyWhenOneRefuses(t *testing.T) {
 			for range 4 {
 				resp, body := get(t, c, e.site.URL+"/plain")
 				require.Equal(t, http.StatusOK, resp.StatusCode, body)
-				assert.Equal(t, e.proxies[1].id(), resp.Header.Get(discovery.GatewayProxyHeader))
+				assert.Equal(t, e.proxies[1].id(), resp.Header.Get(gateway.ProxyHeader))
 				resp, body = get(t, c, e.site.tlsSite.URL+"/tunnel")
 				require.Equal(t, http.StatusOK, resp.StatusCode, body)
 				assert.Equal(t, e.proxies[1].egress, e.site.last().from)
@@ -566,8 +570,8 @@ func TestGatewayReportsStatusesAndMovesOn(t *testing.T) {
 		if resp.StatusCode == http.StatusForbidden {
 			// The site's answer itself goes to the crawler: it is the site's to give.
 			assert.Equal(t, "banned\n", body)
-			assert.Empty(t, resp.Header.Get(discovery.GatewayErrorHeader))
-			assert.Equal(t, e.proxies[0].id(), resp.Header.Get(discovery.GatewayProxyHeader))
+			assert.Empty(t, resp.Header.Get(gateway.ErrorHeader))
+			assert.Equal(t, e.proxies[0].id(), resp.Header.Get(gateway.ProxyHeader))
 			banned++
 			continue
 		}
@@ -629,7 +633,7 @@ func TestGatewaySessionsKeepTheirProxyUntilReported(t *testing.T) {
 }
 
 func TestGatewaySelectsByAttributes(t *testing.T) {
-	e := newGatewayEnv(t, 3, func(_ *discovery.Config, _ *discovery.GatewayConfig, fleet []discovery.Proxy) {
+	e := newGatewayEnv(t, 3, func(_ *discovery.Config, _ *gateway.Config, fleet []discovery.Proxy) {
 		fleet[2].Attributes = map[string]string{"region": "us", "tier": "residential"}
 	})
 	for _, user := range []string{gwClient + ";region=us;tier=residential", gwClient + "-region-us-tier-residential"} {
@@ -637,7 +641,7 @@ func TestGatewaySelectsByAttributes(t *testing.T) {
 		for range 3 {
 			resp, body := get(t, c, e.site.URL+"/")
 			require.Equal(t, http.StatusOK, resp.StatusCode, body)
-			assert.Equal(t, e.proxies[2].id(), resp.Header.Get(discovery.GatewayProxyHeader), user)
+			assert.Equal(t, e.proxies[2].id(), resp.Header.Get(gateway.ProxyHeader), user)
 		}
 	}
 	resp, body := get(t, e.client(gwClient+";region=ap", gwToken), e.site.URL+"/")
@@ -648,7 +652,7 @@ func TestGatewaySelectsByAttributes(t *testing.T) {
 }
 
 func TestGatewayHoldsClientsToTheirLimits(t *testing.T) {
-	e := newGatewayEnv(t, 2, func(cfg *discovery.Config, _ *discovery.GatewayConfig, _ []discovery.Proxy) {
+	e := newGatewayEnv(t, 2, func(cfg *discovery.Config, _ *gateway.Config, _ []discovery.Proxy) {
 		cfg.Clients = discovery.NewClients([]discovery.ClientConfig{{Name: gwClient, Token: gwToken, MaxLeases: 1},
 			{Name: otherClient, Token: otherToken, RequestsPerSecond: 0.001, Burst: 1}})
 	})
@@ -695,7 +699,7 @@ func TestGatewayInAReplicaSet(t *testing.T) {
 		fleet[i].MaxLeases = 1
 	}
 	rs := newReplicaSet(t, 2, fleet)
-	e := &gatewayEnv{t: t, proxies: proxies, addr: serveGateway(t, rs.nodes[0].srv, discovery.GatewayConfig{Wait: -1})}
+	e := &gatewayEnv{t: t, proxies: proxies, addr: serveGateway(t, rs.nodes[0].srv, gateway.Config{Wait: -1})}
 	s := &site{banned: map[string]bool{}}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.handle))
 	t.Cleanup(s.Close)
@@ -752,7 +756,7 @@ func TestListingShowsCooldowns(t *testing.T) {
 }
 
 func TestGatewayWaitsForAFreeSlot(t *testing.T) {
-	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *discovery.GatewayConfig, fleet []discovery.Proxy) {
+	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *gateway.Config, fleet []discovery.Proxy) {
 		fleet[0].MaxLeases = 1
 		g.Wait = 30 * time.Second
 	})
@@ -789,7 +793,7 @@ func TestGatewayWaitsForAFreeSlot(t *testing.T) {
 }
 
 func TestGatewayRenewsTheLeaseOfAnOpenTunnel(t *testing.T) {
-	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *discovery.GatewayConfig, _ []discovery.Proxy) {
+	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *gateway.Config, _ []discovery.Proxy) {
 		g.LeaseTTL = 600 * time.Millisecond
 	})
 	_, resp := e.connect(gwClient, gwToken, strings.TrimPrefix(e.site.URL, "http://"))
@@ -870,8 +874,8 @@ func TestGatewaySendsNothingAgainThatTheSiteAnswered407(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusProxyAuthRequired, resp.StatusCode, "%s", body)
 	assert.Equal(t, "the site wants other credentials\n", string(body), "the site's own answer")
-	assert.Empty(t, resp.Header.Get(discovery.GatewayErrorHeader), "not the gateway's refusal")
-	assert.NotEmpty(t, resp.Header.Get(discovery.GatewayProxyHeader))
+	assert.Empty(t, resp.Header.Get(gateway.ErrorHeader), "not the gateway's refusal")
+	assert.NotEmpty(t, resp.Header.Get(gateway.ProxyHeader))
 	mu.Lock()
 	assert.Equal(t, 1, hits, "the DELETE reached the site exactly once")
 	mu.Unlock()
@@ -890,7 +894,7 @@ func TestGatewaySendsNothingAgainThatTheSiteAnswered407(t *testing.T) {
 		body, _ = io.ReadAll(resp.Body)
 		resp.Body.Close()
 		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
-		assert.Equal(t, e.proxies[2].id(), resp.Header.Get(discovery.GatewayProxyHeader))
+		assert.Equal(t, e.proxies[2].id(), resp.Header.Get(gateway.ProxyHeader))
 	}
 	assert.Positive(t, e.metric("proxyfleet_gateway_upstream_failures_total", "kind", "auth"))
 	e.waitNoLeases()
@@ -1006,8 +1010,8 @@ func TestGatewayTunnelsWaitCheaplyForASlot(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	srv := discovery.NewServer(discovery.Config{Clients: discovery.NewClients([]discovery.ClientConfig{{Name: gwClient, Token: gwToken}})},
 		store, &fakeSignaler{}, slog.New(slog.DiscardHandler), reg)
-	gw, addr := serveGatewayOf(t, srv, discovery.GatewayConfig{Wait: 30 * time.Second},
-		func(g *discovery.Gateway) { g.SetWaitPoll(time.Hour) })
+	gw, addr := serveGatewayOf(t, srv, gateway.Config{Wait: 30 * time.Second}, slog.New(slog.DiscardHandler), reg,
+		func(g *gateway.Gateway) { g.SetWaitPoll(time.Hour) })
 	e := &gatewayEnv{t: t, store: store, srv: srv, reg: reg, gw: gw, addr: addr, proxies: proxies}
 	s := &site{banned: map[string]bool{}}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.handle))
@@ -1044,7 +1048,7 @@ func TestGatewayTunnelsWaitCheaplyForASlot(t *testing.T) {
 // with the refusal, having looked at the store once when it began: it did not scan the
 // fleet every few milliseconds meanwhile, nor does it hold a place once the crawler left.
 func TestGatewayWaitsWithoutScanning(t *testing.T) {
-	e := newOneSlotGatewayEnv(t, discovery.GatewayConfig{Wait: 300 * time.Millisecond})
+	e := newOneSlotGatewayEnv(t, gateway.Config{Wait: 300 * time.Millisecond})
 	gw := e.gw
 	host := e.proxies[0].ln.Addr().String() // any address on loopback does
 
@@ -1063,9 +1067,10 @@ func TestGatewayWaitsWithoutScanning(t *testing.T) {
 // renewal that waits on a slow owner or peer delays none of the others. Here every renewal
 // waits until all of them have started: one at a time, the pass never gets past the first.
 func TestGatewayRenewsHeldLeasesInParallel(t *testing.T) {
+	reg := prometheus.NewRegistry()
 	srv := discovery.NewServer(discovery.Config{}, discovery.NewStore(time.Minute), &fakeSignaler{},
-		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	g := srv.NewGateway(discovery.GatewayConfig{LeaseTTL: 30 * time.Second})
+		slog.New(slog.DiscardHandler), reg)
+	g := gateway.New(gateway.Config{LeaseTTL: 30 * time.Second}, srv, slog.New(slog.DiscardHandler), reg)
 	const n = 10
 	var started atomic.Int32
 	all := make(chan struct{})

@@ -1,4 +1,4 @@
-package discovery_test
+package gateway_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/gateway"
 )
 
 // TestListenGatewayKeepsConnectionsAlive: a connection the gateway's listener accepts has
@@ -18,7 +18,7 @@ import (
 // it into each connection), though the listener sets nothing per connection: without it a
 // crawler that vanished without a word would hold its tunnel's slot for good.
 func TestListenGatewayKeepsConnectionsAlive(t *testing.T) {
-	ln, err := discovery.ListenGateway(context.Background(), "127.0.0.1:0")
+	ln, err := gateway.Listen(context.Background(), "127.0.0.1:0")
 	require.NoError(t, err)
 	defer ln.Close()
 	c, err := net.Dial("tcp", ln.Addr().String())
@@ -54,7 +54,7 @@ func TestLastingTunnelsKeepTheirFleetProxyAlive(t *testing.T) {
 		after time.Duration
 		want  bool
 	}{{time.Hour, false}, {50 * time.Millisecond, true}} {
-		restore := discovery.SetUpstreamKeepAliveAfter(tc.after)
+		restore := gateway.SetUpstreamKeepAliveAfter(tc.after)
 		e := newGatewayEnv(t, 1)
 		c := e.client(gwClient, gwToken)
 		resp, body := get(t, c, e.site.tlsSite.URL+"/secure")
