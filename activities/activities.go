@@ -20,7 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
-	"github.com/proxyfleet/proxyfleet/activities/probe"
+	"github.com/proxyfleet/proxyfleet/activities/monitor"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
@@ -60,15 +60,10 @@ type Activities struct {
 	// so) and probes only proxies that take no credentials.
 	Keyring *proxyauth.Keyring
 
-	// shardFeeds are the feeds of this worker's monitor shards (see MonitorShard), made
-	// at its first shard.
-	feedsOnce  sync.Once
-	shardFeeds *shardFeeds
-}
-
-// Prober sends one probe through a proxy.
-type Prober interface {
-	Probe(ctx context.Context, req probe.Request) probe.Result
+	// monitorShards are this worker's monitor shards (see MonitorShard), made at its
+	// first shard.
+	shardsOnce    sync.Once
+	monitorShards *monitor.Shards
 }
 
 func (a *Activities) log() *slog.Logger {
@@ -95,25 +90,12 @@ func classify(op string, err error) error {
 	}
 }
 
-// InstanceInput locates one instance of a Proxy.
-type InstanceInput struct {
-	Provider  v1alpha1.Provider  `json:"provider"`
-	Name      string             `json:"name"`
-	ProxyUID  string             `json:"proxyUID"`
-	Namespace string             `json:"namespace"`
-	Spec      v1alpha1.ProxySpec `json:"spec"`
-	// ProviderID is empty when Create never returned; it is then derived from the name.
-	ProviderID string `json:"providerID,omitempty"`
-	// PollInterval is how often to ask the provider; MaxWait bounds WaitRunning.
-	PollInterval time.Duration `json:"pollInterval,omitempty"`
-	MaxWait      time.Duration `json:"maxWait,omitempty"`
-	// SpecHash is the workflow's hash of Spec, labelled on the instance at creation
-	// (provider.LabelSpecHash) so a later run without state can tell whether the instance
-	// was built from the spec it wants. Empty leaves the label off.
-	SpecHash string `json:"specHash,omitempty"`
-}
+// InstanceInput locates one instance of a Proxy (monitor.InstanceInput: a watch carries
+// one).
+type InstanceInput = monitor.InstanceInput
 
-func (in InstanceInput) request(installation string) provider.CreateRequest {
+// createRequest is what the provider is asked to create for in.
+func createRequest(in InstanceInput, installation string) provider.CreateRequest {
 	return provider.CreateRequest{
 		Name: in.Name, ProxyUID: in.ProxyUID, Installation: installation,
 		Namespace: in.Namespace, Port: in.Spec.EffectivePort(), Spec: in.Spec,
@@ -128,7 +110,7 @@ func (a *Activities) locate(in InstanceInput) (provider.Provider, string, error)
 	}
 	id := in.ProviderID
 	if id == "" {
-		id = p.ProviderID(in.request(a.Installation))
+		id = p.ProviderID(createRequest(in, a.Installation))
 	}
 	return p, id, nil
 }
@@ -150,7 +132,7 @@ func (a *Activities) CreateInstance(ctx context.Context, in InstanceInput) (Crea
 	if err != nil {
 		return CreateResult{}, classify("create", err)
 	}
-	req := in.request(a.Installation)
+	req := createRequest(in, a.Installation)
 	var res CreateResult
 	if ref := in.Spec.CloudInit; ref != nil {
 		data, err := a.readCloudInit(ctx, in.Namespace, ref.SecretRef)

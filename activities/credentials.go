@@ -11,43 +11,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/proxyfleet/proxyfleet/activities/monitor"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
-// ProbeAuth says which credentials a Monitor's probes present. It never holds them: a
-// Managed instance's are derived from the fleet key KeyID and the instance name; an External
-// proxy's are read from its Secret by the activity, and only their sealed form (see
-// internal/proxyauth) travels through the workflow.
-type ProbeAuth struct {
-	KeyID    string `json:"keyID,omitempty"`
-	Instance string `json:"instance,omitempty"`
-	// Secret names an External proxy's credentials Secret in Namespace. Sealed is what the
-	// workflow holds and publishes, sealed for the Proxy's UID; a Monitor that reads
-	// something else from the Secret returns it (MonitorCredentials).
-	Namespace string `json:"namespace,omitempty"`
-	Secret    string `json:"secret,omitempty"`
-	UID       string `json:"uid,omitempty"`
-	Sealed    string `json:"sealed,omitempty"`
-}
-
-// probeCredentials are what a probe presents, or why it cannot present anything.
-type probeCredentials struct {
-	creds proxyauth.Credentials
-	// sealed is the External credentials as sealed now; it differs from ProbeAuth.Sealed
-	// when the Secret changed.
-	sealed string
-	// problem, when set, fails the probe without sending it: a proxy whose credentials
-	// cannot be had is unhealthy for the same reason a proxy refusing them is.
-	problem string
-	// reason is the Healthy condition's reason for problem when ProbeFailed would not say
-	// it (a v1alpha1.Reason* constant).
-	reason string
-}
-
-// probeCredentials resolves auth. A Secret that cannot be read for a passing reason (the API
-// server is down) falls back to the sealed copy, so an outage elsewhere does not make a
-// working proxy unhealthy.
+// probeCredentials resolves auth for the monitor's probes (its Env.Credentials: the Secrets
+// and the fleet key are the worker's). A Secret that cannot be read for a passing reason
+// (the API server is down) falls back to the sealed copy, so an outage elsewhere does not
+// make a working proxy unhealthy.
 //
 // The sealed text changes only when the credentials do, or, with reseal set, when they
 // were sealed under a key that is no longer the primary. A worker whose primary key
@@ -55,13 +27,13 @@ type probeCredentials struct {
 // and new workers side by side) must not re-seal at every Monitor start: each Monitor would
 // return at once, on whichever worker, and the proxy would churn history. Re-sealing under
 // a new primary waits for the drift interval.
-func (a *Activities) probeCredentials(ctx context.Context, auth *ProbeAuth, reseal bool) probeCredentials {
+func (a *Activities) probeCredentials(ctx context.Context, auth *ProbeAuth, reseal bool) monitor.Credentials {
 	switch {
 	case auth == nil:
-		return probeCredentials{}
+		return monitor.Credentials{}
 	case auth.Secret != "":
 		if a.Keyring == nil {
-			return probeCredentials{problem: "this worker has no fleet key (--fleet-key-path or PROXYFLEET_FLEET_KEY) to seal the proxy's credentials with", sealed: auth.Sealed}
+			return monitor.Credentials{Problem: "this worker has no fleet key (--fleet-key-path or PROXYFLEET_FLEET_KEY) to seal the proxy's credentials with", Sealed: auth.Sealed}
 		}
 		c, err := a.readCredentials(ctx, auth.Namespace, auth.Secret)
 		if err != nil {
@@ -73,37 +45,37 @@ func (a *Activities) probeCredentials(ctx context.Context, auth *ProbeAuth, rese
 			if !errors.As(err, &cerr) && !refused && auth.Sealed != "" {
 				if old, oerr := a.Keyring.Open(auth.Sealed, auth.UID); oerr == nil {
 					a.log().WarnContext(ctx, "credentials Secret unreadable; probing with the last ones read", "secret", auth.Namespace+"/"+auth.Secret, "error", err)
-					return probeCredentials{creds: old, sealed: auth.Sealed}
+					return monitor.Credentials{Creds: old, Sealed: auth.Sealed}
 				}
 			}
-			pc := probeCredentials{problem: err.Error(), sealed: auth.Sealed}
+			pc := monitor.Credentials{Problem: err.Error(), Sealed: auth.Sealed}
 			if cerr != nil && cerr.reason == v1alpha1.ReasonCredentialsNotLabelled {
 				// What was sealed from it before (by a worker that did not ask for the
 				// label, or before the label was removed) goes too: discovery must not
 				// hand out what the probes may not send.
-				pc.reason, pc.sealed = cerr.reason, ""
+				pc.Reason, pc.Sealed = cerr.reason, ""
 			}
 			return pc
 		}
 		if auth.Sealed != "" {
 			if old, err := a.Keyring.Open(auth.Sealed, auth.UID); err == nil && old == c &&
 				(!reseal || proxyauth.SealedKeyID(auth.Sealed) == a.Keyring.PrimaryID()) {
-				return probeCredentials{creds: c, sealed: auth.Sealed}
+				return monitor.Credentials{Creds: c, Sealed: auth.Sealed}
 			}
 		}
 		sealed, err := a.Keyring.Seal(c, auth.UID)
 		if err != nil {
-			return probeCredentials{problem: err.Error(), sealed: auth.Sealed}
+			return monitor.Credentials{Problem: err.Error(), Sealed: auth.Sealed}
 		}
-		return probeCredentials{creds: c, sealed: sealed}
+		return monitor.Credentials{Creds: c, Sealed: sealed}
 	case auth.KeyID != "":
 		c, err := a.Keyring.Managed(auth.KeyID, auth.Instance)
 		if err != nil {
-			return probeCredentials{problem: "derive the instance's credentials: " + err.Error()}
+			return monitor.Credentials{Problem: "derive the instance's credentials: " + err.Error()}
 		}
-		return probeCredentials{creds: c}
+		return monitor.Credentials{Creds: c}
 	}
-	return probeCredentials{}
+	return monitor.Credentials{}
 }
 
 // credentialsError is a credentials Secret that cannot serve: missing, not labelled for

@@ -1,4 +1,4 @@
-package activities
+package monitor
 
 import (
 	"testing"
@@ -33,15 +33,15 @@ func TestThresholds(t *testing.T) {
 		steps []step
 	}{
 		{"unknown becomes healthy after 2 successes", Health{}, []step{
-			ok(0, 10, ""), ok(time.Second, 10, MonitorVerdict)}},
+			ok(0, 10, ""), ok(time.Second, 10, ReasonVerdict)}},
 		{"unknown becomes unhealthy after 3 failures", Health{}, []step{
-			fail(0, ""), fail(time.Second, ""), fail(2*time.Second, MonitorVerdict)}},
+			fail(0, ""), fail(time.Second, ""), fail(2*time.Second, ReasonVerdict)}},
 		{"healthy survives 2 failures", healthy, []step{
 			fail(0, ""), fail(time.Second, ""), ok(2*time.Second, 100, ""), fail(3*time.Second, ""), fail(4*time.Second, "")}},
 		{"healthy becomes unhealthy on the 3rd failure in a row", healthy, []step{
-			fail(0, ""), fail(time.Second, ""), fail(2*time.Second, MonitorVerdict)}},
+			fail(0, ""), fail(time.Second, ""), fail(2*time.Second, ReasonVerdict)}},
 		{"unhealthy needs 2 successes in a row", unhealthy, []step{
-			ok(0, 10, ""), fail(time.Second, ""), ok(2*time.Second, 10, ""), ok(3*time.Second, 10, MonitorVerdict)}},
+			ok(0, 10, ""), fail(time.Second, ""), ok(2*time.Second, 10, ""), ok(3*time.Second, 10, ReasonVerdict)}},
 		{"flapping never flips", healthy, []step{
 			fail(0, ""), ok(time.Second, 100, ""), fail(2*time.Second, ""), fail(3*time.Second, ""), ok(4*time.Second, 100, ""), fail(5*time.Second, "")}},
 		{"a restart starts from the recorded verdict: one success is no news", healthy, []step{
@@ -49,18 +49,18 @@ func TestThresholds(t *testing.T) {
 		{"latency: small moves are noise", healthy, []step{
 			ok(2*time.Minute, 140, ""), ok(3*time.Minute, 60, "")}},
 		{"latency: a move over 50% is reported", healthy, []step{
-			ok(2*time.Minute, 200, MonitorLatency)}},
+			ok(2*time.Minute, 200, ReasonLatency)}},
 		{"latency: at most one report a minute", healthy, []step{
-			ok(2*time.Minute, 200, MonitorLatency), ok(2*time.Minute+10*time.Second, 400, ""), ok(3*time.Minute+time.Second, 400, MonitorLatency)}},
+			ok(2*time.Minute, 200, ReasonLatency), ok(2*time.Minute+10*time.Second, 400, ""), ok(3*time.Minute+time.Second, 400, ReasonLatency)}},
 		{"latency: under 20ms moves never count", Health{Known: true, Healthy: true, LatencyMillis: 10}, []step{
-			ok(2*time.Minute, 29, ""), ok(3*time.Minute, 35, MonitorLatency)}},
+			ok(2*time.Minute, 29, ""), ok(3*time.Minute, 35, ReasonLatency)}},
 		{"latency is not reported while unhealthy", unhealthy, []step{
 			ok(2*time.Minute, 900, ""), fail(3*time.Minute, "")}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-			st := monitorProgress{Health: tc.start, LastReport: t0}
+			st := Progress{Health: tc.start, LastReport: t0}
 			for i, s := range tc.steps {
 				res := probe.Result{OK: s.ok, Latency: s.latency}
 				if !s.ok {
@@ -78,7 +78,7 @@ func TestThresholds(t *testing.T) {
 func TestLatencyOutliersAreNotNews(t *testing.T) {
 	th := thresholds{success: 2, failure: 3, latency: time.Minute}
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	st := monitorProgress{Health: Health{Known: true, Healthy: true, LatencyMillis: 100}, LastReport: t0,
+	st := Progress{Health: Health{Known: true, Healthy: true, LatencyMillis: 100}, LastReport: t0,
 		Recent: []int64{100, 100, 100, 100, 100}}
 	at := t0.Add(2 * time.Minute)
 	for i, ms := range []int64{900, 850} {
@@ -87,17 +87,17 @@ func TestLatencyOutliersAreNotNews(t *testing.T) {
 	}
 	reason, changed := th.record(&st, probe.Result{OK: true, Latency: 300 * time.Millisecond}, at.Add(3*time.Second))
 	assert.True(t, changed, "three slow probes of five are a change")
-	assert.Equal(t, MonitorLatency, reason)
+	assert.Equal(t, ReasonLatency, reason)
 	assert.Equal(t, int64(300), st.Health.LatencyMillis)
 }
 
 func TestThresholdsRecordTheFailure(t *testing.T) {
 	th := thresholds{success: 2, failure: 1, latency: time.Minute}
-	st := monitorProgress{Health: Health{Known: true, Healthy: true}}
+	st := Progress{Health: Health{Known: true, Healthy: true}}
 	now := time.Now()
 	reason, changed := th.record(&st, probe.Result{Kind: probe.KindProxyAuth, Message: "proxy asks for authentication (407)"}, now)
 	assert.True(t, changed)
-	assert.Equal(t, MonitorVerdict, reason)
+	assert.Equal(t, ReasonVerdict, reason)
 	assert.False(t, st.Health.Healthy)
 	assert.Equal(t, probe.KindProxyAuth, st.Health.FailureKind)
 	assert.Equal(t, "proxy asks for authentication (407)", st.Health.LastFailure)
@@ -157,7 +157,7 @@ func TestFold(t *testing.T) {
 	targetDown := v1alpha1.ReasonHealthCheckTargetDown
 	cases := []struct {
 		name        string
-		start       monitorProgress
+		start       Progress
 		res         probe.Result
 		target      targetJudgement
 		credsReason string
@@ -165,24 +165,24 @@ func TestFold(t *testing.T) {
 		healthy     bool
 		reason      string // the verdict's FailureReason after it
 	}{
-		{"a proxy's own failure turns it unhealthy", monitorProgress{Health: healthy}, proxyFailure, targetJudgement{}, "", MonitorVerdict, false, ""},
-		{"its own failure while the target is down too", monitorProgress{Health: healthy}, proxyFailure, down, "", MonitorVerdict, false, ""},
-		{"a target failure not judged down needs targetFailureMin in a row", monitorProgress{Health: healthy}, targetFailure, targetJudgement{}, "", "", true, ""},
-		{"the third target failure in a row is the proxy's", monitorProgress{Health: healthy, ConsecFail: 2}, targetFailure, targetJudgement{}, "", MonitorVerdict, false, ""},
-		{"a target judged down keeps a healthy verdict, and says so", monitorProgress{Health: healthy}, targetFailure, down, "", MonitorTarget, true, targetDown},
-		{"a target judged down keeps an unhealthy verdict, and says so", monitorProgress{Health: unhealthy}, targetFailure, down, "", MonitorTarget, false, targetDown},
+		{"a proxy's own failure turns it unhealthy", Progress{Health: healthy}, proxyFailure, targetJudgement{}, "", ReasonVerdict, false, ""},
+		{"its own failure while the target is down too", Progress{Health: healthy}, proxyFailure, down, "", ReasonVerdict, false, ""},
+		{"a target failure not judged down needs targetFailureMin in a row", Progress{Health: healthy}, targetFailure, targetJudgement{}, "", "", true, ""},
+		{"the third target failure in a row is the proxy's", Progress{Health: healthy, ConsecFail: 2}, targetFailure, targetJudgement{}, "", ReasonVerdict, false, ""},
+		{"a target judged down keeps a healthy verdict, and says so", Progress{Health: healthy}, targetFailure, down, "", ReasonTarget, true, targetDown},
+		{"a target judged down keeps an unhealthy verdict, and says so", Progress{Health: unhealthy}, targetFailure, down, "", ReasonTarget, false, targetDown},
 		{"the target's reason is told at most once per rate-limit period",
-			monitorProgress{Health: healthy, Reported: "", ReasonAt: now.Add(-time.Minute)}, targetFailure, down, "", "", true, targetDown},
+			Progress{Health: healthy, Reported: "", ReasonAt: now.Add(-time.Minute)}, targetFailure, down, "", "", true, targetDown},
 		{"told already: nothing more",
-			monitorProgress{Health: Health{Known: true, Healthy: true, FailureReason: targetDown}, Reported: targetDown}, targetFailure, down, "", "", true, targetDown},
+			Progress{Health: Health{Known: true, Healthy: true, FailureReason: targetDown}, Reported: targetDown}, targetFailure, down, "", "", true, targetDown},
 		{"one success after the target's outage is not enough to clear it",
-			monitorProgress{Health: Health{Known: true, Healthy: true, FailureReason: targetDown}, Reported: targetDown}, probeOK, targetJudgement{}, "", "", true, targetDown},
+			Progress{Health: Health{Known: true, Healthy: true, FailureReason: targetDown}, Reported: targetDown}, probeOK, targetJudgement{}, "", "", true, targetDown},
 		{"successThreshold successes clear it",
-			monitorProgress{Health: Health{Known: true, Healthy: true, FailureReason: targetDown}, Reported: targetDown, ConsecOK: 1}, probeOK, targetJudgement{}, "", MonitorTarget, true, ""},
-		{"an unhealthy proxy's Secret reason is told at once", monitorProgress{Health: unhealthy}, proxyFailure, targetJudgement{}, v1alpha1.ReasonCredentialsNotLabelled,
-			MonitorVerdict, false, v1alpha1.ReasonCredentialsNotLabelled},
-		{"a healthy proxy's first success is no news", monitorProgress{Health: healthy}, probeOK, targetJudgement{}, "", "", true, ""},
-		{"an unhealthy proxy recovers after successThreshold", monitorProgress{Health: unhealthy, ConsecOK: 1}, probeOK, targetJudgement{}, "", MonitorVerdict, true, ""},
+			Progress{Health: Health{Known: true, Healthy: true, FailureReason: targetDown}, Reported: targetDown, ConsecOK: 1}, probeOK, targetJudgement{}, "", ReasonTarget, true, ""},
+		{"an unhealthy proxy's Secret reason is told at once", Progress{Health: unhealthy}, proxyFailure, targetJudgement{}, v1alpha1.ReasonCredentialsNotLabelled,
+			ReasonVerdict, false, v1alpha1.ReasonCredentialsNotLabelled},
+		{"a healthy proxy's first success is no news", Progress{Health: healthy}, probeOK, targetJudgement{}, "", "", true, ""},
+		{"an unhealthy proxy recovers after successThreshold", Progress{Health: unhealthy, ConsecOK: 1}, probeOK, targetJudgement{}, "", ReasonVerdict, true, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

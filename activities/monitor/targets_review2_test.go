@@ -1,4 +1,4 @@
-package activities
+package monitor
 
 import (
 	"fmt"
@@ -34,7 +34,7 @@ func TestReview2HalfAFleetAnsweringIsNoTargetDown(t *testing.T) {
 	assert.False(t, j.Down, "target judged down although it answered %d of %d proxies just now", j.Of-j.Failed, j.Of)
 
 	th := thresholds{success: 2, failure: 3, latency: 10 * time.Minute}
-	st := monitorProgress{Health: Health{Known: true, Healthy: true}}
+	st := Progress{Health: Health{Known: true, Healthy: true}}
 	for i := range 20 {
 		now := t0.Add(time.Duration(i) * 10 * time.Second)
 		for k := range 5 {
@@ -61,10 +61,10 @@ func TestReview2TargetOutageOnsetWithFailureThresholdOne(t *testing.T) {
 	stale := staleAfter(interval, 5*time.Second)
 	th := thresholds{success: 2, failure: 1, latency: 10 * time.Minute}
 	const n = 10
-	sts := make([]monitorProgress, n)
+	sts := make([]Progress, n)
 	member := func(i int) string { return fmt.Sprintf("m%d", i) }
 	for i := range n {
-		sts[i] = monitorProgress{Health: Health{Known: true, Healthy: true}}
+		sts[i] = Progress{Health: Health{Known: true, Healthy: true}}
 		b.observe("k", "http://t", member(i), true, probeOK, stale, t0)
 	}
 	// The target goes down; members probe in turn over the next intervals.
@@ -99,7 +99,7 @@ func TestReview2ProxiesNeverSeenWorkingJudgeOthersTarget(t *testing.T) {
 	for i := range 3 {
 		b.observe("k", "https://t", fmt.Sprintf("teamA-%d", i), true, probeOK, stale, t0)
 	}
-	broken := monitorProgress{Health: Health{Known: true, Healthy: true}}
+	broken := Progress{Health: Health{Known: true, Healthy: true}}
 	for step := range 30 {
 		now := t0.Add(time.Duration(step) * 10 * time.Second)
 		// Four Proxies that never passed a probe (Known false), answering 503.

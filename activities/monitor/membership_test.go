@@ -1,4 +1,4 @@
-package activities
+package monitor
 
 import (
 	"testing"
@@ -11,8 +11,8 @@ import (
 )
 
 // memo is a watch of epoch whose run knows a verdict or not.
-func memo(epoch string, known bool) *MonitorMemo {
-	return &MonitorMemo{Epoch: epoch, Input: MonitorInput{Last: Health{Known: known, Healthy: known}}}
+func memo(epoch string, known bool) *Memo {
+	return &Memo{Epoch: epoch, Input: Input{Last: Health{Known: known, Healthy: known}}}
 }
 
 // TestFollow: a member is kept while its workflow publishes the same watch, restarted for a
@@ -71,7 +71,7 @@ func TestSameWatch(t *testing.T) {
 // for none once it closed (or when it publishes none).
 func TestWatchOf(t *testing.T) {
 	e1 := memo("e1", false)
-	latest := []proxyruns.Latest[*MonitorMemo]{
+	latest := []proxyruns.Latest[*Memo]{
 		{Run: proxyruns.Run{WorkflowID: "running", RunID: "r1", ListedRun: contract.ListedRun{Running: true}}, Value: e1},
 		{Run: proxyruns.Run{WorkflowID: "closed", RunID: "r2"}, Value: e1},
 		{Run: proxyruns.Run{WorkflowID: "older", RunID: "r3", ListedRun: contract.ListedRun{Running: true}}},
@@ -148,7 +148,7 @@ func TestStartFrom(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			m := MonitorMemo{Epoch: "e1", Input: MonitorInput{Target: "t", Last: tc.last}}
+			m := Memo{Epoch: "e1", Input: Input{Target: "t", Last: tc.last}}
 			got := startFrom(m, tc.v)
 			assert.Equal(t, tc.want, got.Input.Last)
 			assert.Equal(t, "t", got.Input.Target)
@@ -188,4 +188,16 @@ func TestShardPace(t *testing.T) {
 	assert.Equal(t, time.Second, in.pace(29*time.Second))
 	assert.Equal(t, 5*time.Second, in.pace(30*time.Second))
 	assert.Equal(t, 5*time.Second, in.pace(time.Hour), "a reader that never saw a change is idle")
+}
+
+func TestShardOfSpreadsAndAgrees(t *testing.T) {
+	counts := make([]int, 4)
+	for i := range 4000 {
+		counts[ShardOf("proxy/ns/p-"+string(rune('a'+i%26))+time.Duration(i).String(), 4)]++
+	}
+	for k, c := range counts {
+		assert.InDelta(t, 1000, c, 150, "shard %d of 4 watches %d of 4,000", k, c)
+	}
+	assert.Equal(t, ShardOf("proxy/ns/p", 4), ShardOf("proxy/ns/p", 4))
+	assert.Zero(t, ShardOf("proxy/ns/p", 1))
 }

@@ -1,4 +1,4 @@
-package activities
+package monitor
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ import (
 // When a fleet's health-check target is down (it answers 503, refuses connections, its
 // certificate expired), every proxy probed through to it fails at once, although the
 // proxies are fine; with lifecycle.unhealthyReplaceAfter each would then be replaced, again
-// and again (issue 29). So the monitor shards of a process judge each target from all the
+// and again (issue 29). So the monitor shards of a worker judge each target from all the
 // proxies they probe it through: when enough of them fail against the target at once, it is
 // the target that is down, and those failures say nothing about the proxies. A member then
 // keeps its proxy's verdict and reports the situation instead (see thresholds.fold).
@@ -41,7 +41,7 @@ const targetDownShare = 9
 const targetFailureMin = 3
 
 // targetBoard holds, per health-check target, the latest probe of every member probing it.
-// The shards of one process share one (the feed's), so a fleet spread over shards is
+// The shards of one worker share one (the feed's), so a fleet spread over shards is
 // judged as one: with a board per shard, the default four shards would each need three
 // proxies of a target, and a fleet of fewer than twelve would have no protection.
 type targetBoard struct {

@@ -1,4 +1,4 @@
-package activities
+package monitor
 
 import (
 	"fmt"
@@ -119,7 +119,7 @@ func TestTargetKey(t *testing.T) {
 
 // fold runs probe results through th.fold as a shard's member would: each result with the
 // judgement given, one interval apart. It returns the reports made.
-func foldAll(th thresholds, st *monitorProgress, t0 time.Time, interval time.Duration, steps []foldStep) []string {
+func foldAll(th thresholds, st *Progress, t0 time.Time, interval time.Duration, steps []foldStep) []string {
 	var reports []string
 	for i, s := range steps {
 		if reason, changed := th.fold(st, s.res, targetJudgement{Down: s.down, Failed: 4, Of: 4, Name: "http://t"}, "", t0.Add(time.Duration(i)*interval)); changed {
@@ -151,9 +151,9 @@ func TestFoldKeepsTheVerdictWhileTheTargetIsDown(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
 	down := foldStep{targetFailure, true}
 
-	st := monitorProgress{Health: Health{Known: true, Healthy: true, Since: t0.Add(-time.Hour)}}
+	st := Progress{Health: Health{Known: true, Healthy: true, Since: t0.Add(-time.Hour)}}
 	reports := foldAll(th, &st, t0, 10*time.Second, repeat(100, down))
-	assert.Equal(t, []string{MonitorTarget}, reports)
+	assert.Equal(t, []string{ReasonTarget}, reports)
 	assert.True(t, st.Health.Healthy)
 	assert.Equal(t, v1alpha1.ReasonHealthCheckTargetDown, st.Health.FailureReason)
 	assert.Contains(t, st.Health.LastFailure, "health-check target http://t is down: 4 of 4 proxies")
@@ -161,32 +161,32 @@ func TestFoldKeepsTheVerdictWhileTheTargetIsDown(t *testing.T) {
 
 	// Recovery, 20 minutes later (past the rate limit): cleared after two successes.
 	reports = foldAll(th, &st, t0.Add(20*time.Minute), 10*time.Second, repeat(3, foldStep{res: probeOK}))
-	assert.Equal(t, []string{MonitorTarget}, reports)
+	assert.Equal(t, []string{ReasonTarget}, reports)
 	assert.Empty(t, st.Health.FailureReason)
 	assert.Empty(t, st.Health.LastFailure)
 	assert.True(t, st.Health.Healthy)
 
 	unhealthySince := t0.Add(-time.Minute)
-	st = monitorProgress{Health: Health{Known: true, Healthy: false, Since: unhealthySince, LastFailure: "bad gateway"}}
+	st = Progress{Health: Health{Known: true, Healthy: false, Since: unhealthySince, LastFailure: "bad gateway"}}
 	reports = foldAll(th, &st, t0, 10*time.Second, repeat(50, down))
-	assert.Equal(t, []string{MonitorTarget}, reports)
+	assert.Equal(t, []string{ReasonTarget}, reports)
 	assert.False(t, st.Health.Healthy, "an unhealthy proxy turned healthy because its target is down")
 	assert.Equal(t, unhealthySince, st.Health.Since)
 
 	// A healthy proxy whose target is down and whose own process dies: its failures are
 	// its own, and it turns unhealthy after failureThreshold of them, with its own reason.
-	st = monitorProgress{Health: Health{Known: true, Healthy: true}}
+	st = Progress{Health: Health{Known: true, Healthy: true}}
 	steps := append(repeat(5, down), repeat(3, foldStep{res: proxyFailure, down: true})...)
 	reports = foldAll(th, &st, t0, 10*time.Second, steps)
-	assert.Equal(t, []string{MonitorTarget, MonitorVerdict}, reports)
+	assert.Equal(t, []string{ReasonTarget, ReasonVerdict}, reports)
 	assert.False(t, st.Health.Healthy)
 	assert.Empty(t, st.Health.FailureReason)
 	assert.Equal(t, probe.KindRefused, st.Health.FailureKind)
 
 	// A target that is down for too few proxies to judge: the failure is the proxy's.
-	st = monitorProgress{Health: Health{Known: true, Healthy: true}}
+	st = Progress{Health: Health{Known: true, Healthy: true}}
 	reports = foldAll(th, &st, t0, 10*time.Second, repeat(3, foldStep{res: targetFailure}))
-	assert.Equal(t, []string{MonitorVerdict}, reports)
+	assert.Equal(t, []string{ReasonVerdict}, reports)
 	assert.False(t, st.Health.Healthy)
 }
 
@@ -205,9 +205,9 @@ func TestFoldBoundsReportsOfAFlappingTarget(t *testing.T) {
 			steps = append(steps, foldStep{res: probeOK})
 		}
 	}
-	st := monitorProgress{Health: Health{Known: true, Healthy: true}}
+	st := Progress{Health: Health{Known: true, Healthy: true}}
 	reports := foldAll(th, &st, t0, interval, steps)
-	assert.NotContains(t, reports, MonitorVerdict)
+	assert.NotContains(t, reports, ReasonVerdict)
 	assert.LessOrEqual(t, len(reports), int(24*time.Hour/th.latency)+1, "%d reports in a day", len(reports))
 	assert.Positive(t, len(reports))
 	assert.True(t, st.Health.Healthy)
@@ -217,11 +217,11 @@ func TestFoldBoundsReportsOfAFlappingTarget(t *testing.T) {
 // (the credentials Secret of an unhealthy proxy) is reported at once, as before.
 func TestFoldStillReportsACredentialsReason(t *testing.T) {
 	th := thresholds{success: 2, failure: 3, latency: 10 * time.Minute}
-	st := monitorProgress{Health: Health{Known: true, Healthy: false}}
+	st := Progress{Health: Health{Known: true, Healthy: false}}
 	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
 	reason, changed := th.fold(&st, probe.Result{Kind: probe.KindProxyAuth, Message: "not labelled"}, targetJudgement{}, v1alpha1.ReasonCredentialsNotLabelled, now)
 	assert.True(t, changed)
-	assert.Equal(t, MonitorVerdict, reason)
+	assert.Equal(t, ReasonVerdict, reason)
 	assert.Equal(t, v1alpha1.ReasonCredentialsNotLabelled, st.Health.FailureReason)
 	_, changed = th.fold(&st, probe.Result{Kind: probe.KindProxyAuth, Message: "not labelled"}, targetJudgement{}, v1alpha1.ReasonCredentialsNotLabelled, now.Add(time.Second))
 	assert.False(t, changed, "the same reason twice")
