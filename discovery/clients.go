@@ -39,9 +39,9 @@ type clientsFile struct {
 	Clients []ClientConfig `json:"clients"`
 }
 
-// MaxClients bounds the clients of one file, and so the label values of the per-client
+// maxClients bounds the clients of one file, and so the label values of the per-client
 // metrics.
-const MaxClients = 256
+const maxClients = 256
 
 var clientNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$`)
 
@@ -63,8 +63,8 @@ func ParseClients(data []byte) ([]ClientConfig, error) {
 	if len(f.Clients) == 0 {
 		return nil, errors.New("clients file: no clients: list at least one under clients")
 	}
-	if len(f.Clients) > MaxClients {
-		return nil, fmt.Errorf("clients file: %d clients; at most %d", len(f.Clients), MaxClients)
+	if len(f.Clients) > maxClients {
+		return nil, fmt.Errorf("clients file: %d clients; at most %d", len(f.Clients), maxClients)
 	}
 	names, hashes := map[string]bool{}, map[[32]byte]string{}
 	for i, c := range f.Clients {
@@ -151,8 +151,8 @@ func NewClients(cfgs []ClientConfig) *Clients {
 	return c
 }
 
-// SingleClient admits one token as the client "default", without limits.
-func SingleClient(token string) *Clients {
+// singleClient admits one token as the client "default", without limits.
+func singleClient(token string) *Clients {
 	return NewClients([]ClientConfig{{Name: DefaultClientName, Token: token}})
 }
 

@@ -28,7 +28,7 @@ func (s *Server) Grant(ctx context.Context, w Want, except func(string) bool) (*
 	if s.replicas != nil {
 		return s.acquireReplicated(ctx, w, w.TTL, except)
 	}
-	l, err := s.store.LeaseExcept(w, except)
+	l, err := s.store.leaseExcept(w, except)
 	if err != nil {
 		return nil, err
 	}

@@ -206,11 +206,11 @@ func (s *Store) Acquire(sel Selector, target string, ttl time.Duration) (*Lease,
 // proxy IDs. The ring is the same in every process, so a session lands on the same proxy
 // on any replica and after restarts, and a proxy joining or leaving moves only the
 // sessions next to it.
-func (s *Store) Lease(w Want) (*Lease, error) { return s.LeaseExcept(w, nil) }
+func (s *Store) Lease(w Want) (*Lease, error) { return s.leaseExcept(w, nil) }
 
-// LeaseExcept is Lease passing over the proxies skip names (when not nil): the gateway's
+// leaseExcept is Lease passing over the proxies skip names (when not nil): the gateway's
 // retry after a proxy refused a tunnel must not land on that proxy again.
-func (s *Store) LeaseExcept(w Want, skip func(proxyID string) bool) (*Lease, error) {
+func (s *Store) leaseExcept(w Want, skip func(proxyID string) bool) (*Lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -225,10 +225,10 @@ func (s *Store) LeaseExcept(w Want, skip func(proxyID string) bool) (*Lease, err
 	return s.grantLocked(pick, w, now).export(), nil
 }
 
-// Pick chooses the proxy Lease would grant w on, without granting it, passing over the
+// pick chooses the proxy Lease would grant w on, without granting it, passing over the
 // proxies skip names. Replicas use it: the proxy's owner grants (Grant), and skip leaves
 // out the proxies of owners that cannot answer now or that just refused.
-func (s *Store) Pick(w Want, skip func(proxyID string) bool) (string, error) {
+func (s *Store) pick(w Want, skip func(proxyID string) bool) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -243,9 +243,9 @@ func (s *Store) Pick(w Want, skip func(proxyID string) bool) (string, error) {
 	return pick.id, nil
 }
 
-// Explain says why w finds no proxy now, as Lease's 409 would; it is for a caller that
-// picked (Pick) and lost every proxy it picked to other crawlers.
-func (s *Store) Explain(w Want) *NoMatch {
+// explain says why w finds no proxy now, as Lease's 409 would; it is for a caller that
+// picked (pick) and lost every proxy it picked to other crawlers.
+func (s *Store) explain(w Want) *NoMatch {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.noMatch(s.viewFor(w.Selector), w.Selector, w.Target, s.now())

@@ -82,7 +82,7 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 			Name: "proxyfleet_discovery_forwarded_requests_total",
 			Help: "Renewals, releases and reports forwarded to the replica that owns the lease.",
 		}),
-		// The client label takes the configured names only (at most MaxClients).
+		// The client label takes the configured names only (at most maxClients).
 		clientRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_discovery_client_requests_total",
 			Help: "Authenticated API requests by client name and HTTP status code.",
@@ -132,7 +132,7 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 	return m
 }
 
-// clientLeasesCollector exports Store.ClientLeases for the configured clients, zeros
+// clientLeasesCollector exports Store.clientLeases for the configured clients, zeros
 // included.
 type clientLeasesCollector struct {
 	store   *Store
@@ -146,7 +146,7 @@ func (c clientLeasesCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.clients == nil {
 		return
 	}
-	counts := c.store.ClientLeases()
+	counts := c.store.clientLeases()
 	for _, name := range c.clients.Names() {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[name]), name)
 	}

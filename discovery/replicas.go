@@ -379,7 +379,7 @@ func (r *replicas) catchUp(l *peerLink) bool {
 	l.mu.Lock()
 	l.behind = false
 	l.mu.Unlock()
-	recs := r.store.Owned()
+	recs := r.store.owned()
 	for len(recs) > 0 {
 		n := min(len(recs), maxBatch)
 		if err := r.post(l.peer, recs[:n]); err != nil {
@@ -531,7 +531,7 @@ func (s *Server) acquireReplicated(ctx context.Context, w Want, d time.Duration,
 		if ctx.Err() != nil {
 			return nil, errCrawlerLeft()
 		}
-		id, err := s.store.Pick(w, skip)
+		id, err := s.store.pick(w, skip)
 		if nm, ok := errors.AsType[*NoMatch](err); ok && lastErr == nil {
 			return nil, refusedAsFull(nm, len(refused))
 		}
@@ -582,7 +582,7 @@ func (s *Server) acquireReplicated(ctx context.Context, w Want, d time.Duration,
 	if lastErr == nil {
 		// Every pick lost the race for its proxy's last slot to other crawlers: the
 		// fleet is as full as this replica can tell, which a 409 says.
-		return nil, refusedAsFull(s.store.Explain(w), len(refused))
+		return nil, refusedAsFull(s.store.explain(w), len(refused))
 	}
 	return nil, lastErr
 }

@@ -33,22 +33,6 @@ func review30FleetOwnedBy(owner, n, count, max int) []discovery.Proxy {
 	return ps
 }
 
-// review30FleetOwnedBy01 is count proxies of maxLeases max, each owned by replica 0 or 1 of
-// a set of three, alternately.
-func review30FleetOwnedBy01(count, max int) []discovery.Proxy {
-	var ps []discovery.Proxy
-	for i := 0; len(ps) < count; i++ {
-		name := fmt.Sprintf("r%03d", i)
-		if discovery.OwnerOf("crawl/"+name, 3) != len(ps)%2 {
-			continue
-		}
-		p := proxy(name, 10, true, map[string]string{"region": "eu"})
-		p.IP, p.MaxLeases = fmt.Sprintf("10.0.2.%d", len(ps)+1), max
-		ps = append(ps, p)
-	}
-	return ps
-}
-
 // blackHole takes replica i's address over with a listener that accepts connections and
 // never answers: a replica that hangs (a stuck process, a network that drops its
 // packets), not one that refuses at once.

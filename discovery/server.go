@@ -94,7 +94,7 @@ func NewServer(cfg Config, store *Store, signal Signaler, log *slog.Logger, reg 
 	s := &Server{cfg: cfg, store: store, signal: signal, log: log, reports: make(chan pendingReport, 4096)}
 	s.clients = cfg.Clients
 	if s.clients == nil && cfg.Token != "" {
-		s.clients = SingleClient(cfg.Token)
+		s.clients = singleClient(cfg.Token)
 	}
 	s.metrics = newServerMetrics(reg, store, s.clients)
 	if cfg.Replicas.RestoreLimit <= 0 {

@@ -613,9 +613,9 @@ type Stats struct {
 	Proxies, Healthy, Leases, Cooldowns, Views, Sessions, Ended int
 }
 
-// ClientLeases counts the live leases of each client (by name; "" is leases granted
+// clientLeases counts the live leases of each client (by name; "" is leases granted
 // without client names).
-func (s *Store) ClientLeases() map[string]int {
+func (s *Store) clientLeases() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return maps.Clone(s.byClient)
