@@ -1,0 +1,193 @@
+package controller
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// A pool's reconcile is a plan and its execution: planPool decides from the pool's members
+// alone what to create, delete and update, so each rule (how many, which first, how many at
+// once) is a table test away from being checked without an API server.
+
+// member is what the pool's plan needs to know of one of its Proxies.
+type member struct {
+	name    string
+	index   int // the n of <pool>-<n>; -1 for a name the pool would not give
+	created time.Time
+	// current: built from the pool's template as it is now.
+	current bool
+	// settled: the Proxy's workflow has applied its latest spec (observedGeneration).
+	settled bool
+	// ready: condition Ready is True (provisioned, healthy, leasable).
+	ready bool
+	// unhealthy: condition Healthy is False.
+	unhealthy bool
+	// replacing: phase Replacing, its replacement instance under way (a surge instance
+	// whatever started it).
+	replacing bool
+	// deleting: it has a deletion time; it still exists until its instances are gone.
+	deleting bool
+}
+
+// poolInput is what the plan is made from.
+type poolInput struct {
+	desired int
+	// surge and unavailable are the rolling budget, resolved against desired.
+	surge, unavailable int
+	members            []member
+}
+
+// poolPlan is what one reconcile does. At most one of create, remove and the rollout's
+// update/replace is non-empty at a time only by coincidence: scaling and rolling go on
+// together, each within its own rule.
+type poolPlan struct {
+	// create are the indexes of Proxies to create from the current template.
+	create []int
+	// remove are Proxies to delete to scale down.
+	remove []string
+	// update are outdated Proxies to give the current template in place: each is replaced
+	// make-before-break by its own workflow, one surge instance while it lasts.
+	update []string
+	// replace are outdated Proxies to delete so that new ones take their place
+	// (maxSurge 0: delete-first, within maxUnavailable).
+	replace []string
+}
+
+// planPool decides one reconcile of a pool.
+func planPool(in poolInput) poolPlan {
+	var p poolPlan
+	var active []member
+	taken := map[int]bool{}
+	for _, m := range in.members {
+		if m.index >= 0 {
+			// A deleting Proxy keeps its name until its instances are gone.
+			taken[m.index] = true
+		}
+		if !m.deleting {
+			active = append(active, m)
+		}
+	}
+	if extra := len(active) - in.desired; extra > 0 {
+		// Scale down first, the least useful first; rolling waits until the count is right.
+		byUse := slices.Clone(active)
+		slices.SortStableFunc(byUse, lessUseful)
+		for _, m := range byUse[:extra] {
+			p.remove = append(p.remove, m.name)
+		}
+		return p
+	}
+	for i := 0; len(p.create) < in.desired-len(active); i++ {
+		if !taken[i] {
+			p.create = append(p.create, i)
+		}
+	}
+
+	var outdated []member
+	inFlight, ready := 0, 0
+	for _, m := range active {
+		switch {
+		case m.replacing:
+			// An instance beside the serving one, whatever asked for it.
+			inFlight++
+		case !m.current:
+			outdated = append(outdated, m)
+		case !m.settled || !m.ready:
+			// Updated or new, and not Ready yet: a rollout step under way.
+			inFlight++
+		}
+		if m.ready {
+			ready++
+		}
+	}
+	slices.SortStableFunc(outdated, lessUseful)
+	switch {
+	case len(outdated) == 0:
+	case in.surge > 0:
+		n := min(len(outdated), in.surge-inFlight)
+		for _, m := range outdated[:max(n, 0)] {
+			p.update = append(p.update, m.name)
+		}
+	default:
+		// Delete-first: one that is not Ready serves nobody and may always go; of the
+		// others, as many as leaves at least desired − maxUnavailable Ready (those being
+		// deleted or not yet back are not Ready, so they count as gone already).
+		free := in.unavailable - (in.desired - ready)
+		for _, m := range outdated {
+			switch {
+			case !m.ready:
+			case free > 0:
+				free--
+			default:
+				continue
+			}
+			p.replace = append(p.replace, m.name)
+		}
+	}
+	return p
+}
+
+// lessUseful orders members from the one to give up first: not ready, then unhealthy,
+// then the oldest. (Leases and cooldowns are discovery's and not yet counted here.)
+func lessUseful(a, b member) int {
+	return cmp.Or(
+		cmpBool(!a.ready, !b.ready),
+		cmpBool(a.unhealthy, b.unhealthy),
+		a.created.Compare(b.created),
+		strings.Compare(a.name, b.name),
+	)
+}
+
+// cmpBool sorts true first.
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return -1
+	}
+	return 1
+}
+
+// memberName is the name of a pool's n-th Proxy.
+func memberName(pool string, n int) string { return pool + "-" + strconv.Itoa(n) }
+
+// memberIndex is the n of a name memberName gave, or -1.
+func memberIndex(pool, name string) int {
+	rest, ok := strings.CutPrefix(name, pool+"-")
+	if !ok {
+		return -1
+	}
+	n, err := strconv.Atoi(rest)
+	if err != nil || n < 0 || strconv.Itoa(n) != rest {
+		return -1
+	}
+	return n
+}
+
+// budget resolves a maxSurge or maxUnavailable against desired replicas, as a Deployment
+// does: percentages round up for surge and down for unavailable; unset is 25%.
+func budget(v *intstr.IntOrString, desired int, roundUp bool) (int, error) {
+	def := intstr.FromString("25%")
+	if v == nil {
+		v = &def
+	}
+	if v.Type == intstr.Int {
+		return v.IntValue(), nil
+	}
+	pct, err := strconv.Atoi(strings.TrimSuffix(v.StrVal, "%"))
+	if err != nil || !strings.HasSuffix(v.StrVal, "%") {
+		return 0, fmt.Errorf("invalid budget %q", v.StrVal)
+	}
+	f := float64(pct) * float64(desired) / 100
+	if roundUp {
+		return int(math.Ceil(f)), nil
+	}
+	return int(math.Floor(f)), nil
+}

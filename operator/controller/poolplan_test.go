@@ -1,0 +1,168 @@
+package controller
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+var poolT0 = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+
+// ready is a member built from the current template, Ready, created n minutes after poolT0.
+func readyMember(n int) member {
+	return member{name: memberName("eu", n), index: n, created: poolT0.Add(time.Duration(n) * time.Minute),
+		current: true, settled: true, ready: true}
+}
+
+func outdatedMember(n int) member {
+	m := readyMember(n)
+	m.current = false
+	return m
+}
+
+func TestPlanPoolCounts(t *testing.T) {
+	t.Run("an empty pool creates the lowest names", func(t *testing.T) {
+		p := planPool(poolInput{desired: 3})
+		assert.Equal(t, []int{0, 1, 2}, p.create)
+	})
+	t.Run("names still held by deleting Proxies are skipped", func(t *testing.T) {
+		gone := readyMember(1)
+		gone.deleting = true
+		p := planPool(poolInput{desired: 3, members: []member{readyMember(0), gone}})
+		assert.Equal(t, []int{2, 3}, p.create)
+	})
+	t.Run("at its count nothing happens", func(t *testing.T) {
+		p := planPool(poolInput{desired: 2, surge: 1, members: []member{readyMember(0), readyMember(1)}})
+		assert.Equal(t, poolPlan{}, p)
+	})
+	t.Run("scale to zero removes all", func(t *testing.T) {
+		p := planPool(poolInput{desired: 0, members: []member{readyMember(0), readyMember(1)}})
+		assert.ElementsMatch(t, []string{"eu-0", "eu-1"}, p.remove)
+	})
+	t.Run("scale-down removes the least useful first: not ready, unhealthy, oldest", func(t *testing.T) {
+		notReady := readyMember(5)
+		notReady.ready = false
+		unhealthy := readyMember(6)
+		unhealthy.ready, unhealthy.unhealthy = false, true
+		old := readyMember(0)
+		young := readyMember(9)
+		members := []member{young, old, notReady, unhealthy}
+		assert.Equal(t, []string{"eu-6"}, planPool(poolInput{desired: 3, members: members}).remove,
+			"not ready and unhealthy goes before not ready alone")
+		assert.Equal(t, []string{"eu-6", "eu-5"}, planPool(poolInput{desired: 2, members: members}).remove)
+		assert.Equal(t, []string{"eu-6", "eu-5", "eu-0"}, planPool(poolInput{desired: 1, members: members}).remove,
+			"then the oldest")
+	})
+	t.Run("a scale-down waits for nothing and rolls nothing", func(t *testing.T) {
+		p := planPool(poolInput{desired: 1, surge: 5, members: []member{outdatedMember(0), outdatedMember(1)}})
+		assert.Equal(t, []string{"eu-0"}, p.remove)
+		assert.Empty(t, p.update)
+	})
+}
+
+func TestPlanPoolRollout(t *testing.T) {
+	ten := func(mut func(i int, m *member)) []member {
+		var ms []member
+		for i := range 10 {
+			m := outdatedMember(i)
+			if mut != nil {
+				mut(i, &m)
+			}
+			ms = append(ms, m)
+		}
+		return ms
+	}
+	t.Run("make-before-break: at most maxSurge updated at once", func(t *testing.T) {
+		p := planPool(poolInput{desired: 10, surge: 2, members: ten(nil)})
+		assert.Equal(t, []string{"eu-0", "eu-1"}, p.update)
+		assert.Empty(t, p.replace)
+	})
+	t.Run("updated ones not yet Ready use the budget", func(t *testing.T) {
+		members := ten(func(i int, m *member) {
+			if i < 2 {
+				m.current, m.settled, m.ready = true, false, false
+			}
+		})
+		assert.Empty(t, planPool(poolInput{desired: 10, surge: 2, members: members}).update)
+		members[0].settled = true
+		assert.Empty(t, planPool(poolInput{desired: 10, surge: 2, members: members}).update, "settled, not Ready")
+		members[0].ready, members[0].replacing = true, true
+		assert.Empty(t, planPool(poolInput{desired: 10, surge: 2, members: members}).update, "Ready, its replacement not promoted yet")
+		members[0].replacing = false
+		assert.Equal(t, []string{"eu-2"}, planPool(poolInput{desired: 10, surge: 2, members: members}).update)
+	})
+	t.Run("replacements driven by anything else use the budget too", func(t *testing.T) {
+		members := ten(func(i int, m *member) {
+			m.current = true
+			if i < 2 {
+				m.replacing = true
+			}
+		})
+		members[9].current = false
+		assert.Empty(t, planPool(poolInput{desired: 10, surge: 2, members: members}).update)
+	})
+	t.Run("the ones not Ready are updated first", func(t *testing.T) {
+		members := ten(func(i int, m *member) { m.ready = i != 7 })
+		assert.Equal(t, []string{"eu-7"}, planPool(poolInput{desired: 10, surge: 1, members: members}).update)
+	})
+	t.Run("delete-first within maxUnavailable when maxSurge is 0", func(t *testing.T) {
+		p := planPool(poolInput{desired: 10, unavailable: 3, members: ten(nil)})
+		assert.Equal(t, []string{"eu-0", "eu-1", "eu-2"}, p.replace)
+		assert.Empty(t, p.update)
+	})
+	t.Run("delete-first counts those not back yet", func(t *testing.T) {
+		members := ten(func(i int, m *member) {
+			if i == 0 {
+				m.deleting, m.ready = true, false
+			}
+		})
+		back := readyMember(10)
+		back.ready, back.settled = false, false
+		members = append(members, back)
+		p := planPool(poolInput{desired: 10, unavailable: 2, members: members})
+		assert.Equal(t, []string{"eu-1"}, p.replace, "one of two is still down")
+		assert.Empty(t, p.create, "ten are active")
+		members[10].ready, members[10].settled = true, true
+		p = planPool(poolInput{desired: 10, unavailable: 2, members: members})
+		assert.Equal(t, []string{"eu-1", "eu-2"}, p.replace, "one being deleted is gone already")
+	})
+	t.Run("an outdated one that is not Ready may always go", func(t *testing.T) {
+		members := ten(func(i int, m *member) { m.ready = i != 4 })
+		assert.Equal(t, []string{"eu-4"}, planPool(poolInput{desired: 10, unavailable: 0, members: members}).replace)
+	})
+}
+
+func TestMemberNames(t *testing.T) {
+	assert.Equal(t, "eu-12", memberName("eu", 12))
+	assert.Equal(t, 12, memberIndex("eu", "eu-12"))
+	for _, name := range []string{"eu", "eu-", "eu-x", "eu-012", "eu-1-2", "us-1", "eu--1"} {
+		assert.Equal(t, -1, memberIndex("eu", name), name)
+	}
+	assert.Equal(t, 3, memberIndex("eu-west", "eu-west-3"))
+}
+
+func TestBudget(t *testing.T) {
+	pct := func(s string) *intstr.IntOrString { v := intstr.FromString(s); return &v }
+	num := func(n int) *intstr.IntOrString { v := intstr.FromInt32(int32(n)); return &v }
+	cases := []struct {
+		v       *intstr.IntOrString
+		desired int
+		up      bool
+		want    int
+	}{
+		{nil, 10, true, 3}, {nil, 10, false, 2}, // a Deployment's 25%: surge rounds up, unavailable down
+		{nil, 1, true, 1}, {nil, 1, false, 0},
+		{pct("50%"), 5, true, 3}, {pct("50%"), 5, false, 2},
+		{pct("0%"), 10, true, 0}, {num(4), 10, true, 4}, {num(0), 10, false, 0},
+	}
+	for _, tc := range cases {
+		got, err := budget(tc.v, tc.desired, tc.up)
+		require.NoError(t, err)
+		assert.Equal(t, tc.want, got, "%v of %d (up %v)", tc.v, tc.desired, tc.up)
+	}
+	_, err := budget(pct("lots"), 10, true)
+	assert.Error(t, err)
+}
