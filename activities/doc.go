@@ -1,6 +1,10 @@
 // Package activities is everything ProxyWorkflow and GCWorkflow do to the world: provider
 // Create/Get/Delete, probes through the proxy, Proxy status patches and cloud-init Secret
 // hashing. Activities are idempotent, so Temporal may retry any of them at any point.
+//
+// Watching proxies is package activities/monitor: the Monitor and MonitorShard activities
+// here only build its Env from the worker (providers, credentials, call timeouts),
+// heartbeat, and turn its errors into Temporal's.
 package activities
 
 // The worker's permissions, rendered into deploy/rbac/worker by `make generate`. Secrets are

@@ -50,7 +50,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Health-check targets this worker's monitor shards judge down: most of the proxies probing one failed against it at once, so their verdicts are kept rather than turned unhealthy.",
 		}),
 	}
-	for _, r := range Reasons {
+	for _, r := range reasons {
 		m.reports.WithLabelValues(r)
 	}
 	for _, k := range probe.Kinds {

@@ -48,8 +48,8 @@ const (
 	ReasonTarget = "target"
 )
 
-// Reasons are every Result.Reason, for metrics to show each from the start.
-var Reasons = []string{ReasonVerdict, ReasonLatency, ReasonGone, ReasonStopped, ReasonCredentials, ReasonTarget}
+// reasons are every Result.Reason, for the metrics to show each from the start.
+var reasons = []string{ReasonVerdict, ReasonLatency, ReasonGone, ReasonStopped, ReasonCredentials, ReasonTarget}
 
 // Input configures one watch (a Monitor run, or a shard's member).
 type Input struct {
