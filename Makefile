@@ -79,11 +79,11 @@ lint: tools check-generated vet ## gofmt, go vet, workflowcheck, staticcheck, ge
 	python3 -m compileall -q discovery/client/python >/dev/null
 	@find discovery/client/python -name __pycache__ -type d -prune -exec rm -rf {} +
 
-E2E_PKG   ?= ./internal/e2e
+E2E_PKG   ?= ./internal/e2e/...
 E2E_FLAGS ?= -count=1 -timeout 30m
 
 test: deps tools check-generated vet ## vet, unit and integration tests (-race), the soak, then end-to-end tests on the real stack
-	$(GOTEST) $(TEST_FLAGS) $$($(GO) list $(PKGS) | grep -v '/internal/e2e$$')
+	$(GOTEST) $(TEST_FLAGS) $$($(GO) list $(PKGS) | grep -v '/internal/e2e\(/\|$$\)')
 	$(MAKE) --no-print-directory soak
 	$(GOTEST) $(E2E_FLAGS) $(E2E_PKG)
 
@@ -109,4 +109,4 @@ fuzz: ## run every fuzz target for FUZZTIME each (their seed corpora also run in
 
 RECORD_TESTS = TestProxyLifecycle|TestDeleteWhileProvisioning|TestCloudInitSecretNeverInHistory|TestTerminatedRunIsRestartedAndAdopts|TestTimersReportsAndBans|TestQuotaThenPermanentFailure|TestContinuedRun|TestScheduledGCDeletesExactlyTheOrphans|TestExternalProxyBehindRealSquid|TestKilledInstanceIsDetectedAndRecreated|TestWorkerKeepsItsMonitorShards
 record-histories: tools ## record histories of real runs into workflows/testdata/histories/v<latest> (older versions' stay)
-	RECORD_HISTORIES=1 $(GO) test ./internal/e2e -run '^($(RECORD_TESTS))$$' -count=1
+	RECORD_HISTORIES=1 $(GO) test ./internal/e2e/... -run '^($(RECORD_TESTS))$$' -count=1

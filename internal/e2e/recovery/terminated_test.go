@@ -1,4 +1,4 @@
-package e2e
+package recovery
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/proxyfleet/proxyfleet/discovery/service"
+	"github.com/proxyfleet/proxyfleet/internal/e2e"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
@@ -30,9 +31,9 @@ func TestTerminatedRunLeavesDiscoveryAtOnce(t *testing.T) {
 	require.NoError(t, s.Kube.Client.Create(ctx, stack.Tagged(s.LocalProxy(ns, "gone"), ns)))
 	s.WaitFor(t, ns, "gone", time.Minute, "Ready", stack.Ready)
 	d := s.StartDiscovery(t, func(c *service.Config) { c.FullResyncInterval = time.Hour })
-	c := newCrawler(t, d, ns)
+	c := e2e.NewCrawler(t, d, ns)
 	listed := func() int {
-		list, err := c.c.ListProxies(ctx, c.selector(), nil)
+		list, err := c.Client.ListProxies(ctx, c.Selector(), nil)
 		require.NoError(t, err)
 		return list.Count
 	}
@@ -103,15 +104,15 @@ func TestTerminatedRunIsRestartedAndAdopts(t *testing.T) {
 	require.NoError(t, err)
 
 	d := s.StartDiscovery(t)
-	c := newCrawler(t, d, ns)
+	c := e2e.NewCrawler(t, d, ns)
 	require.Eventually(t, func() bool {
 		healthy := true
-		list, err := c.c.ListProxies(ctx, c.selector(), &healthy)
+		list, err := c.Client.ListProxies(ctx, c.Selector(), &healthy)
 		return err == nil && list.Count == 1
 	}, 30*time.Second, 100*time.Millisecond, "discovery does not list the proxy again")
 
 	require.NoError(t, s.Kube.Client.Delete(ctx, p))
 	s.WaitGone(t, ns, "kept", time.Minute)
 	assert.Empty(t, s.InstancesOf(uid))
-	recordHistory(t, s, id, "adopt-after-terminate.json")
+	e2e.RecordHistory(t, s, id, "adopt-after-terminate.json")
 }

@@ -17,18 +17,18 @@ import (
 	"github.com/proxyfleet/proxyfleet/workflows"
 )
 
-// recordHistory saves a workflow's history (its latest run) into
+// RecordHistory saves a workflow's history (its latest run) into
 // workflows/testdata/histories/v<LatestVersion> when RECORD_HISTORIES is set, so the replay
 // test there checks that today's workflow code still replays the histories of real runs.
 // Older versions' directories are left as they are. Run `make record-histories` after a
 // change that needed a new workflow version (docs/operations.md).
-func recordHistory(t *testing.T, s *stack.Stack, workflowID, file string) {
+func RecordHistory(t *testing.T, s *stack.Stack, workflowID, file string) {
 	t.Helper()
-	recordRun(t, s, workflowID, "", file)
+	RecordRun(t, s, workflowID, "", file)
 }
 
-// recordRun records one run of a workflow (runID "" is the latest).
-func recordRun(t *testing.T, s *stack.Stack, workflowID, runID, file string) {
+// RecordRun records one run of a workflow (runID "" is the latest).
+func RecordRun(t *testing.T, s *stack.Stack, workflowID, runID, file string) {
 	t.Helper()
 	if os.Getenv("RECORD_HISTORIES") == "" {
 		return

@@ -1,4 +1,4 @@
-package e2e
+package health
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	enumspb "go.temporal.io/api/enums/v1"
 	"go.temporal.io/api/workflowservice/v1"
 
+	"github.com/proxyfleet/proxyfleet/internal/e2e"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/internal/worker"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
@@ -94,7 +95,7 @@ func TestWorkerKeepsItsMonitorShards(t *testing.T) {
 		require.Equal(t, enumspb.WORKFLOW_EXECUTION_STATUS_TERMINATED, desc.RawResponse.GetWorkflowExecutionInfo().GetStatus(),
 			fmt.Sprintf("%s was not retired when the count became 3", id))
 	}
-	recordHistory(t, s, contract.MonitorShardWorkflowID(queue, 0, 2), "monitor-shard.json")
+	e2e.RecordHistory(t, s, contract.MonitorShardWorkflowID(queue, 0, 2), "monitor-shard.json")
 }
 
 // TestWorkerRestartsATerminatedShard: a monitor shard terminated by hand is started again

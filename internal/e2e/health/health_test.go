@@ -1,4 +1,4 @@
-package e2e
+package health
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/internal/e2e"
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
@@ -58,7 +59,7 @@ func TestKilledInstanceIsDetectedAndRecreated(t *testing.T) {
 	require.NoError(t, err)
 	_, stillThere := s.Daemon.Get(first)
 	assert.False(t, stillThere, "the dead instance was deleted")
-	recordHistory(t, s, contract.ProxyWorkflowID(ns, "victim"), "lost-instance.json")
+	e2e.RecordHistory(t, s, contract.ProxyWorkflowID(ns, "victim"), "lost-instance.json")
 }
 
 // TestExternalProxyFollowsItsEndpoint points an External Proxy at a forward proxy on

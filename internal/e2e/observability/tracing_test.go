@@ -1,4 +1,4 @@
-package e2e
+package observability
 
 import (
 	"context"
@@ -10,19 +10,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-	"go.temporal.io/sdk/client"
-	"go.temporal.io/sdk/interceptor"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/proxyfleet/proxyfleet/internal/e2e"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
-	"github.com/proxyfleet/proxyfleet/internal/telemetry"
-	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
@@ -31,7 +25,7 @@ import (
 // activities share one trace; a discovery request continues an incoming traceparent; and
 // the Secret's canary appears in no span.
 func TestOneTraceFromControllerToActivities(t *testing.T) {
-	spans, tc := traced(t)
+	spans, tc := e2e.Traced(t)
 	s := stack.Start(t, stack.Options{Client: tc})
 
 	ctx := context.Background()
@@ -106,26 +100,4 @@ func TestOneTraceFromControllerToActivities(t *testing.T) {
 		}
 		assert.NotContains(t, sp.Status.Description, canary)
 	}
-}
-
-// traced records every span of the test in memory, for this process's OpenTelemetry and a
-// Temporal client that traces (the stack's workflows and activities then do too).
-func traced(t *testing.T) (*tracetest.InMemoryExporter, client.Client) {
-	t.Helper()
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	prevTP, prevProp := otel.GetTracerProvider(), otel.GetTextMapPropagator()
-	otel.SetTracerProvider(tp)
-	otel.SetTextMapPropagator(propagation.TraceContext{})
-	t.Cleanup(func() {
-		_ = tp.Shutdown(context.Background())
-		otel.SetTracerProvider(prevTP)
-		otel.SetTextMapPropagator(prevProp)
-	})
-	tracing, err := telemetry.TemporalInterceptor()
-	require.NoError(t, err)
-	tc, err := client.NewClientFromExisting(testenv.Temporal(t).Client, client.Options{Interceptors: []interceptor.ClientInterceptor{tracing}})
-	require.NoError(t, err)
-	t.Cleanup(tc.Close)
-	return spans, tc
 }

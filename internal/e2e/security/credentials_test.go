@@ -1,4 +1,4 @@
-package e2e
+package security
 
 import (
 	"bytes"
@@ -32,6 +32,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/provider/squid"
 	"github.com/proxyfleet/proxyfleet/activities/provider/squid/squidtest"
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
+	"github.com/proxyfleet/proxyfleet/internal/e2e"
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
@@ -78,10 +79,10 @@ func TestExternalProxyBehindRealSquid(t *testing.T) {
 	s.WaitFor(t, ns, "partner", time.Minute, "Ready through real Squid with the Secret's credentials", stack.Ready)
 
 	d := s.StartDiscovery(t)
-	c := newCrawler(t, d, ns)
+	c := e2e.NewCrawler(t, d, ns)
 	var lease *dclient.Lease
 	require.Eventually(t, func() bool {
-		lease, err = c.lease("")
+		lease, err = c.Lease("")
 		return err == nil
 	}, 30*time.Second, 100*time.Millisecond, "discovery never offered the External proxy: %v", err)
 	assert.Equal(t, creds.Username, lease.Proxy.Username)
@@ -92,7 +93,7 @@ func TestExternalProxyBehindRealSquid(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
 	assert.Contains(t, string(body), "/through-squid")
-	c.release(lease)
+	c.Release(lease)
 
 	// A wrong password in the Secret: the monitor reads it within a drift interval, and
 	// Squid refuses it.
@@ -113,7 +114,7 @@ func TestExternalProxyBehindRealSquid(t *testing.T) {
 	require.NoError(t, s.Kube.Client.Delete(ctx, p))
 	s.WaitGone(t, ns, "partner", time.Minute)
 	// A run that reads, rotates and publishes sealed credentials, for the replay corpus.
-	recordHistory(t, s, contract.ProxyWorkflowID(ns, "partner"), "external-credentials.json")
+	e2e.RecordHistory(t, s, contract.ProxyWorkflowID(ns, "partner"), "external-credentials.json")
 }
 
 // credentialsLabel lets a Secret serve as an External proxy's credentials.
@@ -180,7 +181,7 @@ func TestExternalCredentialsNeedTheLabel(t *testing.T) {
 // the passwords, in the clear, base64'd or as a Basic header. Only the lease answers may
 // carry them.
 func TestCredentialsNeverLeaveTheLeaseAnswer(t *testing.T) {
-	spans, tc := traced(t)
+	spans, tc := e2e.Traced(t)
 	logs := &testenv.LogBuffer{}
 	s := stack.Start(t, stack.Options{Client: tc, Log: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	ctx := context.Background()

@@ -1,4 +1,4 @@
-package e2e
+package life
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/internal/e2e"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows"
@@ -91,7 +92,7 @@ func (d *driven) finish(file string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	require.NoError(d.t, d.s.Temporal.Client.GetWorkflow(ctx, d.id, "").Get(ctx, nil))
-	recordHistory(d.t, d.s, d.id, file)
+	e2e.RecordHistory(d.t, d.s, d.id, file)
 }
 
 func ready(st workflows.ProxyState) bool { return st.Phase == v1alpha1.PhaseReady }
@@ -186,5 +187,5 @@ func TestContinuedRun(t *testing.T) {
 	assert.Equal(t, first.Instance.Name, st.Instance.Name, "the same instance")
 	assert.False(t, st.Unlisted, "a continued run knows its instances")
 	d.finish("continued.json")
-	recordRun(t, s, d.id, runID, "continued-first-run.json")
+	e2e.RecordRun(t, s, d.id, runID, "continued-first-run.json")
 }

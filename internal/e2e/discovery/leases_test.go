@@ -1,4 +1,4 @@
-package e2e
+package discovery
 
 import (
 	"context"
@@ -11,41 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery/client"
+	"github.com/proxyfleet/proxyfleet/internal/e2e"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
-
-// crawler is the project's Go client, scoped to this test's proxies: proxies of earlier
-// tests still run on the shared Temporal server, so every selector includes run=<namespace>.
-type crawler struct {
-	t   *testing.T
-	c   *client.Client
-	run string
-}
-
-func newCrawler(t *testing.T, d *stack.Discovery, run string) crawler {
-	return crawler{t: t, c: client.New(d.URL, d.Token), run: run}
-}
-
-func (c crawler) selector() map[string]string {
-	return map[string]string{"region": "local", "run": c.run}
-}
-
-// lease acquires for target; a 409 returns nil with the typed error.
-func (c crawler) lease(target string) (*client.Lease, error) {
-	c.t.Helper()
-	l, err := c.c.Acquire(context.Background(), client.AcquireRequest{Selector: c.selector(), TTL: time.Minute, Target: target})
-	if err != nil && !client.IsNoMatch(err) {
-		require.NoError(c.t, err)
-	}
-	return l, err
-}
-
-func (c crawler) release(l *client.Lease) {
-	c.t.Helper()
-	require.NoError(c.t, c.c.Release(context.Background(), l.ID))
-}
 
 // TestCrawlerLeasesFetchesAndReportsBans runs the crawler's loop against the real system:
 // lease, fetch through the proxy, report a ban; the banned target then gets another proxy,
@@ -61,14 +31,14 @@ func TestCrawlerLeasesFetchesAndReportsBans(t *testing.T) {
 		s.WaitFor(t, ns, name, time.Minute, "Ready", stack.Ready)
 	}
 	d := s.StartDiscovery(t)
-	c := newCrawler(t, d, ns)
+	c := e2e.NewCrawler(t, d, ns)
 	healthy := true
 	require.Eventually(t, func() bool {
-		list, err := c.c.ListProxies(ctx, c.selector(), &healthy)
+		list, err := c.Client.ListProxies(ctx, c.Selector(), &healthy)
 		return err == nil && list.Count == 2
 	}, 30*time.Second, 100*time.Millisecond, "discovery never listed both proxies")
 
-	l, err := c.lease("shop.example")
+	l, err := c.Lease("shop.example")
 	require.NoError(t, err)
 	resp, err := l.HTTPClient().Get(s.Target.URL + "/product/1")
 	require.NoError(t, err)
@@ -79,15 +49,15 @@ func TestCrawlerLeasesFetchesAndReportsBans(t *testing.T) {
 	assert.Equal(t, "hello from the target: /product/1", body)
 	banned := l.Proxy.Name
 
-	require.NoError(t, c.c.Report(ctx, l.ID, client.ResultBanned, ""), "the lease's target is the default")
-	c.release(l)
+	require.NoError(t, c.Client.Report(ctx, l.ID, client.ResultBanned, ""), "the lease's target is the default")
+	c.Release(l)
 
 	// The same target now gets the other proxy, every time; another target may get either.
 	for range 3 {
-		l2, err := c.lease("shop.example")
+		l2, err := c.Lease("shop.example")
 		require.NoError(t, err)
 		assert.NotEqual(t, banned, l2.Proxy.Name, "a proxy banned by shop.example was offered for it again")
-		c.release(l2)
+		c.Release(l2)
 	}
 
 	// The workflow has the cooldown: wait for it to reach the memo, then restart discovery
@@ -99,12 +69,12 @@ func TestCrawlerLeasesFetchesAndReportsBans(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "the workflow never recorded the cooldown")
 	d.Stop()
 	d2 := s.StartDiscovery(t)
-	c2 := newCrawler(t, d2, ns)
+	c2 := e2e.NewCrawler(t, d2, ns)
 	for range 3 {
-		l3, err := c2.lease("shop.example")
+		l3, err := c2.Lease("shop.example")
 		require.NoError(t, err)
 		assert.NotEqual(t, banned, l3.Proxy.Name, "cooldown lost across a discovery restart")
-		c2.release(l3)
+		c2.Release(l3)
 	}
 }
 
@@ -117,11 +87,11 @@ func TestUnhealthyProxyStopsBeingOffered(t *testing.T) {
 	require.NoError(t, s.Kube.Client.Create(ctx, stack.Tagged(s.LocalProxy(ns, "only"), ns)))
 	p := s.WaitFor(t, ns, "only", time.Minute, "Ready", stack.Ready)
 	d := s.StartDiscovery(t)
-	c := newCrawler(t, d, ns)
+	c := e2e.NewCrawler(t, d, ns)
 	require.Eventually(t, func() bool {
-		l, err := c.lease("")
+		l, err := c.Lease("")
 		if err == nil {
-			c.release(l)
+			c.Release(l)
 		}
 		return err == nil
 	}, 30*time.Second, 100*time.Millisecond)
@@ -133,11 +103,11 @@ func TestUnhealthyProxyStopsBeingOffered(t *testing.T) {
 	deadline := failed.Add(detection + 3*time.Second)
 	var noMatch *client.Error
 	for {
-		l, err := c.lease("")
+		l, err := c.Lease("")
 		if errors.As(err, &noMatch) {
 			break
 		}
-		c.release(l)
+		c.Release(l)
 		if time.Now().After(deadline) {
 			cur := s.Get(t, ns, "only")
 			t.Fatalf("still offered %s after it started failing; proxy phase %s, conditions %+v",

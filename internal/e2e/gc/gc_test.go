@@ -1,4 +1,4 @@
-package e2e
+package gc
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	kubeprovider "github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
+	"github.com/proxyfleet/proxyfleet/internal/e2e"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/schedules"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
@@ -102,7 +103,7 @@ func TestScheduledGCDeletesExactlyTheOrphans(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	require.NoError(t, s.Temporal.Client.GetWorkflow(wctx, run, "").Get(wctx, &res), "the sweep did not finish")
-	recordHistory(t, s, run, "gc-sweep.json")
+	e2e.RecordHistory(t, s, run, "gc-sweep.json")
 
 	d, err := h.Describe(ctx)
 	require.NoError(t, err)
