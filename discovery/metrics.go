@@ -173,7 +173,7 @@ func (m *serverMetrics) observeRequest(method, route string, code int, d time.Du
 	m.requestSeconds.WithLabelValues(route).Observe(d.Seconds())
 }
 
-// ObserveRefresh records one index refresh; pass it as Refresher.Observe.
+// ObserveRefresh records one index refresh; pass it as temporal.Refresher.Observe.
 func (s *Server) ObserveRefresh(kind string, took time.Duration, _ int, err error) {
 	s.metrics.refreshSeconds.WithLabelValues(kind).Observe(took.Seconds())
 	if err != nil {

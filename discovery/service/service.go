@@ -26,7 +26,7 @@ type Config struct {
 	API discovery.Config
 	// Namespace is the Temporal namespace the proxies' workflows run in.
 	Namespace string
-	// RefreshInterval and FullResyncInterval pace the index refresher (see Refresher).
+	// RefreshInterval and FullResyncInterval pace the index refresher (see temporal.Refresher).
 	RefreshInterval, FullResyncInterval time.Duration
 	// SweepInterval is how often expired leases are freed (default 1s).
 	SweepInterval time.Duration
