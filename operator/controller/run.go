@@ -37,7 +37,7 @@ type Options struct {
 	ResyncInterval time.Duration
 }
 
-// Setup adds the controller, and the periodic resync that restarts stopped workflows, to
+// Setup adds the Proxy and ProxyPool controllers, and the periodic resync that restarts stopped workflows, to
 // mgr, talking to Temporal through tc. The operator process (Run) and the test stack both
 // set it up here, in managers of their own.
 func Setup(ctx context.Context, mgr manager.Manager, tc Temporal, opts Options) error {
@@ -47,6 +47,10 @@ func Setup(ctx context.Context, mgr manager.Manager, tc Temporal, opts Options) 
 		RecheckDeleting: opts.RecheckDeleting, APIReader: mgr.GetAPIReader(),
 	}
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
+	pools := &PoolReconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("proxyfleet-operator")}
+	if err := pools.SetupWithManager(mgr); err != nil {
 		return err
 	}
 	interval := opts.ResyncInterval

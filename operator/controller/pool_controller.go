@@ -1,0 +1,328 @@
+package controller
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+// A ProxyPool is Kubernetes objects managing Kubernetes objects, as a ReplicaSet is: its
+// Proxies are the durable part (each has its workflow, which owns its instances), so the
+// pool itself is level-triggered from what the API server holds, and a restarted operator
+// picks up where the last one stopped without state of its own. Each reconcile lists the
+// pool's Proxies, plans (poolplan.go) and carries the plan out.
+
+// Labels and the finalizer of pools.
+const (
+	// LabelPoolTemplate is the hash of the pool template a Proxy was last given.
+	LabelPoolTemplate = "crawl.example.com/pool-template"
+	// PoolFinalizer keeps a pool until its Proxies (and so their instances) are gone: the
+	// pool deletes them itself rather than leave it to a garbage collector, so deleting a
+	// pool ends the same way wherever it runs.
+	PoolFinalizer = "crawl.example.com/pool-members"
+)
+
+// Reasons of the pool's events and conditions.
+const (
+	EventPoolScaled      = "Scaled"
+	EventPoolRolling     = "RollingUpdate"
+	EventPoolDeleting    = "DeletingProxies"
+	ReasonPoolSteady     = "Steady"
+	ReasonPoolScaling    = "Scaling"
+	ReasonPoolRolling    = "RollingUpdate"
+	ReasonPoolAvailable  = "MinimumReplicasAvailable"
+	ReasonPoolShortReady = "MinimumReplicasUnavailable"
+)
+
+// PoolReconciler keeps each ProxyPool's Proxies.
+type PoolReconciler struct {
+	Client ctrlclient.Client
+	Events events.EventRecorder
+	// Recheck is how soon a pool whose Proxies are still being deleted is looked at again
+	// besides their own events (default 10s).
+	Recheck time.Duration
+}
+
+// SetupWithManager registers the controller: it follows the pools and every change of
+// their Proxies (status included: readiness is what a rollout waits on).
+func (r *PoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("proxypool").
+		For(&v1alpha1.ProxyPool{}).
+		Owns(&v1alpha1.Proxy{}).
+		WithOptions(controller.Options{
+			MaxConcurrentReconciles: 4,
+			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](500*time.Millisecond, 30*time.Second),
+		}).
+		Complete(r)
+}
+
+// Reconcile brings one pool's Proxies to its spec by one step of its plan.
+func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var pool v1alpha1.ProxyPool
+	if err := r.Client.Get(ctx, req.NamespacedName, &pool); err != nil {
+		return reconcile.Result{}, ctrlclient.IgnoreNotFound(err)
+	}
+	var list v1alpha1.ProxyList
+	if err := r.Client.List(ctx, &list, ctrlclient.InNamespace(pool.Namespace),
+		ctrlclient.MatchingLabels{v1alpha1.LabelPool: pool.Name}); err != nil {
+		return reconcile.Result{}, err
+	}
+	var owned []*v1alpha1.Proxy
+	for i := range list.Items {
+		if metav1.IsControlledBy(&list.Items[i], &pool) {
+			owned = append(owned, &list.Items[i])
+		}
+	}
+	if pool.DeletionTimestamp != nil {
+		return r.reconcileDelete(ctx, &pool, owned)
+	}
+	if !controllerutil.ContainsFinalizer(&pool, PoolFinalizer) {
+		before := pool.DeepCopy()
+		controllerutil.AddFinalizer(&pool, PoolFinalizer)
+		if err := r.Client.Patch(ctx, &pool, ctrlclient.MergeFromWithOptions(before, ctrlclient.MergeFromWithOptimisticLock{})); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+
+	hash := templateHash(pool.Spec.Template)
+	desired := int(ptrOr(pool.Spec.Replicas, 1))
+	surge, err := budget(pool.Spec.Strategy.MaxSurge, desired, true)
+	if err != nil {
+		return reconcile.Result{}, reconcile.TerminalError(err)
+	}
+	unavailable, err := budget(pool.Spec.Strategy.MaxUnavailable, desired, false)
+	if err != nil {
+		return reconcile.Result{}, reconcile.TerminalError(err)
+	}
+	if surge == 0 && unavailable == 0 {
+		// A percentage of a small pool can round both to zero; a Deployment then moves
+		// one at a time rather than never.
+		unavailable = 1
+	}
+	in := poolInput{desired: desired, surge: surge, unavailable: unavailable}
+	byName := map[string]*v1alpha1.Proxy{}
+	for _, p := range owned {
+		byName[p.Name] = p
+		in.members = append(in.members, memberOf(&pool, p, hash))
+	}
+	plan := planPool(in)
+
+	for _, n := range plan.create {
+		p, err := newMember(&pool, n, hash, r.Client.Scheme())
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if err := r.Client.Create(ctx, p); err != nil && !apierrors.IsAlreadyExists(err) {
+			return reconcile.Result{}, fmt.Errorf("create %s: %w", p.Name, err)
+		}
+	}
+	for _, name := range append(plan.remove, plan.replace...) {
+		if err := r.Client.Delete(ctx, byName[name]); ctrlclient.IgnoreNotFound(err) != nil {
+			return reconcile.Result{}, fmt.Errorf("delete %s: %w", name, err)
+		}
+	}
+	for _, name := range plan.update {
+		p := byName[name]
+		before := p.DeepCopy()
+		applyTemplate(&pool, p, hash)
+		if err := r.Client.Patch(ctx, p, ctrlclient.MergeFromWithOptions(before, ctrlclient.MergeFromWithOptimisticLock{})); err != nil {
+			return reconcile.Result{}, fmt.Errorf("update %s: %w", name, err)
+		}
+	}
+	r.record(&pool, plan, desired, len(owned))
+	return reconcile.Result{}, r.writeStatus(ctx, &pool, in, plan, hash)
+}
+
+// reconcileDelete deletes the pool's Proxies and lets the pool go once none is left. Each
+// Proxy's own finalizer keeps it until its workflow has deleted its instances, so a pool
+// that is gone has left no instance behind.
+func (r *PoolReconciler) reconcileDelete(ctx context.Context, pool *v1alpha1.ProxyPool, owned []*v1alpha1.Proxy) (reconcile.Result, error) {
+	if !controllerutil.ContainsFinalizer(pool, PoolFinalizer) {
+		return reconcile.Result{}, nil
+	}
+	if len(owned) > 0 {
+		for _, p := range owned {
+			if p.DeletionTimestamp != nil {
+				continue
+			}
+			if err := r.Client.Delete(ctx, p); ctrlclient.IgnoreNotFound(err) != nil {
+				return reconcile.Result{}, err
+			}
+		}
+		if r.Events != nil {
+			r.Events.Eventf(pool, nil, corev1.EventTypeNormal, EventPoolDeleting, "Delete",
+				"waiting for %d Proxies (and their instances) to be deleted", len(owned))
+		}
+		recheck := r.Recheck
+		if recheck <= 0 {
+			recheck = 10 * time.Second
+		}
+		return reconcile.Result{RequeueAfter: recheck}, nil
+	}
+	before := pool.DeepCopy()
+	controllerutil.RemoveFinalizer(pool, PoolFinalizer)
+	err := r.Client.Patch(ctx, pool, ctrlclient.MergeFromWithOptions(before, ctrlclient.MergeFromWithOptimisticLock{}))
+	return reconcile.Result{}, ctrlclient.IgnoreNotFound(err)
+}
+
+// record says what this step did, in words, as events on the pool.
+func (r *PoolReconciler) record(pool *v1alpha1.ProxyPool, plan poolPlan, desired, had int) {
+	if r.Events == nil {
+		return
+	}
+	switch {
+	case len(plan.create) > 0:
+		r.Events.Eventf(pool, nil, corev1.EventTypeNormal, EventPoolScaled, "Create",
+			"creating %d Proxies (%d wanted, %d present)", len(plan.create), desired, had)
+	case len(plan.remove) > 0:
+		r.Events.Eventf(pool, nil, corev1.EventTypeNormal, EventPoolScaled, "Delete",
+			"deleting %d Proxies, least useful first (%d wanted, %d present): %v", len(plan.remove), desired, had, plan.remove)
+	}
+	switch {
+	case len(plan.update) > 0:
+		r.Events.Eventf(pool, nil, corev1.EventTypeNormal, EventPoolRolling, "Update",
+			"giving %v the new template; each is replaced make-before-break", plan.update)
+	case len(plan.replace) > 0:
+		r.Events.Eventf(pool, nil, corev1.EventTypeNormal, EventPoolRolling, "Replace",
+			"deleting %v to make room for the new template (maxSurge 0)", plan.replace)
+	}
+}
+
+// writeStatus writes the pool's counts, selector and conditions as they are after this step.
+func (r *PoolReconciler) writeStatus(ctx context.Context, pool *v1alpha1.ProxyPool, in poolInput, plan poolPlan, hash string) error {
+	before := pool.DeepCopy()
+	st := &pool.Status
+	st.Replicas, st.ReadyReplicas, st.UpdatedReplicas = 0, 0, 0
+	for _, m := range in.members {
+		if m.deleting {
+			continue
+		}
+		st.Replicas++
+		if m.ready {
+			st.ReadyReplicas++
+		}
+		if m.current && m.settled {
+			st.UpdatedReplicas++
+		}
+	}
+	st.DesiredReplicas = int32(in.desired)
+	st.Selector = v1alpha1.LabelPool + "=" + pool.Name
+	st.ObservedGeneration = pool.Generation
+	if len(plan.create) > 0 || len(plan.remove) > 0 {
+		st.LastScaleTime = &metav1.Time{Time: time.Now()}
+	}
+	available := metav1.Condition{Type: v1alpha1.PoolConditionAvailable, Status: metav1.ConditionTrue, Reason: ReasonPoolAvailable,
+		Message: fmt.Sprintf("%d of %d Proxies Ready (at least %d wanted)", st.ReadyReplicas, in.desired, max(in.desired-in.unavailable, 0))}
+	if int(st.ReadyReplicas) < in.desired-in.unavailable {
+		available.Status, available.Reason = metav1.ConditionFalse, ReasonPoolShortReady
+	}
+	progressing := metav1.Condition{Type: v1alpha1.PoolConditionProgressing, Status: metav1.ConditionFalse, Reason: ReasonPoolSteady,
+		Message: fmt.Sprintf("%d Proxies, all on the current template", st.Replicas)}
+	switch {
+	case int(st.Replicas) != in.desired || len(plan.create) > 0 || len(plan.remove) > 0:
+		progressing.Status, progressing.Reason = metav1.ConditionTrue, ReasonPoolScaling
+		progressing.Message = fmt.Sprintf("scaling from %d to %d Proxies", st.Replicas, in.desired)
+	case int(st.UpdatedReplicas) < in.desired || int(st.ReadyReplicas) < in.desired:
+		progressing.Status, progressing.Reason = metav1.ConditionTrue, ReasonPoolRolling
+		progressing.Message = fmt.Sprintf("%d of %d Proxies on template %s, %d Ready", st.UpdatedReplicas, in.desired, hash, st.ReadyReplicas)
+	}
+	meta.SetStatusCondition(&st.Conditions, available)
+	meta.SetStatusCondition(&st.Conditions, progressing)
+	if equalStatus(before.Status, pool.Status) {
+		return nil
+	}
+	return r.Client.Status().Patch(ctx, pool, ctrlclient.MergeFrom(before))
+}
+
+// equalStatus compares statuses ignoring LastScaleTime's and conditions' timestamps, which
+// SetStatusCondition keeps when nothing else changed.
+func equalStatus(a, b v1alpha1.ProxyPoolStatus) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
+}
+
+// memberOf is what the plan needs of Proxy p.
+func memberOf(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, hash string) member {
+	m := member{
+		name:     p.Name,
+		index:    memberIndex(pool.Name, p.Name),
+		created:  p.CreationTimestamp.Time,
+		current:  p.Labels[LabelPoolTemplate] == hash,
+		settled:  p.Status.ObservedGeneration == p.Generation,
+		deleting: p.DeletionTimestamp != nil,
+	}
+	m.ready = meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionReady)
+	m.unhealthy = meta.IsStatusConditionFalse(p.Status.Conditions, v1alpha1.ConditionHealthy)
+	m.replacing = p.Status.Phase == v1alpha1.PhaseReplacing
+	return m
+}
+
+// newMember is the pool's n-th Proxy, built from its template.
+func newMember(pool *v1alpha1.ProxyPool, n int, hash string, s *runtime.Scheme) (*v1alpha1.Proxy, error) {
+	p := &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: memberName(pool.Name, n)}}
+	applyTemplate(pool, p, hash)
+	// The pool controls it: Owns() routes its changes here, and a cluster's garbage
+	// collector deletes it with the pool even if the pool's finalizer were removed by hand.
+	if err := controllerutil.SetControllerReference(pool, p, s); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// applyTemplate gives p the pool's template: its labels and annotations (beside what p has
+// of its own), the pool's labels, and the spec.
+func applyTemplate(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, hash string) {
+	t := pool.Spec.Template
+	if p.Labels == nil {
+		p.Labels = map[string]string{}
+	}
+	maps.Copy(p.Labels, t.Metadata.Labels)
+	p.Labels[v1alpha1.LabelPool] = pool.Name
+	p.Labels[LabelPoolTemplate] = hash
+	if len(t.Metadata.Annotations) > 0 {
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		maps.Copy(p.Annotations, t.Metadata.Annotations)
+	}
+	p.Spec = *t.Spec.DeepCopy()
+}
+
+// templateHash names a template: Proxies built from an older one are rolled.
+func templateHash(t v1alpha1.ProxyTemplate) string {
+	b, err := json.Marshal(t)
+	if err != nil {
+		// Plain API data always encodes.
+		panic(err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:5])
+}
+
+func ptrOr[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
