@@ -25,6 +25,7 @@ import (
 	"go.temporal.io/sdk/converter"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/service"
 	"github.com/proxyfleet/proxyfleet/discovery/temporal"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
@@ -103,7 +104,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 func BenchmarkHTTPAcquireRelease(b *testing.B) {
 	const clients = 64
 	st := benchFleet(10_000)
-	srv := discovery.NewServer(discovery.Config{Token: "t"}, st, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	srv := service.NewAPI(discovery.Config{Token: "t"}, st, nil, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	api := httptest.NewServer(srv.Handler())
 	defer api.Close()
 	gin.SetMode(gin.ReleaseMode)
@@ -293,7 +294,7 @@ func BenchmarkLeaseCredentials(b *testing.B) {
 	for _, auth := range []string{"none", "managed"} {
 		b.Run("auth="+auth, func(b *testing.B) {
 			st, _ := benchRefreshed(b, n, auth, kr)
-			srv := discovery.NewServer(discovery.Config{Token: "t"}, st, nil, slog.New(slog.DiscardHandler), nil)
+			srv := service.NewAPI(discovery.Config{Token: "t"}, st, nil, slog.New(slog.DiscardHandler), nil)
 			h := srv.Handler()
 			body := `{"selector":{"region":"r1"},"ttlSeconds":60,"target":"shop.example"}`
 			pair := func() {
@@ -392,7 +393,7 @@ func BenchmarkBoundedMemory(b *testing.B) {
 	}
 	for b.Loop() {
 		st := benchFleet(10_000)
-		srv := discovery.NewServer(discovery.Config{Token: "t"}, st, nil, slog.New(slog.DiscardHandler), nil)
+		srv := service.NewAPI(discovery.Config{Token: "t"}, st, nil, slog.New(slog.DiscardHandler), nil)
 		h := srv.Handler()
 		base := heap()
 		do := func(method, path, body string) *httptest.ResponseRecorder {

@@ -476,7 +476,7 @@ func TestCredentialsOnlyInLeaseAnswers(t *testing.T) {
 		signals <- s
 		return nil
 	}}
-	srv := discovery.NewServer(defaultConfig(), store, sig, log, prometheus.NewRegistry())
+	srv := service.NewAPI(defaultConfig(), store, sig, log, prometheus.NewRegistry())
 	handler := srv.Handler()
 	ctx, cancel := context.WithCancel(t.Context())
 	reportsDone := make(chan struct{})

@@ -1,12 +1,13 @@
 package discovery
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
+	"io"
+	"net/http"
+	"strings"
 	"time"
-
-	"github.com/gin-gonic/gin"
 
 	"github.com/proxyfleet/proxyfleet/discovery/codes"
 )
@@ -46,6 +47,11 @@ type opError struct {
 	leaseID string // renew and report
 	target  string // acquire
 	err     error
+}
+
+// AcquireError is err, an acquire's for target, worded by ErrorOf with that target.
+func AcquireError(target string, err error) error {
+	return &opError{op: opAcquire, target: target, err: err}
 }
 
 func (e *opError) Error() string { return e.err.Error() }
@@ -118,14 +124,54 @@ func forTarget(t string) string {
 	return fmt.Sprintf(" for %q", t)
 }
 
-// fail answers with err, as ErrorOf maps it. An internal error is logged, never shown.
-func (s *Server) fail(c *gin.Context, err error) {
-	ae, known := ErrorOf(err)
-	if !known {
-		s.log.Error("internal error", "method", c.Request.Method, "path", c.FullPath(), "error", err)
+// ErrIndexLoading is the answer while the index has not been loaded in full, with its
+// Retry-After.
+func ErrIndexLoading() *APIError {
+	e := Errorf(codes.IndexLoading, "the proxy index is still loading from Temporal; retry shortly")
+	e.RetryAfterSeconds = 1
+	return e
+}
+
+// DecodeJSON is the strict decoder of request bodies: unknown fields, trailing data and
+// wrong types are 400, a body over the limit is 413. An empty body decodes as {} when
+// allowEmpty.
+func DecodeJSON(r io.Reader, v any, allowEmpty bool) error {
+	if r == nil {
+		if allowEmpty {
+			return nil
+		}
+		return Errorf(codes.Invalid, "a JSON body is required")
 	}
-	if ae.RetryAfterSeconds > 0 {
-		c.Header("Retry-After", strconv.Itoa(ae.RetryAfterSeconds))
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	var tooBig *http.MaxBytesError
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &tooBig):
+		return Errorf(codes.TooLarge, "request body exceeds %d bytes", tooBig.Limit)
+	case errors.Is(err, io.EOF):
+		if allowEmpty {
+			return nil
+		}
+		return Errorf(codes.Invalid, "a JSON body is required")
+	case errors.As(err, &typeErr):
+		return Errorf(codes.Invalid, "field %q: want %s, got %s", typeErr.Field, typeErr.Type, typeErr.Value)
+	case errors.As(err, &syntaxErr):
+		return Errorf(codes.Invalid, "malformed JSON at byte %d: %v", syntaxErr.Offset, syntaxErr)
+	case err != nil && strings.HasPrefix(err.Error(), "json: unknown field"):
+		return Errorf(codes.Invalid, "%s", strings.TrimPrefix(err.Error(), "json: "))
+	case err != nil:
+		return Errorf(codes.Invalid, "invalid JSON: %v", err)
 	}
-	c.AbortWithStatusJSON(codes.Status(ae.Code), ae)
+	// Anything after the object is a client bug worth reporting.
+	var extra json.RawMessage
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		if errors.As(err, &tooBig) {
+			return Errorf(codes.TooLarge, "request body exceeds %d bytes", tooBig.Limit)
+		}
+		return Errorf(codes.Invalid, "unexpected data after the JSON object")
+	}
+	return nil
 }

@@ -2,10 +2,8 @@ package discovery
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"net/http"
-	"net/url"
+	"strings"
 	"time"
 
 	"github.com/proxyfleet/proxyfleet/discovery/codes"
@@ -25,8 +23,8 @@ import (
 
 // Grant leases a proxy for w, passing over the proxies except names (when not nil).
 func (s *Server) Grant(ctx context.Context, w Want, except func(string) bool) (*LeaseResponse, error) {
-	if s.replicas != nil {
-		return s.acquireReplicated(ctx, w, w.TTL, except)
+	if s.peers != nil {
+		return s.acquireReplicated(ctx, w, except)
 	}
 	l, err := s.store.leaseExcept(w, except)
 	if err != nil {
@@ -39,16 +37,16 @@ func (s *Server) Grant(ctx context.Context, w Want, except func(string) bool) (*
 // remoteOwner is the replica that owns lease id when it is another one. For a lease of
 // its own, a replica that cannot act on its leases yet answers with that error.
 func (s *Server) remoteOwner(id string) (owner int, remote bool, err error) {
-	r := s.replicas
-	if r == nil {
+	p := s.peers
+	if p == nil {
 		return 0, false, nil
 	}
 	owner, ok := LeaseOwner(id)
-	if !ok || owner >= len(r.cfg.Peers) {
+	if !ok || owner >= p.Len() {
 		return 0, false, nil // not a lease ID of this set: answered as unknown
 	}
-	if owner == r.cfg.Self {
-		return owner, false, r.ready()
+	if owner == p.Self() {
+		return owner, false, p.Ready()
 	}
 	return owner, true, nil
 }
@@ -61,33 +59,12 @@ func (s *Server) authClient(auth string) (string, error) {
 	if s.clients == nil {
 		return "", nil
 	}
-	cl := s.bearerClient(auth)
+	cl := s.BearerClient(auth)
 	if cl == nil {
 		return "", Errorf(codes.Unauthorized, "a valid bearer token is required")
 	}
 	return cl.name, nil
 }
-
-// onOwner sends a request on lease id to its owner and reads the answer into v.
-func (s *Server) onOwner(ctx context.Context, owner int, auth, method, path string, body any, want int, v any) error {
-	var raw []byte
-	if body != nil {
-		raw, _ = json.Marshal(body)
-	}
-	var h http.Header
-	if auth != "" {
-		h = http.Header{"Authorization": {auth}}
-	}
-	resp, err := s.replicas.call(context.WithoutCancel(ctx), owner, method, path, raw, h)
-	if err != nil {
-		s.replicas.markDown(owner, 2*time.Second)
-		return Unavailable("replica %d, which owns the lease, did not answer", owner)
-	}
-	s.metrics.forwarded.Inc()
-	return peerAnswer(resp, want, v)
-}
-
-func leasePath(id, op string) string { return "/v1/leases/" + url.PathEscape(id) + op }
 
 // RenewLease extends lease id by d.
 func (s *Server) RenewLease(ctx context.Context, auth, id string, d time.Duration) (*LeaseResponse, error) {
@@ -96,22 +73,17 @@ func (s *Server) RenewLease(ctx context.Context, auth, id string, d time.Duratio
 	case err != nil:
 		return nil, err
 	case remote:
-		var out LeaseResponse
-		if err := s.onOwner(ctx, owner, auth, http.MethodPost, leasePath(id, "/renew"),
-			RenewRequest{TTLSeconds: int(d / time.Second)}, http.StatusOK, &out); err != nil {
-			return nil, err
-		}
-		return &out, nil
+		return s.peers.Renew(ctx, owner, auth, id, d)
 	}
 	client, err := s.authClient(auth)
 	if err != nil {
 		return nil, err
 	}
-	return s.renewOwned(client, id, d)
+	return s.RenewOwned(client, id, d)
 }
 
-// renewOwned renews client's lease id, which this replica owns.
-func (s *Server) renewOwned(client, id string, d time.Duration) (*LeaseResponse, error) {
+// RenewOwned renews client's lease id, which this replica owns (or it runs alone).
+func (s *Server) RenewOwned(client, id string, d time.Duration) (*LeaseResponse, error) {
 	l, err := s.store.Renew(client, id, d)
 	if _, gone := errors.AsType[*ProxyGone](err); err == nil || gone {
 		// A renewal, or the end of a lease whose proxy is gone, is copied to the
@@ -135,19 +107,19 @@ func (s *Server) ReleaseLease(ctx context.Context, auth, id string) error {
 	case err != nil:
 		return err
 	case remote:
-		return s.onOwner(ctx, owner, auth, http.MethodDelete, leasePath(id, ""), nil, http.StatusNoContent, nil)
+		return s.peers.Release(ctx, owner, auth, id)
 	}
 	client, err := s.authClient(auth)
 	if err != nil {
 		return err
 	}
-	s.releaseOwned(client, id)
+	s.ReleaseOwned(client, id)
 	return nil
 }
 
-// releaseOwned ends client's lease id, which this replica owns. Another client's lease is
-// left alone, and nothing is copied: as for an unknown lease.
-func (s *Server) releaseOwned(client, id string) {
+// ReleaseOwned ends client's lease id, which this replica owns (or it runs alone).
+// Another client's lease is left alone, and nothing is copied: as for an unknown lease.
+func (s *Server) ReleaseOwned(client, id string) {
 	if !s.store.Release(client, id) {
 		return
 	}
@@ -157,27 +129,27 @@ func (s *Server) releaseOwned(client, id string) {
 	_ = s.replicateLease(id)
 }
 
-// ReportLease records a report on lease id (see reportOwned).
+// ReportLease records a report on lease id (see ReportOwned).
 func (s *Server) ReportLease(ctx context.Context, auth, id, result, target string) error {
 	owner, remote, err := s.remoteOwner(id)
 	switch {
 	case err != nil:
 		return err
 	case remote:
-		return s.onOwner(ctx, owner, auth, http.MethodPost, leasePath(id, "/report"),
-			ReportRequest{Result: result, Target: target}, http.StatusNoContent, nil)
+		return s.peers.Report(ctx, owner, auth, id, result, target)
 	}
 	client, err := s.authClient(auth)
 	if err != nil {
 		return err
 	}
-	return s.reportOwned(client, id, result, target)
+	return s.ReportOwned(client, id, result, target)
 }
 
-// reportOwned records client's report on its lease id, which this replica owns: a
+// ReportOwned records client's report on its lease id, which this replica owns (or it
+// runs alone): a
 // cooldown of the lease's proxy for target (the lease's own when empty) here at once, and
 // durably in the proxy's workflow through the report queue.
-func (s *Server) reportOwned(client, id, result, target string) error {
+func (s *Server) ReportOwned(client, id, result, target string) error {
 	var window time.Duration
 	switch result {
 	case contract.ReportOK:
@@ -214,14 +186,99 @@ func (s *Server) reportOwned(client, id, result, target string) error {
 // ClientOf is the client whose token this is (nil if none); open says the server has no
 // clients, and takes anyone.
 func (s *Server) ClientOf(token string) (cl *Client, open bool) {
-	if s.clients == nil {
+	if s.Open() {
 		return nil, true
 	}
 	return s.clients.lookup(token), false
 }
+
+// Open says the server has no clients, and takes anyone: authentication is off.
+func (s *Server) Open() bool { return s.clients == nil }
 
 // Loaded says the index has been read from Temporal in full (Store.Loaded).
 func (s *Server) Loaded() bool { return s.store.Loaded() }
 
 // Freed counts the changes to the store that can free a slot (Store.Freed).
 func (s *Server) Freed() uint64 { return s.store.Freed() }
+
+// ListProxies lists the proxies sel selects, only the healthy or the unhealthy ones when
+// healthy is not nil, as GET /v1/proxies shows them.
+func (s *Server) ListProxies(sel Selector, healthy *bool) ProxyList {
+	list := s.store.List(sel, healthy)
+	out := ProxyList{Proxies: make([]ListedProxy, 0, len(list)), Count: len(list)}
+	for _, p := range list {
+		lp := ListedProxy{ProxyInfo: info(p.Proxy), Healthy: p.Healthy, Phase: p.Phase,
+			ActiveLeases: p.ActiveLeases, MaxLeases: p.MaxLeases}
+		for target, until := range p.Resting {
+			if lp.Cooldowns == nil {
+				lp.Cooldowns = map[string]time.Time{}
+			}
+			if target == "" {
+				target = "*"
+			}
+			lp.Cooldowns[target] = until.UTC()
+		}
+		out.Proxies = append(out.Proxies, lp)
+	}
+	return out
+}
+
+// ReportSession records a report on the latest lease of client's session (see
+// ReportLease; auth is the crawler's Authorization). It is how a crawler of the gateway,
+// which never sees a lease ID inside a tunnel, tells discovery that the site banned the
+// proxy it was on.
+func (s *Server) ReportSession(ctx context.Context, auth, client, session, result, target string) error {
+	if !ValidSession(session) {
+		return Errorf(codes.Invalid, "session must be 1-128 letters, digits, '.', '_', '~', ':' or '-'")
+	}
+	unknown := Errorf(codes.UnknownSession, "no lease of session %q in the last %s", session, s.store.cfg.SessionIdle)
+	id, ok := s.store.SessionLease(client, session)
+	if !ok {
+		return unknown
+	}
+	err := s.ReportLease(ctx, auth, id, result, target)
+	if ae, _ := ErrorOf(err); err != nil && ae.Code == codes.UnknownLease {
+		// Here (ErrUnknownLease) or at the owner (its answer): the lease is past its
+		// report window, and the session with it.
+		return unknown
+	}
+	return err
+}
+
+// BearerClient is the client whose token an Authorization header bears, or nil (also when
+// authentication is off). The scheme name is case-insensitive (RFC 9110).
+func (s *Server) BearerClient(auth string) *Client {
+	scheme, token, _ := strings.Cut(auth, " ")
+	if s.clients == nil || !strings.EqualFold(scheme, "Bearer") {
+		return nil
+	}
+	return s.clients.lookup(token)
+}
+
+// Throttle holds a client to its requests per second, through the API or the gateway:
+// nil when the request may go on, else the 429 to answer.
+func (s *Server) Throttle(cl *Client) *APIError {
+	if cl.limiter == nil {
+		return nil
+	}
+	now := time.Now()
+	r := cl.limiter.ReserveN(now, 1)
+	d := r.DelayFrom(now)
+	if d == 0 && r.OK() {
+		return nil
+	}
+	r.CancelAt(now)
+	s.metrics.throttled.WithLabelValues(cl.name, "requests").Inc()
+	e := Errorf(codes.TooManyRequests, "client %q is over its limit of %g requests per second", cl.name, float64(cl.limiter.Limit()))
+	e.RetryAfterSeconds = int(max(1, (d+time.Second-1)/time.Second))
+	return e
+}
+
+// LeaseLimited counts an acquire refused because client holds as many leases as it may
+// (the API's; the gateway counts its own).
+func (s *Server) LeaseLimited(client string) {
+	s.metrics.throttled.WithLabelValues(client, "leases").Inc()
+}
+
+// Config is the server's configuration, its defaults applied.
+func (s *Server) Config() Config { return s.cfg }

@@ -1,49 +1,30 @@
 package discovery
 
 import (
-	"net/http"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// serverMetrics are registered explicitly on the Registerer the caller passes; with a nil
+// serverMetrics are the lease operations' (the HTTP API, discovery/httpapi, and the
+// replica set, discovery/peer, have their own). They are registered explicitly on the Registerer the caller passes; with a nil
 // one they are created but not exported, so handlers never check for nil.
 type serverMetrics struct {
-	leaseRequests        *prometheus.CounterVec
-	acquireSeconds       prometheus.Histogram
 	reports              *prometheus.CounterVec
 	reportsCoalesced     prometheus.Counter
 	reportSignalFailures prometheus.Counter
-	requests             *prometheus.CounterVec
-	requestSeconds       *prometheus.HistogramVec
 	refreshSeconds       *prometheus.HistogramVec
 	refreshErrors        *prometheus.CounterVec
-	replicationFailures  prometheus.Counter
-	forwarded            prometheus.Counter
-	clientRequests       *prometheus.CounterVec
 	throttled            *prometheus.CounterVec
 	clientsReloadErrors  prometheus.Counter
-	handler              http.Handler
 	// lastRefresh is the unix nanosecond time of the last successful refresh.
 	lastRefresh atomic.Int64
 }
 
 func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients) *serverMetrics {
 	m := &serverMetrics{
-		leaseRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "proxyfleet_discovery_lease_requests_total",
-			Help: "Lease requests by outcome: granted, no_match, invalid.",
-		}, []string{"outcome"}),
-		acquireSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "proxyfleet_discovery_acquire_duration_seconds",
-			Help:    "Time to grant a lease, from request to response.",
-			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16),
-		}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_discovery_reports_total",
 			Help: "Crawler reports by result.",
@@ -56,15 +37,6 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 			Name: "proxyfleet_discovery_report_signal_failures_total",
 			Help: "Reports whose signal to the proxy's workflow failed (the local cooldown still applied).",
 		}),
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "proxyfleet_discovery_http_requests_total",
-			Help: "HTTP requests by method, route and status code.",
-		}, []string{"method", "route", "code"}),
-		requestSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "proxyfleet_discovery_http_request_duration_seconds",
-			Help:    "HTTP request latency by route.",
-			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
-		}, []string{"route"}),
 		refreshSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "proxyfleet_discovery_index_refresh_duration_seconds",
 			Help:    "Duration of index refreshes from Temporal, by kind (full, incremental).",
@@ -74,19 +46,6 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 			Name: "proxyfleet_discovery_index_refresh_errors_total",
 			Help: "Failed index refreshes by kind.",
 		}, []string{"kind"}),
-		replicationFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "proxyfleet_discovery_replication_failures_total",
-			Help: "Lease changes a peer replica did not take (it was down or slow); the change waits for another peer's copy.",
-		}),
-		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "proxyfleet_discovery_forwarded_requests_total",
-			Help: "Renewals, releases and reports forwarded to the replica that owns the lease.",
-		}),
-		// The client label takes the configured names only (at most maxClients).
-		clientRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "proxyfleet_discovery_client_requests_total",
-			Help: "Authenticated API requests by client name and HTTP status code.",
-		}, []string{"client", "code"}),
 		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_discovery_client_throttled_total",
 			Help: "Requests refused with 429 by client and limit: requests (per second) or leases (held at once).",
@@ -103,9 +62,8 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
 			func() float64 { return float64(f(store.Stats())) })
 	}
-	reg.MustRegister(m.leaseRequests, m.acquireSeconds, m.reports, m.reportsCoalesced, m.reportSignalFailures,
-		m.requests, m.requestSeconds, m.refreshSeconds, m.refreshErrors, m.replicationFailures, m.forwarded,
-		m.clientRequests, m.throttled, m.clientsReloadErrors,
+	reg.MustRegister(m.reports, m.reportsCoalesced, m.reportSignalFailures,
+		m.refreshSeconds, m.refreshErrors, m.throttled, m.clientsReloadErrors,
 		clientLeasesCollector{store: store, clients: clients,
 			desc: prometheus.NewDesc("proxyfleet_discovery_client_leases", "Live leases by client name.", []string{"client"}, nil)},
 		gauge("proxyfleet_discovery_leases_active", "Leases held right now (in a replica set, every replica counts all of them).", func(s Stats) int { return s.Leases }),
@@ -126,9 +84,6 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 			return time.Since(time.Unix(0, last)).Seconds()
 		}),
 	)
-	if g, ok := reg.(prometheus.Gatherer); ok {
-		m.handler = promhttp.HandlerFor(g, promhttp.HandlerOpts{})
-	}
 	return m
 }
 
@@ -166,11 +121,6 @@ func (c unresolvedCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, reason := range credentialsReasons {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[reason]), reason)
 	}
-}
-
-func (m *serverMetrics) observeRequest(method, route string, code int, d time.Duration) {
-	m.requests.WithLabelValues(method, route, strconv.Itoa(code)).Inc()
-	m.requestSeconds.WithLabelValues(route).Observe(d.Seconds())
 }
 
 // ObserveRefresh records one index refresh; pass it as temporal.Refresher.Observe.

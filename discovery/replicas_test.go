@@ -20,6 +20,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
+	"github.com/proxyfleet/proxyfleet/discovery/service"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
@@ -41,7 +42,7 @@ type replicaSet struct {
 
 type replicaNode struct {
 	store  *discovery.Store
-	srv    *discovery.Server
+	srv    *service.API
 	hs     *http.Server
 	cancel context.CancelFunc
 	logs   *testenv.LogBuffer
@@ -93,7 +94,7 @@ func (rs *replicaSet) startWith(i int, loaded bool) {
 	}
 	logs := &testenv.LogBuffer{}
 	sig := &fakeSignaler{report: func(context.Context, string, string, contract.ReportSignal) error { return nil }}
-	srv := discovery.NewServer(cfg, store, sig, slog.New(slog.NewTextHandler(logs, nil)), nil)
+	srv := service.NewAPI(cfg, store, sig, slog.New(slog.NewTextHandler(logs, nil)), nil)
 	ln, err := net.Listen("tcp", rs.addrs[i])
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -78,9 +78,9 @@ func (s *Store) Snapshot(owner int) []LeaseRecord {
 	return out
 }
 
-// owned is every lease this replica owns, live or ended within its report window: what
-// it sends a peer that missed some of its changes (see peerLink.behind).
-func (s *Store) owned() []LeaseRecord {
+// Owned is every lease this replica owns, live or ended within its report window: what
+// it sends a peer that missed some of its changes (discovery/peer).
+func (s *Store) Owned() []LeaseRecord {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []LeaseRecord

@@ -97,7 +97,7 @@ func TestFailedSignalIsNotCoalesced(t *testing.T) {
 		}
 		return nil
 	}}
-	h.srv = discovery.NewServer(defaultConfig(), h.store, sig, slog.New(slog.DiscardHandler), nil)
+	h.srv = service.NewAPI(defaultConfig(), h.store, sig, slog.New(slog.DiscardHandler), nil)
 	h.handler = h.srv.Handler()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -68,7 +68,7 @@ type harness struct {
 	t       *testing.T
 	store   *discovery.Store
 	clock   *testClock
-	srv     *discovery.Server
+	srv     *service.API
 	handler http.Handler
 	logs    *testenv.LogBuffer
 	signals chan forwarded
@@ -100,7 +100,7 @@ func newLoadingHarness(t *testing.T, cfg discovery.Config) *harness {
 		h.signals <- forwarded{namespace, name, sig}
 		return nil
 	}}
-	h.srv = discovery.NewServer(cfg, h.store, sig, slog.New(slog.NewTextHandler(h.logs, nil)), h.reg)
+	h.srv = service.NewAPI(cfg, h.store, sig, slog.New(slog.NewTextHandler(h.logs, nil)), h.reg)
 	h.handler = h.srv.Handler()
 	return h
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/service"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
@@ -80,7 +81,7 @@ func newFixture(t *testing.T, proxies ...discovery.Proxy) *fixture {
 func newLoadingFixture(t *testing.T) *fixture {
 	t.Helper()
 	f := &fixture{store: discovery.NewStore(30 * time.Minute), signals: &signals{}}
-	srv := discovery.NewServer(discovery.Config{Token: testToken}, f.store,
+	srv := service.NewAPI(discovery.Config{Token: testToken}, f.store,
 		&fakeSignaler{report: f.signals.record}, slog.New(slog.DiscardHandler), nil)
 	go srv.RunReports(t.Context())
 	hs := httptest.NewServer(srv.Handler())
@@ -737,7 +738,7 @@ func TestThrottled(t *testing.T) {
 		{Name: "leaser", Token: leaser, MaxLeases: 1},
 		{Name: "caller", Token: caller, RequestsPerSecond: 0.001, Burst: 1},
 	})
-	srv := discovery.NewServer(discovery.Config{Clients: clients}, store, &fakeSignaler{report: (&signals{}).record},
+	srv := service.NewAPI(discovery.Config{Clients: clients}, store, &fakeSignaler{report: (&signals{}).record},
 		slog.New(slog.DiscardHandler), nil)
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)

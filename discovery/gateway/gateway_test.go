@@ -29,6 +29,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/discovery"
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/discovery/gateway"
+	"github.com/proxyfleet/proxyfleet/discovery/service"
 	"github.com/proxyfleet/proxyfleet/internal/localproxy"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
@@ -48,7 +49,7 @@ const (
 type gatewayEnv struct {
 	t       *testing.T
 	store   *discovery.Store
-	srv     *discovery.Server
+	srv     *service.API
 	reg     *prometheus.Registry
 	logs    *testenv.LogBuffer
 	gw      *gateway.Gateway
@@ -209,7 +210,7 @@ func newGatewayEnv(t *testing.T, n int, opts ...gatewayOption) *gatewayEnv {
 		return nil
 	}}
 	log := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	e.srv = discovery.NewServer(cfg, e.store, sig, log, e.reg)
+	e.srv = service.NewAPI(cfg, e.store, sig, log, e.reg)
 	ctx, cancel := context.WithCancel(context.Background())
 	reported := make(chan struct{})
 	go func() { defer close(reported); e.srv.RunReports(ctx) }()
@@ -244,7 +245,7 @@ func startFleet(t *testing.T, n int) ([]*fleetProxy, []discovery.Proxy) {
 
 // serveGateway runs the gateway of srv on a loopback port until the test ends and
 // returns its address.
-func serveGateway(t *testing.T, srv *discovery.Server, cfg gateway.Config) string {
+func serveGateway(t *testing.T, srv *service.API, cfg gateway.Config) string {
 	t.Helper()
 	_, addr := serveGatewayOf(t, srv, cfg, slog.New(slog.DiscardHandler), nil)
 	return addr
@@ -252,7 +253,7 @@ func serveGateway(t *testing.T, srv *discovery.Server, cfg gateway.Config) strin
 
 // serveGatewayOf is serveGateway, logging to log and counting in reg (when not nil), and
 // returns the gateway too.
-func serveGatewayOf(t *testing.T, srv *discovery.Server, cfg gateway.Config, log *slog.Logger, reg prometheus.Registerer,
+func serveGatewayOf(t *testing.T, srv *service.API, cfg gateway.Config, log *slog.Logger, reg prometheus.Registerer,
 	before ...func(*gateway.Gateway)) (*gateway.Gateway, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -420,7 +421,7 @@ func newOneSlotGatewayEnv(t *testing.T, cfg gateway.Config) *gatewayEnv {
 	store := discovery.NewStore(30 * time.Minute)
 	store.ReplaceAll(fleet)
 	reg := prometheus.NewRegistry()
-	srv := discovery.NewServer(discovery.Config{}, store, &fakeSignaler{}, slog.New(slog.DiscardHandler), reg)
+	srv := service.NewAPI(discovery.Config{}, store, &fakeSignaler{}, slog.New(slog.DiscardHandler), reg)
 	gw, addr := serveGatewayOf(t, srv, cfg, slog.New(slog.DiscardHandler), reg)
 	return &gatewayEnv{t: t, store: store, srv: srv, reg: reg, gw: gw, addr: addr, proxies: proxies}
 }
@@ -1008,7 +1009,7 @@ func TestGatewayTunnelsWaitCheaplyForASlot(t *testing.T) {
 	store := discovery.NewStore(30 * time.Minute)
 	store.ReplaceAll(fleet)
 	reg := prometheus.NewRegistry()
-	srv := discovery.NewServer(discovery.Config{Clients: discovery.NewClients([]discovery.ClientConfig{{Name: gwClient, Token: gwToken}})},
+	srv := service.NewAPI(discovery.Config{Clients: discovery.NewClients([]discovery.ClientConfig{{Name: gwClient, Token: gwToken}})},
 		store, &fakeSignaler{}, slog.New(slog.DiscardHandler), reg)
 	gw, addr := serveGatewayOf(t, srv, gateway.Config{Wait: 30 * time.Second}, slog.New(slog.DiscardHandler), reg,
 		func(g *gateway.Gateway) { g.SetWaitPoll(time.Hour) })
@@ -1068,7 +1069,7 @@ func TestGatewayWaitsWithoutScanning(t *testing.T) {
 // waits until all of them have started: one at a time, the pass never gets past the first.
 func TestGatewayRenewsHeldLeasesInParallel(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	srv := discovery.NewServer(discovery.Config{}, discovery.NewStore(time.Minute), &fakeSignaler{},
+	srv := service.NewAPI(discovery.Config{}, discovery.NewStore(time.Minute), &fakeSignaler{},
 		slog.New(slog.DiscardHandler), reg)
 	g := gateway.New(gateway.Config{LeaseTTL: 30 * time.Second}, srv, slog.New(slog.DiscardHandler), reg)
 	const n = 10

@@ -13,6 +13,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
+	"github.com/proxyfleet/proxyfleet/discovery/service"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
@@ -52,7 +53,7 @@ type replicaSet struct {
 
 type replicaNode struct {
 	store  *discovery.Store
-	srv    *discovery.Server
+	srv    *service.API
 	hs     *http.Server
 	cancel context.CancelFunc
 }
@@ -72,7 +73,7 @@ func newReplicaSet(t *testing.T, n int, fleet []discovery.Proxy) *replicaSet {
 			CooldownRateLimited: 5 * time.Minute, CooldownBanned: 30 * time.Minute,
 			Replicas: discovery.ReplicaConfig{Peers: slices.Clone(rs.urls), Self: i, Tokens: []string{"peer-token"},
 				Timeout: time.Second, RestoreLimit: time.Hour}}
-		srv := discovery.NewServer(cfg, store, &fakeSignaler{}, slog.New(slog.DiscardHandler), nil)
+		srv := service.NewAPI(cfg, store, &fakeSignaler{}, slog.New(slog.DiscardHandler), nil)
 		ln, err := net.Listen("tcp", rs.addrs[i])
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.Background())

@@ -16,6 +16,8 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/discovery/gateway"
+	"github.com/proxyfleet/proxyfleet/discovery/httpapi"
+	"github.com/proxyfleet/proxyfleet/discovery/peer"
 	"github.com/proxyfleet/proxyfleet/discovery/temporal"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 )
@@ -58,7 +60,7 @@ type Temporal interface {
 type Service struct {
 	// Store is the lease store, for tests that look inside.
 	Store     *discovery.Store
-	server    *discovery.Server
+	api       *API
 	gateway   *gateway.Gateway
 	refresher *temporal.Refresher
 	sweep     time.Duration
@@ -86,6 +88,47 @@ func serveUntil(ctx context.Context, hs *http.Server, ln net.Listener) (err, shu
 	return err, nil
 }
 
+// API is one discovery replica's lease operations with the HTTP API over them, in its
+// replica set or alone: what Service serves, and what tests build a replica from.
+type API struct {
+	// Server is the lease operations, which the gateway serves too.
+	*discovery.Server
+	peers *peer.Set
+	http  *httpapi.Server
+}
+
+// NewAPI assembles the lease operations over store, the replica set cfg.Replicas
+// describes (none when it names one replica or none) and the HTTP API. Metrics go to reg
+// when it is not nil.
+func NewAPI(cfg discovery.Config, store *discovery.Store, signal discovery.Signaler, log *slog.Logger, reg prometheus.Registerer) *API {
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg = cfg.WithDefaults()
+	rc := cfg.Replicas
+	if rc.RestoreLimit <= 0 {
+		rc.RestoreLimit = cfg.MaxTTL
+	}
+	peers := peer.New(rc, store, log, reg)
+	if peers != nil { // a nil *peer.Set would make a Peers that is not nil
+		cfg.Peers = peers
+	}
+	srv := discovery.NewServer(cfg, store, signal, log, reg)
+	return &API{Server: srv, peers: peers, http: httpapi.New(srv, peers, log, reg)}
+}
+
+// Handler returns the HTTP API's handler, every route and middleware.
+func (a *API) Handler() http.Handler { return a.http.Handler() }
+
+// RunReplicas restores this replica's leases from its peers, then returns; alone it
+// returns at once. Until it has, the replica grants, renews and ends none of its own
+// leases and is not ready.
+func (a *API) RunReplicas(ctx context.Context) {
+	if a.peers != nil {
+		a.peers.Restore(ctx)
+	}
+}
+
 // MaxHeaderBytes bounds a request's headers: a bearer token and a traceparent need far less.
 const MaxHeaderBytes = 16 << 10
 
@@ -102,16 +145,16 @@ func New(cfg Config, tc Temporal, log *slog.Logger, reg prometheus.Registerer) *
 	// the longest cooldown a report can start.
 	store := discovery.NewStoreWith(discovery.StoreConfig{KeepEnded: max(cfg.API.CooldownRateLimited, cfg.API.CooldownBanned),
 		Replica: byte(cfg.API.Replicas.Self)})
-	srv := discovery.NewServer(cfg.API, store, temporal.Signaler{Client: tc}, log, reg)
+	api := NewAPI(cfg.API, store, temporal.Signaler{Client: tc}, log, reg)
 	ref := &temporal.Refresher{Client: tc, Namespace: cfg.Namespace, Store: store, Keyring: cfg.Keyring,
-		Interval: cfg.RefreshInterval, FullEvery: cfg.FullResyncInterval, Log: log, Observe: srv.ObserveRefresh}
+		Interval: cfg.RefreshInterval, FullEvery: cfg.FullResyncInterval, Log: log, Observe: api.ObserveRefresh}
 	if cfg.Keyring == nil {
 		log.Warn("discovery runs without a fleet key: proxies that take credentials are never leased")
 	}
 	if cfg.ClientsReload <= 0 {
 		cfg.ClientsReload = 5 * time.Second
 	}
-	return &Service{Store: store, server: srv, gateway: gateway.New(cfg.Gateway, srv, log, reg), refresher: ref, sweep: cfg.SweepInterval, log: log,
+	return &Service{Store: store, api: api, gateway: gateway.New(cfg.Gateway, api.Server, log, reg), refresher: ref, sweep: cfg.SweepInterval, log: log,
 		clientsFile: cfg.ClientsFile, clientsReload: cfg.ClientsReload}
 }
 
@@ -135,10 +178,10 @@ func (s *Service) ServeWithGateway(ctx context.Context, ln, gw net.Listener) err
 	defer cancel()
 	loops := make(chan struct{}, 5)
 	go func() { _ = s.refresher.Run(ctx); loops <- struct{}{} }()
-	go func() { s.server.RunReplicas(ctx); loops <- struct{}{} }()
+	go func() { s.api.RunReplicas(ctx); loops <- struct{}{} }()
 	go func() {
 		if s.clientsFile != "" {
-			s.server.WatchClients(ctx, s.clientsFile, s.clientsReload)
+			s.api.WatchClients(ctx, s.clientsFile, s.clientsReload)
 		}
 		loops <- struct{}{}
 	}()
@@ -146,7 +189,7 @@ func (s *Service) ServeWithGateway(ctx context.Context, ln, gw net.Listener) err
 	// reports, and it forwards everything queued before it returns.
 	reportsCtx, stopReports := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopReports()
-	go func() { s.server.RunReports(reportsCtx); loops <- struct{}{} }()
+	go func() { s.api.RunReports(reportsCtx); loops <- struct{}{} }()
 	go func() { s.Store.RunSweeper(ctx, s.sweep); loops <- struct{}{} }()
 	gatewayDone := make(chan struct{})
 	go func() {
@@ -161,7 +204,7 @@ func (s *Service) ServeWithGateway(ctx context.Context, ln, gw net.Listener) err
 	// Bounded reads, writes and headers: a client that trickles a request or never reads
 	// its answer holds a connection for seconds, not forever. Every answer is small and
 	// quick, so a minute to write one is generous.
-	hs := &http.Server{Handler: s.server.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+	hs := &http.Server{Handler: s.api.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: MaxHeaderBytes}
 	err, serr := serveUntil(ctx, hs, ln)
 	cancel()

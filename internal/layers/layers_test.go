@@ -28,6 +28,8 @@ func TestNoArrowUp(t *testing.T) {
 		{"discovery", "the lease domain reads workflows through workflows/contract only", discoveryForbid},
 		{"discovery/gateway", "the gateway leases through the domain and links workflows/contract only", discoveryForbid},
 		{"discovery/temporal", "the index reader links workflows/contract and workflows/proxyruns, the workflows' own readers", discoveryForbid},
+		{"discovery/httpapi", "the HTTP API serves the domain's lease operations and links workflows/contract only", discoveryForbid},
+		{"discovery/peer", "the replica set carries the domain's lease records and links workflows/contract only", discoveryForbid},
 		{"discovery/service", "discovery's process reads workflows through workflows/contract and proxyruns only", discoveryForbid},
 		{"workflows/contract", "every process links contract: it is a leaf", append(append(workflowCode, kubernetes...), module+"discovery", module+"operator")},
 		{"workflows/proxyinput", "the controller links proxyinput", workflowCode},

@@ -1,9 +1,10 @@
-package discovery_test
+package httpapi_test
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"mime"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/discovery/codes"
+	"github.com/proxyfleet/proxyfleet/discovery/service"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
@@ -255,7 +257,7 @@ func newLoadingSpecServer(t *testing.T) *specServer {
 	for _, p := range specFleet() {
 		store.Upsert(p)
 	}
-	srv := discovery.NewServer(discovery.Config{Token: specToken}, store, specSignaler{},
+	srv := service.NewAPI(discovery.Config{Token: specToken}, store, specSignaler{},
 		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	return &specServer{store: store, handler: srv.Handler(), client: discovery.DefaultClientName}
 }
@@ -269,7 +271,7 @@ func newRestoringSpecServer(t *testing.T) *specServer {
 	store.ReplaceAll(specFleet())
 	cfg := discovery.Config{Token: specToken, Replicas: discovery.ReplicaConfig{
 		Peers: []string{"http://" + testenv.FreeAddr(t), "http://" + testenv.FreeAddr(t)}, Self: 0, Tokens: []string{"peer"}}}
-	srv := discovery.NewServer(cfg, store, specSignaler{}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	srv := service.NewAPI(cfg, store, specSignaler{}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	return &specServer{store: store, handler: srv.Handler(), client: discovery.DefaultClientName}
 }
 
@@ -280,7 +282,7 @@ func newLimitedSpecServer(t *testing.T, c discovery.ClientConfig) *specServer {
 	store := discovery.NewStore(30 * time.Minute)
 	store.ReplaceAll(specFleet())
 	c.Name, c.Token = "spec", specToken
-	srv := discovery.NewServer(discovery.Config{Clients: discovery.NewClients([]discovery.ClientConfig{c})}, store, specSignaler{},
+	srv := service.NewAPI(discovery.Config{Clients: discovery.NewClients([]discovery.ClientConfig{c})}, store, specSignaler{},
 		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	s := &specServer{store: store, handler: srv.Handler(), client: c.Name}
 	if c.RequestsPerSecond > 0 {
@@ -307,6 +309,24 @@ func (s *specServer) serve(method, path, body, token string) *httptest.ResponseR
 		auth = "Bearer " + token
 	}
 	return serve(s.handler, method, path, body, auth)
+}
+
+// serve sends one request to handler, with a JSON body and an Authorization when given.
+func serve(handler http.Handler, method, path, body, auth string) *httptest.ResponseRecorder {
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req := httptest.NewRequest(method, path, r)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	rec := httptest.NewRecorder()
+	handler.ServeHTTP(rec, req)
+	return rec
 }
 
 var ginParam = regexp.MustCompile(`:([A-Za-z0-9_]+)`)

@@ -1,17 +1,17 @@
 package discovery
 
+// The bodies of the lease API's requests and answers: what the lease operations take and
+// give, whichever adapter (the HTTP API, the gateway, a peer replica) carries them.
+
 import (
-	"errors"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
-	"github.com/gin-gonic/gin"
 	"golang.org/x/net/idna"
 
 	"github.com/proxyfleet/proxyfleet/discovery/codes"
@@ -118,48 +118,6 @@ type ProxyList struct {
 	Count   int           `json:"count"`
 }
 
-func (s *Server) listProxies(c *gin.Context) {
-	for name := range c.Request.URL.Query() {
-		// An unknown parameter (region=eu for attr.region=eu, say) would otherwise be
-		// ignored, and the answer would list proxies the caller meant to exclude.
-		if name != "healthy" && !strings.HasPrefix(name, "attr.") {
-			s.fail(c, Errorf(codes.Invalid, "unknown query parameter %q: select by attribute with attr.<key>=<value>, or filter with healthy=true|false", name))
-			return
-		}
-	}
-	sel, err := ParseQuerySelector(c.Request.URL.Query())
-	if err != nil {
-		s.fail(c, Errorf(codes.InvalidSelector, "%v", err))
-		return
-	}
-	var healthy *bool
-	if h := c.Query("healthy"); h != "" {
-		v, err := strconv.ParseBool(h)
-		if err != nil {
-			s.fail(c, Errorf(codes.Invalid, "healthy must be true or false, got %q", h))
-			return
-		}
-		healthy = &v
-	}
-	list := s.store.List(sel, healthy)
-	out := ProxyList{Proxies: make([]ListedProxy, 0, len(list)), Count: len(list)}
-	for _, p := range list {
-		lp := ListedProxy{ProxyInfo: info(p.Proxy), Healthy: p.Healthy, Phase: p.Phase,
-			ActiveLeases: p.ActiveLeases, MaxLeases: p.MaxLeases}
-		for target, until := range p.Resting {
-			if lp.Cooldowns == nil {
-				lp.Cooldowns = map[string]time.Time{}
-			}
-			if target == "" {
-				target = "*"
-			}
-			lp.Cooldowns[target] = until.UTC()
-		}
-		out.Proxies = append(out.Proxies, lp)
-	}
-	c.JSON(http.StatusOK, out)
-}
-
 // LeaseRequest is the body of POST /v1/leases.
 type LeaseRequest struct {
 	Selector   Selector `json:"selector"`
@@ -201,10 +159,12 @@ func (r *LeaseRequest) Validate(cfg Config) (time.Duration, error) {
 	if r.Session != "" && !ValidSession(r.Session) {
 		return 0, Errorf(codes.Invalid, "session must be 1-128 letters, digits, '.', '_', '~', ':' or '-'")
 	}
-	return ttl(r.TTLSeconds, cfg)
+	return cfg.TTL(r.TTLSeconds)
 }
 
-func ttl(seconds int, cfg Config) (time.Duration, error) {
+// TTL is the lease duration a request's ttlSeconds asks for: cfg.DefaultTTL for none (0),
+// a 400 invalid past cfg.MaxTTL or below 0.
+func (cfg Config) TTL(seconds int) (time.Duration, error) {
 	switch {
 	case seconds < 0:
 		return 0, Errorf(codes.Invalid, "ttlSeconds must be positive")
@@ -262,39 +222,6 @@ func NormalizeTarget(t string) (string, error) {
 	return host, nil
 }
 
-func (s *Server) acquire(c *gin.Context) {
-	start := time.Now()
-	var req LeaseRequest
-	var d time.Duration
-	err := s.decode(c, &req, true)
-	if err == nil {
-		d, err = req.Validate(s.cfg)
-	}
-	if err != nil {
-		s.metrics.leaseRequests.WithLabelValues("invalid").Inc()
-		s.fail(c, err)
-		return
-	}
-	w := Want{Selector: req.Selector, Target: req.Target, Session: req.Session, TTL: d}
-	if cl := clientOf(c); cl != nil {
-		w.Client, w.MaxLeases = cl.name, cl.maxLeases
-	}
-	resp, err := s.Grant(c.Request.Context(), w, nil)
-	if err != nil {
-		if _, ok := errors.AsType[*NoMatch](err); ok {
-			s.metrics.leaseRequests.WithLabelValues("no_match").Inc()
-		}
-		if _, ok := errors.AsType[*LeaseLimit](err); ok {
-			s.metrics.throttled.WithLabelValues(w.Client, "leases").Inc()
-		}
-		s.fail(c, &opError{op: opAcquire, target: req.Target, err: err})
-		return
-	}
-	s.metrics.leaseRequests.WithLabelValues("granted").Inc()
-	s.metrics.acquireSeconds.Observe(time.Since(start).Seconds())
-	c.JSON(http.StatusCreated, resp)
-}
-
 // leaseResponse shows a lease just granted or renewed for d. The TTL is d itself, not
 // ExpiresAt minus the wall clock: ExpiresAt is on the store's clock.
 func leaseResponse(l *Lease, d time.Duration) LeaseResponse {
@@ -307,82 +234,9 @@ type RenewRequest struct {
 	TTLSeconds int `json:"ttlSeconds"`
 }
 
-func (s *Server) renew(c *gin.Context) {
-	var req RenewRequest
-	if err := s.decode(c, &req, true); err != nil {
-		s.fail(c, err)
-		return
-	}
-	d, err := ttl(req.TTLSeconds, s.cfg)
-	if err != nil {
-		s.fail(c, err)
-		return
-	}
-	resp, err := s.renewOwned(clientName(c), c.Param("id"), d)
-	if err != nil {
-		s.fail(c, err)
-		return
-	}
-	c.JSON(http.StatusOK, resp)
-}
-
-func (s *Server) release(c *gin.Context) {
-	s.releaseOwned(clientName(c), c.Param("id"))
-	c.Status(http.StatusNoContent)
-}
-
 // ReportRequest is the body of POST /v1/leases/{id}/report.
 type ReportRequest struct {
 	Result string `json:"result"`
 	// Target defaults to the lease's target; with neither, the report covers every target.
 	Target string `json:"target"`
-}
-
-func (s *Server) report(c *gin.Context) {
-	var req ReportRequest
-	if err := s.decode(c, &req, false); err != nil {
-		s.fail(c, err)
-		return
-	}
-	if err := s.reportOwned(clientName(c), c.Param("id"), req.Result, req.Target); err != nil {
-		s.fail(c, err)
-		return
-	}
-	c.Status(http.StatusNoContent)
-}
-
-// reportSession serves POST /v1/sessions/{session}/report: a report on the latest lease
-// of one of the client's sessions. It is how a crawler of the gateway, which never sees
-// a lease ID inside a tunnel, tells discovery that the site banned the proxy it was on.
-func (s *Server) reportSession(c *gin.Context) {
-	var req ReportRequest
-	if err := s.decode(c, &req, false); err != nil {
-		s.fail(c, err)
-		return
-	}
-	name := c.Param("session")
-	if !ValidSession(name) {
-		s.fail(c, Errorf(codes.Invalid, "session must be 1-128 letters, digits, '.', '_', '~', ':' or '-'"))
-		return
-	}
-	unknown := func() {
-		s.fail(c, Errorf(codes.UnknownSession, "no lease of session %q in the last %s", name, s.store.cfg.SessionIdle))
-	}
-	id, ok := s.store.SessionLease(clientName(c), name)
-	if !ok {
-		unknown()
-		return
-	}
-	err := s.ReportLease(c.Request.Context(), c.GetHeader("Authorization"), id, req.Result, req.Target)
-	if ae, _ := ErrorOf(err); err != nil && ae.Code == codes.UnknownLease {
-		// Here (ErrUnknownLease) or at the owner (its answer): the lease is past its
-		// report window, and the session with it.
-		unknown()
-		return
-	}
-	if err != nil {
-		s.fail(c, err)
-		return
-	}
-	c.Status(http.StatusNoContent)
 }

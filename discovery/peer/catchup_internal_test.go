@@ -1,4 +1,4 @@
-package discovery
+package peer
 
 import (
 	"encoding/json"
@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/proxyfleet/proxyfleet/discovery"
 )
 
 // TestBehindPeerCatchesUp: an owner waits for a hung peer's copy once, half the peer
@@ -29,7 +31,7 @@ func TestBehindPeerCatchesUp(t *testing.T) {
 				<-r.Context().Done() // the body is read: a client that hangs up ends it
 				return
 			}
-			var recs []LeaseRecord
+			var recs []discovery.LeaseRecord
 			if err := json.Unmarshal(body, &recs); err != nil {
 				http.Error(w, err.Error(), http.StatusBadRequest)
 				return
@@ -50,13 +52,19 @@ func TestBehindPeerCatchesUp(t *testing.T) {
 		return got[i][id] >= version
 	}
 	p1, p2 := peer(1), peer(2)
-	store := NewStoreWith(StoreConfig{KeepEnded: time.Minute, Replica: 0})
-	store.ReplaceAll([]Proxy{{Name: "p", Namespace: "crawl", IP: "10.0.0.1", Port: 3128, Healthy: true, Phase: "Ready", MaxLeases: 8}})
+	store := discovery.NewStoreWith(discovery.StoreConfig{KeepEnded: time.Minute, Replica: 0})
+	store.ReplaceAll([]discovery.Proxy{{Name: "p", Namespace: "crawl", IP: "10.0.0.1", Port: 3128, Healthy: true, Phase: "Ready", MaxLeases: 8}})
 	const timeout = 400 * time.Millisecond
-	s := NewServer(Config{Replicas: ReplicaConfig{Peers: []string{"http://127.0.0.1:1", p1.URL, p2.URL}, Self: 0,
-		Tokens: []string{"t"}, Timeout: timeout}}, store, nil, slog.New(slog.DiscardHandler), nil)
+	s := New(discovery.ReplicaConfig{Peers: []string{"http://127.0.0.1:1", p1.URL, p2.URL}, Self: 0,
+		Tokens: []string{"t"}, Timeout: timeout}, store, slog.New(slog.DiscardHandler), nil)
+	// replicate copies a lease as the lease operations do (discovery.Server.replicateLease).
+	replicate := func(id string) error {
+		rec, ok := store.Record(id)
+		require.True(t, ok)
+		return s.Replicate(rec)
+	}
 	grant := func() string {
-		l, err := store.Grant("crawl/p", Want{TTL: time.Minute})
+		l, err := store.Grant("crawl/p", discovery.Want{TTL: time.Minute})
 		require.NoError(t, err)
 		return l.ID
 	}
@@ -64,24 +72,24 @@ func TestBehindPeerCatchesUp(t *testing.T) {
 	hang.Store(true)
 	first := grant()
 	start := time.Now()
-	require.NoError(t, s.replicateLease(first), "replica 1 took the copy")
+	require.NoError(t, replicate(first), "replica 1 took the copy")
 	require.GreaterOrEqual(t, time.Since(start), timeout/2, "the owner waited for the hung replica's copy")
 	require.Less(t, time.Since(start), timeout, "but not for the whole peer timeout")
 	second := grant()
 	start = time.Now()
-	require.NoError(t, s.replicateLease(second))
+	require.NoError(t, replicate(second))
 	require.Less(t, time.Since(start), timeout/4, "a replica behind is not waited for")
 	require.True(t, has(1, first, 1) && has(1, second, 1))
 	require.False(t, has(2, second, 1), "the hung replica took nothing")
 
 	hang.Store(false)
-	var renewed *Lease
+	var renewed *discovery.Lease
 	require.Eventually(t, func() bool {
 		// Every change tries the replica behind again, at most once a timeout.
 		var err error
 		renewed, err = store.Renew("", first, time.Minute)
 		require.NoError(t, err)
-		require.NoError(t, s.replicateLease(first))
+		require.NoError(t, replicate(first))
 		return has(2, second, 1)
 	}, 10*time.Second, 20*time.Millisecond, "the replica that answers again is caught up")
 	rec, ok := store.Record(renewed.ID)
