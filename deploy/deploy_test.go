@@ -333,7 +333,7 @@ stringData:
 				assert.NotEqual(t, "Secret", o.Kind, "%s: Secret %s is in the manifests; secrets are created by the user, never committed", tc.dir, o.Metadata.Name)
 			}
 			for kind, n := range map[string]int{"Deployment": 2, "StatefulSet": 1, "PodDisruptionBudget": 1, "Job": 1,
-				"ServiceAccount": 3, "ClusterRoleBinding": 2, "ClusterRole": 2, "CustomResourceDefinition": 1, "ConfigMap": 1,
+				"ServiceAccount": 3, "ClusterRoleBinding": 2, "ClusterRole": 2, "CustomResourceDefinition": 2, "ConfigMap": 1,
 				"Namespace": 1} {
 				assert.Equal(t, n, kinds[kind], "%s: number of %s objects", tc.dir, kind)
 			}

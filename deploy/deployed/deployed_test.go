@@ -236,6 +236,46 @@ spec:
 		assert.NotContains(t, string(items), `"name"`, "%T left behind: %s", list, items)
 	}
 
+	// A pool of one, as a user applies it: the operator's role creates its Proxy, writes
+	// the pool's status and holds its finalizer; deleting the pool deletes the Proxy and its
+	// pod before the pool goes.
+	poolPort := freePort(t)
+	kubectl(t, c, fmt.Sprintf(`apiVersion: crawl.example.com/v1alpha1
+kind: ProxyPool
+metadata: {name: walkers, namespace: %s}
+spec:
+  replicas: 1
+  template:
+    spec:
+      provider: kubernetes
+      kubernetes: {}
+      port: %d
+      attributes: {pool: walkers}
+      egress:
+        allowedDestinations: ["127.0.0.1/32"]
+        ports: [%s]
+      healthCheck: {url: "%s/", interval: 2s, timeout: 1s}
+`, crawlNS, poolPort, siteURL.Port(), site.URL), "apply", "--server-side", "-f", "-")
+	poolKey := types.NamespacedName{Namespace: crawlNS, Name: "walkers"}
+	c.eventually(t, "the pool creates its Proxy", func() bool {
+		return c.exists(t, &v1alpha1.Proxy{}, types.NamespacedName{Namespace: crawlNS, Name: "walkers-0"})
+	})
+	member := c.waitProxy(t, types.NamespacedName{Namespace: crawlNS, Name: "walkers-0"}, "the pool's Proxy Ready", func(px *v1alpha1.Proxy) bool {
+		return px.Status.Phase == v1alpha1.PhaseReady && px.Status.InstanceName != ""
+	})
+	c.eventually(t, "the pool counts its Proxy Ready", func() bool {
+		var pl v1alpha1.ProxyPool
+		return c.k.Client.Get(ctx, poolKey, &pl) == nil && pl.Status.ReadyReplicas == 1 && pl.Status.Selector != ""
+	})
+	lease = c.acquire(t, api(1), map[string]string{"pool": "walkers"})
+	assert.Equal(t, "hello from the site\n", fetchThrough(t, lease.Proxy.URL, site.URL))
+	require.NoError(t, api(1).Release(ctx, lease.ID))
+	require.NoError(t, c.k.Client.Delete(ctx, &v1alpha1.ProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: crawlNS, Name: "walkers"}}))
+	c.eventually(t, "the pool is gone, after its Proxy", func() bool {
+		return !c.exists(t, &v1alpha1.ProxyPool{}, poolKey) && !c.exists(t, &v1alpha1.Proxy{}, types.NamespacedName{Namespace: crawlNS, Name: "walkers-0"})
+	})
+	assert.False(t, c.exists(t, &corev1.Pod{}, types.NamespacedName{Namespace: crawlNS, Name: member.Status.InstanceName}), "the member's pod left behind")
+
 	// Sweep: an instance of this installation whose Proxy never existed. Younger than the
 	// minimum age the manifest leaves at its default, it is found and spared; what counts
 	// here is that the worker's ServiceAccount lists what the sweep must list.
