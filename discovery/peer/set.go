@@ -70,6 +70,12 @@ func New(cfg discovery.ReplicaConfig, store *discovery.Store, log *slog.Logger, 
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 2 * time.Second
 	}
+	if cfg.RestoreLimit <= 0 {
+		// The longest TTL a lease can have by default: by then every lease granted before
+		// this replica stopped has expired unless renewed. Giving up sooner would serve
+		// without leases crawlers still hold. (service.NewAPI passes the configured one.)
+		cfg.RestoreLimit = discovery.DefaultMaxTTL
+	}
 	peers := make([]string, len(cfg.Peers))
 	for i, p := range cfg.Peers {
 		peers[i] = strings.TrimSuffix(p, "/")
