@@ -126,6 +126,9 @@ type LeaseRequest struct {
 	Target string `json:"target"`
 	// Session keeps the crawler on one proxy across leases (Store.Lease).
 	Session string `json:"session"`
+	// WaitSeconds, when no proxy can take the lease now, is how long to wait for one
+	// (Server.GrantWaiting) before answering the 409; 0 answers at once.
+	WaitSeconds int `json:"waitSeconds"`
 }
 
 // LeaseResponse is the body of a granted lease (201) and a renewal (200).

@@ -271,6 +271,7 @@ func (s *Store) Grant(proxyID string, w Want) (*Lease, error) {
 
 // pickLocked is the proxy Lease chooses (see there), or nil.
 func (s *Store) pickLocked(v *view, w Want, now time.Time, skip func(string) bool) *entry {
+	s.picks.Add(1)
 	var pick *entry
 	take := func(e *entry) bool {
 		if s.cooling(e, w.Target, now) || (skip != nil && skip(e.id)) {
@@ -381,7 +382,7 @@ func (s *Store) Release(client, id string) (known bool) {
 
 // endLocked ends a live lease, keeping it for reports until keepUntil.
 func (s *Store) endLocked(l *lease, keepUntil time.Time) {
-	s.freed.Add(1)
+	s.markFreedLocked()
 	delete(s.leases, l.key)
 	if s.byClient[l.client]--; s.byClient[l.client] <= 0 {
 		delete(s.byClient, l.client)

@@ -19,6 +19,10 @@ type serverMetrics struct {
 	refreshErrors        *prometheus.CounterVec
 	throttled            *prometheus.CounterVec
 	clientsReloadErrors  prometheus.Counter
+	// acquireWaits counts the acquires that waited for a proxy, by outcome; acquireWaiting
+	// is how many wait now.
+	acquireWaits   *prometheus.CounterVec
+	acquireWaiting prometheus.Gauge
 	// lastRefresh is the unix nanosecond time of the last successful refresh.
 	lastRefresh atomic.Int64
 }
@@ -54,6 +58,17 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 			Name: "proxyfleet_discovery_clients_reload_errors_total",
 			Help: "Reloads of the clients file that failed (the clients loaded before stay in force).",
 		}),
+		acquireWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_discovery_acquire_waits_total",
+			Help: "Acquires (POST /v1/leases with waitSeconds) that waited for a proxy, by outcome: granted, timeout (the 409), canceled (the crawler left), refused (another refusal ended the wait).",
+		}, []string{"outcome"}),
+		acquireWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "proxyfleet_discovery_acquire_waiting",
+			Help: "Acquires waiting for a proxy now.",
+		}),
+	}
+	for _, o := range []string{waitGranted, waitTimedOut, waitCanceled, waitRefused} {
+		m.acquireWaits.WithLabelValues(o) // exported at 0 before the first wait
 	}
 	if reg == nil {
 		return m
@@ -63,7 +78,7 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 			func() float64 { return float64(f(store.Stats())) })
 	}
 	reg.MustRegister(m.reports, m.reportsCoalesced, m.reportSignalFailures,
-		m.refreshSeconds, m.refreshErrors, m.throttled, m.clientsReloadErrors,
+		m.refreshSeconds, m.refreshErrors, m.throttled, m.clientsReloadErrors, m.acquireWaits, m.acquireWaiting,
 		clientLeasesCollector{store: store, clients: clients,
 			desc: prometheus.NewDesc("proxyfleet_discovery_client_leases", "Live leases by client name.", []string{"client"}, nil)},
 		gauge("proxyfleet_discovery_leases_active", "Leases held right now (in a replica set, every replica counts all of them).", func(s Stats) int { return s.Leases }),

@@ -3,6 +3,7 @@ package discovery
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +22,9 @@ type Config struct {
 	// CooldownRateLimited and CooldownBanned are how long a proxy rests for a target after
 	// such a report.
 	CooldownRateLimited, CooldownBanned time.Duration
+	// MaxAcquireWait is the longest wait an acquire may ask for (waitSeconds; more is a
+	// 400). Default DefaultMaxAcquireWait.
+	MaxAcquireWait time.Duration
 	// BodyLimit caps request bodies (default 64 KiB).
 	BodyLimit int64
 	// TrustedProxies are the addresses or CIDRs of load balancers whose X-Forwarded-For
@@ -55,6 +59,7 @@ func (c *Config) defaults() {
 	orDefault(&c.MaxTTL, DefaultMaxTTL)
 	orDefault(&c.CooldownRateLimited, DefaultCooldownRateLimited)
 	orDefault(&c.CooldownBanned, DefaultCooldownBanned)
+	orDefault(&c.MaxAcquireWait, DefaultMaxAcquireWait)
 	if c.BodyLimit <= 0 {
 		c.BodyLimit = DefaultBodyLimit
 	}
@@ -83,6 +88,10 @@ type Server struct {
 	peers Peers
 	// clients is nil when authentication is off.
 	clients *Clients
+	// waiters are the acquires waiting for a proxy (GrantWaiting), woken by the store;
+	// waitChecks counts the grants they tried again.
+	waiters    waitQueue
+	waitChecks atomic.Int64
 }
 
 // NewServer builds the lease operations. reg may be nil (no metrics).
@@ -97,6 +106,7 @@ func NewServer(cfg Config, store *Store, signal Signaler, log *slog.Logger, reg 
 		s.clients = singleClient(cfg.Token)
 	}
 	s.metrics = newServerMetrics(reg, store, s.clients)
+	store.notifyFreed(s.waiters.wake)
 	if s.clients == nil {
 		log.Warn("WARNING: discovery runs WITHOUT authentication: no bearer token is configured; anyone who can reach it can lease proxies")
 	}

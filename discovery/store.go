@@ -246,6 +246,13 @@ type Store struct {
 	// when it moved, not on every tick of its clock: waiting costs the store nothing while
 	// nothing changes, however many wait.
 	freed atomic.Uint64
+	// onFreed are called, under mu, each time freed moves: the acquires waiting for a slot
+	// look again then (Server.GrantWaiting), one at a time. Each must be quick and must not
+	// take mu.
+	onFreed []func()
+	// picks counts the looks for a proxy to lease (every grant tried, and every pick in a
+	// replica set): what acquiring, and waiting to, costs the store.
+	picks atomic.Uint64
 
 	leases map[leaseKey]*lease
 	// byClient counts the live leases by client name.
@@ -417,7 +424,7 @@ func (s *Store) upsertLocked(p Proxy) {
 	id := p.ID()
 	e, ok := s.proxies[id]
 	if !ok || (p.Healthy && !e.p.Healthy) || p.MaxLeases > e.p.MaxLeases || !maps.Equal(p.Attributes, e.p.Attributes) {
-		s.freed.Add(1)
+		s.markFreedLocked()
 	}
 	if ok {
 		s.detach(e)
@@ -537,6 +544,28 @@ func (s *Store) Loaded() bool { return s.loaded.Load() }
 // Freed counts the changes that may let a grant refused before through (see Store.freed):
 // while it stands still, a grant refused for want of a slot is refused again.
 func (s *Store) Freed() uint64 { return s.freed.Load() }
+
+// Picks counts the looks for a proxy to lease so far: every grant the store tried, and
+// every pick of a replica set's acquire. A waiting acquire that looks only when something
+// changed leaves it still while nothing does.
+func (s *Store) Picks() uint64 { return s.picks.Load() }
+
+// markFreedLocked counts a change that may let a refused grant through, and tells those
+// waiting for one (onFreed).
+func (s *Store) markFreedLocked() {
+	s.freed.Add(1)
+	for _, f := range s.onFreed {
+		f()
+	}
+}
+
+// notifyFreed has f called each time the store counts a change that may free a slot
+// (Freed moves), under the store's lock: f must be quick and must not call the store.
+func (s *Store) notifyFreed(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onFreed = append(s.onFreed, f)
+}
 
 // Len is the number of proxies in the index.
 func (s *Store) Len() int {

@@ -27,6 +27,7 @@ func main() {
 	listen := flag.String("listen", cmdline.Env("DISCOVERY_LISTEN", "127.0.0.1:8090"), "address of the API, /healthz, /readyz and /metrics (env DISCOVERY_LISTEN)")
 	flag.DurationVar(&cfg.API.DefaultTTL, "default-ttl", discovery.DefaultTTL, "lease TTL when a request gives none")
 	flag.DurationVar(&cfg.API.MaxTTL, "max-ttl", discovery.DefaultMaxTTL, "longest TTL a lease or renewal may ask for")
+	flag.DurationVar(&cfg.API.MaxAcquireWait, "max-acquire-wait", discovery.DefaultMaxAcquireWait, "longest an acquire may wait for a proxy when none can take it (its waitSeconds; more is a 400)")
 	flag.DurationVar(&cfg.API.CooldownRateLimited, "cooldown-rate-limited", discovery.DefaultCooldownRateLimited, "cooldown of a proxy for a target after a rate_limited report")
 	flag.DurationVar(&cfg.API.CooldownBanned, "cooldown-banned", discovery.DefaultCooldownBanned, "cooldown of a proxy for a target after a banned report")
 	flag.DurationVar(&cfg.RefreshInterval, "refresh-interval", temporal.DefaultRefreshInterval, "how often the index reads what changed in Temporal")

@@ -215,6 +215,8 @@ type leaseRequest struct {
 	TTLSeconds int               `json:"ttlSeconds,omitempty"`
 	Target     string            `json:"target,omitempty"`
 	Session    string            `json:"session,omitempty"`
+	// WaitSeconds is AcquireRequest.Wait.
+	WaitSeconds int `json:"waitSeconds,omitempty"`
 }
 
 type renewRequest struct {
@@ -343,16 +345,34 @@ type AcquireRequest struct {
 	// gets the same proxy while it is healthy, has a free slot and is not resting for the
 	// target, on any discovery replica. 1-128 letters, digits, '.', '_', '~', ':' or '-'.
 	Session string
+	// Wait, when no proxy can take the lease now, is how long discovery waits for one
+	// (a lease released or expired, a proxy added to the fleet) before it answers the 409:
+	// zero answers at once. It is sent in whole seconds, rounded up; more than the
+	// server's maximum (--max-acquire-wait, 1m by default) is an error. The request's
+	// context still bounds the whole call: give it longer than Wait. An http.Client of
+	// WithHTTPClient with a Timeout gets Wait added to it for this call.
+	Wait time.Duration
 }
 
 // Acquire leases a proxy for req: without a session, the least leased and, among those,
 // the one leased longest ago, so that successive leases walk the fleet. When none is
 // available the error satisfies IsNoMatch (its RetryAfter says when one frees up); until
 // discovery has loaded its index, it satisfies IsIndexLoading instead (retry shortly).
+// With req.Wait, discovery waits that long for a proxy before the IsNoMatch answer; a
+// crawler that gives up meanwhile (ctx ends) holds nothing.
 func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (*Lease, error) {
-	body := leaseRequest{Selector: req.Selector, TTLSeconds: seconds(req.TTL), Target: req.Target, Session: req.Session}
+	body := leaseRequest{Selector: req.Selector, TTLSeconds: seconds(req.TTL), Target: req.Target, Session: req.Session,
+		WaitSeconds: seconds(req.Wait)}
+	hc := c.hc
+	if body.WaitSeconds > 0 && hc.Timeout > 0 {
+		// The server answers only once the wait is over: the client's bound is for the
+		// exchange, on top of it.
+		longer := *hc
+		longer.Timeout += time.Duration(body.WaitSeconds) * time.Second
+		hc = &longer
+	}
 	var out Lease
-	if err := c.do(ctx, http.MethodPost, "/v1/leases", body, &out); err != nil {
+	if err := c.doWith(ctx, hc, http.MethodPost, "/v1/leases", body, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -409,6 +429,11 @@ const maxErrorBody = 64 << 10
 // do sends in (if not nil) as JSON and decodes a 2xx answer into out (if not nil); other
 // answers become an *Error.
 func (c *Client) do(ctx context.Context, method, path string, in any, out any) error {
+	return c.doWith(ctx, c.hc, method, path, in, out)
+}
+
+// doWith is do through hc.
+func (c *Client) doWith(ctx context.Context, hc *http.Client, method, path string, in any, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -428,7 +453,7 @@ func (c *Client) do(ctx context.Context, method, path string, in any, out any) e
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
-	resp, err := c.hc.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("discovery: %s %s: %w", method, path, err)
 	}

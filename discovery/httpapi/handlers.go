@@ -42,10 +42,13 @@ func (s *Server) listProxies(c *gin.Context) {
 func (s *Server) acquire(c *gin.Context) {
 	start := time.Now()
 	var req discovery.LeaseRequest
-	var d time.Duration
+	var d, wait time.Duration
 	err := s.decode(c, &req, true)
 	if err == nil {
 		d, err = req.Validate(s.cfg)
+	}
+	if err == nil {
+		wait, err = s.cfg.Wait(req.WaitSeconds)
 	}
 	if err != nil {
 		s.metrics.leaseRequests.WithLabelValues("invalid").Inc()
@@ -56,7 +59,7 @@ func (s *Server) acquire(c *gin.Context) {
 	if cl := clientOf(c); cl != nil {
 		w.Client, w.MaxLeases = cl.Name(), cl.MaxLeases()
 	}
-	resp, err := s.ops.Grant(c.Request.Context(), w, nil)
+	resp, err := s.ops.GrantWaiting(c.Request.Context(), w, wait)
 	if err != nil {
 		if _, ok := errors.AsType[*discovery.NoMatch](err); ok {
 			s.metrics.leaseRequests.WithLabelValues("no_match").Inc()

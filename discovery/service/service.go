@@ -203,9 +203,10 @@ func (s *Service) ServeWithGateway(ctx context.Context, ln, gw net.Listener) err
 
 	// Bounded reads, writes and headers: a client that trickles a request or never reads
 	// its answer holds a connection for seconds, not forever. Every answer is small and
-	// quick, so a minute to write one is generous.
+	// quick, so a minute to write one is generous, after the longest an acquire may wait
+	// for a proxy (waitSeconds).
 	hs := &http.Server{Handler: s.api.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
-		WriteTimeout: time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: MaxHeaderBytes}
+		WriteTimeout: time.Minute + s.api.Config().MaxAcquireWait, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: MaxHeaderBytes}
 	err, serr := serveUntil(ctx, hs, ln)
 	cancel()
 	if serr != nil {

@@ -1,0 +1,276 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/proxyfleet/proxyfleet/discovery/codes"
+)
+
+// Waiting acquires: POST /v1/leases with waitSeconds. An acquire that no proxy can take
+// now (a 409) waits, up to the wait it asked for, until one can: a lease ends (released,
+// expired, or ended on another replica, whose copy arrives here), or the index gains a
+// proxy that could take it (a pool scaled to zero starting one), or a proxy turns healthy
+// or takes more leases. Every such change moves the store's count of freeing changes
+// (Store.Freed), and wakes the first waiter (waitQueue, first come first served), which
+// hands the wake on to the next when the change is of no use to it. Each waiter also
+// looks by itself at most every waitPoll, and only when that count moved or when the
+// refusal's Retry-After came (a cooldown that ends is no change to the store): while
+// nothing changes, a thousand waiting acquires cost the store nothing.
+//
+// The gateway waits for a slot the same way (discovery/gateway's slotWaiters, woken by
+// its own releases); this is the queue of the API's acquires, woken by the store.
+
+// DefaultMaxAcquireWait is the longest waitSeconds an acquire may ask for by default
+// (cmd/discovery's --max-acquire-wait).
+const DefaultMaxAcquireWait = time.Minute
+
+// waitPoll is how often a waiting acquire looks for a proxy by itself: wakes come at once
+// for every change the store counts; this only bounds how late a waiter notices a wake
+// handed on past it, or one dropped because every waiter had one pending.
+const waitPoll = 500 * time.Millisecond
+
+// Wait is the wait a request's waitSeconds asks for: none for 0, a 400 invalid below 0
+// or past cfg.MaxAcquireWait.
+func (cfg Config) Wait(seconds int) (time.Duration, error) {
+	switch {
+	case seconds < 0:
+		return 0, Errorf(codes.Invalid, "waitSeconds must not be negative")
+	case int64(seconds) > int64(cfg.MaxAcquireWait/time.Second):
+		return 0, Errorf(codes.Invalid, "waitSeconds %d exceeds the maximum of %d", seconds, int(cfg.MaxAcquireWait/time.Second))
+	}
+	return time.Duration(seconds) * time.Second, nil
+}
+
+// GrantWaiting is Grant (of any proxy), waiting up to wait when no proxy can take the
+// lease now (see above). It answers the lease once one could be granted; the refusal (the
+// 409, as Grant answers it, looked at again when the wait ends) when none could within
+// wait; and, when the crawler left (ctx ended) meanwhile, an error nobody reads: nothing
+// is held for it, a lease granted as it left is ended. Other refusals (the client's own
+// cap, an owner that cannot answer) are answered at once, as without a wait.
+func (s *Server) GrantWaiting(ctx context.Context, w Want, wait time.Duration) (*LeaseResponse, error) {
+	freed := s.store.Freed()
+	l, err := s.Grant(ctx, w, nil)
+	if err == nil || wait <= 0 || !worthWaiting(err) || ctx.Err() != nil {
+		return l, err
+	}
+	s.metrics.acquireWaiting.Inc()
+	defer s.metrics.acquireWaiting.Dec()
+	l, err, outcome := s.waitForSlot(ctx, w, wait, err, freed)
+	s.metrics.acquireWaits.WithLabelValues(outcome).Inc()
+	return l, err
+}
+
+// Outcomes of a waiting acquire, the label of proxyfleet_discovery_acquire_waits_total.
+const (
+	waitGranted  = "granted"  // a proxy took the lease within the wait
+	waitTimedOut = "timeout"  // none could within the wait: the 409
+	waitCanceled = "canceled" // the crawler left
+	waitRefused  = "refused"  // another refusal ended the wait (the client's cap, an owner down)
+)
+
+func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, refusal error, freed uint64) (*LeaseResponse, error, string) {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	poll := time.NewTimer(pollAfter(refusal))
+	defer poll.Stop()
+	me := s.waiters.join()
+	defer s.waiters.leave(me)
+	// A change between the refusal and join woke nobody for this acquire: look again.
+	again := s.store.Freed() != freed
+	// The store's count at the last look, and when the refusal said a proxy frees up by
+	// itself (a cooldown ending moves no count): a tick of poll before then that finds the
+	// count unmoved looks at nothing.
+	seen, due := freed, dueOf(refusal)
+	for {
+		woken, last := false, false
+		if !again {
+			select {
+			case <-ctx.Done():
+				return nil, errCrawlerLeft(), waitCanceled
+			case <-deadline.C:
+				last = true // one more look, for today's 409 as of now
+			case <-me.turn:
+				s.waiters.took(me)
+				woken = true
+			case <-poll.C:
+				if s.store.Freed() == seen && (due.IsZero() || time.Now().Before(due)) {
+					poll.Reset(pollAfter(refusal))
+					continue
+				}
+			}
+		}
+		again = false
+		seen = s.store.Freed()
+		s.waitChecks.Add(1)
+		l, err := s.Grant(ctx, w, nil)
+		switch {
+		case err == nil:
+			if ctx.Err() != nil {
+				s.abandon(ctx, w.Client, l)
+				return nil, errCrawlerLeft(), waitCanceled
+			}
+			return l, nil, waitGranted
+		case ctx.Err() != nil:
+			return nil, errCrawlerLeft(), waitCanceled
+		case !worthWaiting(err):
+			return nil, err, waitRefused
+		case last:
+			return nil, err, waitTimedOut
+		}
+		refusal = err
+		if woken {
+			s.waiters.pass(me)
+		}
+		due = dueOf(refusal)
+		poll.Reset(pollAfter(refusal))
+	}
+}
+
+// abandon ends lease l, granted for client's crawler that left before it got it: nobody
+// would hold it, and it would take its slot for its whole TTL (see handOver).
+func (s *Server) abandon(ctx context.Context, client string, l *LeaseResponse) {
+	if s.peers != nil {
+		if owner, ok := LeaseOwner(l.LeaseID); ok && owner != s.peers.Self() {
+			if err := s.peers.EndGrant(ctx, owner, client, l.LeaseID); err != nil {
+				s.log.Info("a lease granted for a crawler that left was not ended: it frees up when it expires", "lease", l.LeaseID, "error", err)
+			}
+			return
+		}
+	}
+	s.ReleaseOwned(client, l.LeaseID)
+}
+
+// worthWaiting says whether a refused acquire may be granted later by waiting: no proxy
+// can take it now (409), whether some matching proxy is full or resting, or none matches
+// yet (a pool scaled to zero starts one). The refusal may be this replica's or, in a
+// replica set, the answer of a proxy's owner.
+func worthWaiting(err error) bool { return noMatchOf(err) != nil }
+
+// noMatchOf is the NoMatch a refusal carries: the store's own, or the one another replica
+// answered with.
+func noMatchOf(err error) *NoMatch {
+	if nm, ok := errors.AsType[*NoMatch](err); ok {
+		return nm
+	}
+	if ae, ok := errors.AsType[*APIError](err); ok && ae.Code == codes.NoMatch {
+		return ae.NoMatch
+	}
+	return nil
+}
+
+// dueOf is when the refusal said a proxy frees up by itself, or zero.
+func dueOf(refusal error) time.Time {
+	if nm := noMatchOf(refusal); nm != nil && nm.RetryAfter > 0 {
+		return time.Now().Add(nm.RetryAfter)
+	}
+	return time.Time{}
+}
+
+// pollAfter is how long a waiter waits before it looks by itself: waitPoll, or less when
+// the refusal said a proxy frees up sooner.
+func pollAfter(refusal error) time.Duration {
+	d := waitPoll
+	if nm := noMatchOf(refusal); nm != nil && nm.RetryAfter > 0 {
+		d = min(d, max(nm.RetryAfter, 5*time.Millisecond))
+	}
+	return d
+}
+
+// WaitChecks counts the grants waiting acquires tried again: what waiting cost the store.
+func (s *Server) WaitChecks() int64 { return s.waitChecks.Load() }
+
+// Waiting is how many acquires wait for a proxy now.
+func (s *Server) Waiting() int {
+	s.waiters.mu.Lock()
+	defer s.waiters.mu.Unlock()
+	return len(s.waiters.queue)
+}
+
+// waitQueue is where acquires that no proxy could take wait for one. The store's changes
+// that may free a slot wake the first waiter without a pending wake; one that cannot use
+// the change hands it on to the next (pass). The zero value is ready to use.
+type waitQueue struct {
+	mu    sync.Mutex
+	queue []*waiter
+}
+
+// waiter is one waiting acquire.
+type waiter struct {
+	// turn carries a wake; it holds at most one, since a waiter with one pending
+	// (signalled) is passed over.
+	turn chan struct{}
+	// signalled, under waitQueue.mu, says a wake is in turn and not taken yet.
+	signalled bool
+}
+
+// join adds a waiter at the back of the queue.
+func (q *waitQueue) join() *waiter {
+	w := &waiter{turn: make(chan struct{}, 1)}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.queue = append(q.queue, w)
+	return w
+}
+
+// leave removes w. A wake it was given and did not take goes to the next waiter.
+func (q *waitQueue) leave(w *waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	i := q.indexLocked(w)
+	if i < 0 {
+		return
+	}
+	q.queue = append(q.queue[:i], q.queue[i+1:]...)
+	if w.signalled {
+		w.signalled = false
+		q.signalLocked(i)
+	}
+}
+
+// took records that w has taken its wake and is looking: a change meanwhile wakes it again.
+func (q *waitQueue) took(w *waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	w.signalled = false
+}
+
+// wake says a slot may have freed up: the first waiter without a pending wake gets one.
+// The store calls it under its lock; it takes only the queue's.
+func (q *waitQueue) wake() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.signalLocked(0)
+}
+
+// pass hands the wake w took on to the waiters behind it: the change did not suit w.
+func (q *waitQueue) pass(w *waiter) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if i := q.indexLocked(w); i >= 0 {
+		q.signalLocked(i + 1)
+	}
+}
+
+// signalLocked wakes the first waiter from index from on that has no wake pending. When
+// every one has, the wake is dropped: each of them will look at the store anyway.
+func (q *waitQueue) signalLocked(from int) {
+	for _, w := range q.queue[min(from, len(q.queue)):] {
+		if !w.signalled {
+			w.signalled = true
+			w.turn <- struct{}{}
+			return
+		}
+	}
+}
+
+func (q *waitQueue) indexLocked(w *waiter) int {
+	for i, x := range q.queue {
+		if x == w {
+			return i
+		}
+	}
+	return -1
+}
