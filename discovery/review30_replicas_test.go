@@ -112,6 +112,10 @@ func TestReview30AskerGoneEndsTheGrant(t *testing.T) {
 	require.Error(t, err, "the owner answers once it stopped waiting for the hung replica's copy")
 	require.Eventually(t, func() bool { return rs.nodes[1].store.Stats().Leases == 0 }, 5*time.Second, 10*time.Millisecond,
 		"replica 1 holds a lease no replica received")
+	// Replica 0 picks over the copies it holds: the ended lease's copy reaches it after
+	// the owner ended it.
+	require.Eventually(t, func() bool { return rs.nodes[0].store.Stats().Leases == 0 }, 5*time.Second, 10*time.Millisecond,
+		"replica 0 never learnt that the grant ended")
 	l, err := rs.client(0).Acquire(context.Background(), dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
 	require.NoError(t, err, "the only slot is free")
 	require.NoError(t, rs.client(0).Release(context.Background(), l.ID))

@@ -31,7 +31,9 @@ import (
 // gateway's bound is ResponseHeaderTimeout, for the body's silences as for the headers.
 func TestReview30PipelinedCrawlerHangsUpOnAStalledAnswer(t *testing.T) {
 	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *gateway.Config, _ []discovery.Proxy) {
-		g.ResponseHeaderTimeout = 200 * time.Millisecond
+		// Short, so the test ends soon, yet long enough that a loaded machine's scheduling
+		// never makes the stream's start look like a stall.
+		g.ResponseHeaderTimeout = time.Second
 	})
 	s := newAnswersSite(t)
 	c := e.rawCrawler(gwClient)
