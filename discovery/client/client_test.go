@@ -764,3 +764,42 @@ func TestThrottled(t *testing.T) {
 
 	assert.False(t, IsThrottled(&Error{Status: http.StatusTooManyRequests, Code: CodeReportLimit}), "a report limit is the lease's, not the client's")
 }
+
+// TestAcquireWait: Wait reaches discovery as waitSeconds: an acquire on a full proxy waits
+// and gets the slot a release frees, one that none frees gets the 409 once the wait is
+// over, and an HTTP client's Timeout shorter than the wait does not cut the wait short.
+func TestAcquireWait(t *testing.T) {
+	f := newFixture(t, proxy("only", true, 1, nil))
+	ctx := t.Context()
+	held, err := f.client.Acquire(ctx, AcquireRequest{})
+	require.NoError(t, err)
+
+	short := New(f.url, testToken, WithHTTPClient(&http.Client{Timeout: 300 * time.Millisecond}))
+	start := time.Now()
+	_, err = short.Acquire(ctx, AcquireRequest{Wait: time.Second})
+	require.True(t, IsNoMatch(err), "the 409 after the wait, not the client's timeout: %v", err)
+	assert.GreaterOrEqual(t, time.Since(start), time.Second)
+
+	got := make(chan error, 1)
+	go func() {
+		l, err := short.Acquire(ctx, AcquireRequest{Wait: 30 * time.Second})
+		if err == nil && l.Proxy.Name != "only" {
+			err = fmt.Errorf("leased %s", l.Proxy.Name)
+		}
+		got <- err
+	}()
+	require.Eventually(t, func() bool { return f.store.Picks() >= 4 }, 10*time.Second, 5*time.Millisecond,
+		"the waiting acquire's first look")
+	require.NoError(t, f.client.Release(ctx, held.ID))
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiting acquire was not granted the freed slot")
+	}
+
+	_, err = f.client.Acquire(ctx, AcquireRequest{Wait: 2 * time.Hour})
+	e := apiError(t, err)
+	assert.Equal(t, CodeInvalid, e.Code)
+	assert.Contains(t, e.Message, "waitSeconds")
+}
