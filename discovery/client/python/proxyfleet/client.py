@@ -96,11 +96,13 @@ class Client:
     bearer token."""
 
     def __init__(self, url: str, token: str, timeout: float = 10.0,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, max_wait: int = 60):
         self.url = url.rstrip("/")
         self._token = token
         self.timeout = timeout
         self._sleep = sleep
+        # The longest wait discovery takes in one acquire (its --max-acquire-wait).
+        self.max_wait = max_wait
 
     def __repr__(self) -> str:  # never the token
         return f"Client({self.url!r})"
@@ -118,9 +120,11 @@ class Client:
 
     def acquire(self, selector: Optional[Dict[str, str]] = None, target: str = "", session: str = "",
                 ttl: Optional[int] = None, wait: float = 0.0) -> Lease:
-        """Lease a proxy. With ``wait`` > 0, answers that say to retry (409 with a
-        Retry-After, 429, 503) are retried after the time they give, until ``wait``
-        seconds have passed; then the last error is raised."""
+        """Lease a proxy. With ``wait`` > 0, discovery itself waits for a proxy when none
+        can take the lease now (``waitSeconds``, whole seconds, at most ``max_wait`` per
+        request), and the request's timeout is the client's plus that wait; answers that
+        still say to retry (409 with a Retry-After, 429, 503) are retried after the time
+        they give, until ``wait`` seconds have passed; then the last error is raised."""
         body: Dict[str, Any] = {}
         if selector:
             body["selector"] = selector
@@ -132,8 +136,15 @@ class Client:
             body["ttlSeconds"] = int(ttl)
         deadline = time.monotonic() + wait
         while True:
+            # Whole seconds, never past the caller's wait (but for the time it took to get
+            # here) nor discovery's maximum.
+            server_wait = max(0, min(int(deadline - time.monotonic() + 0.05), int(self.max_wait)))
+            if server_wait:
+                body["waitSeconds"] = server_wait
+            else:
+                body.pop("waitSeconds", None)
             try:
-                return Lease._from(self._call("POST", "/v1/leases", body))
+                return Lease._from(self._call("POST", "/v1/leases", body, timeout=self.timeout + server_wait))
             except (NoProxy, Throttled, Unavailable) as e:
                 pause = e.retry_after
                 if pause is None or time.monotonic() + pause > deadline:
@@ -173,7 +184,8 @@ class Client:
 
     # -- plumbing -------------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, body: Optional[Dict[str, Any]] = None) -> Any:
+    def _call(self, method: str, path: str, body: Optional[Dict[str, Any]] = None,
+              timeout: Optional[float] = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method)
         req.add_header("Authorization", "Bearer " + self._token)
@@ -182,7 +194,7 @@ class Client:
         # Discovery is reached directly, never through the process's own proxy settings.
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
-            with opener.open(req, timeout=self.timeout) as resp:
+            with opener.open(req, timeout=self.timeout if timeout is None else timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as e:
             raise _error(e.code, e.read(), e.headers.get("Retry-After")) from None
