@@ -53,7 +53,7 @@ func (cfg Config) Wait(seconds int) (time.Duration, error) {
 func (s *Server) GrantWaiting(ctx context.Context, w Want, wait time.Duration) (*LeaseResponse, error) {
 	freed := s.store.Freed()
 	l, err := s.Grant(ctx, w, nil)
-	if err == nil || wait <= 0 || !worthWaiting(err) || ctx.Err() != nil {
+	if err == nil || wait <= 0 || !worthWaiting(err) || ctx.Err() != nil || s.stoppingWaits() {
 		return l, err
 	}
 	s.metrics.acquireWaiting.Inc()
@@ -69,7 +69,25 @@ const (
 	waitTimedOut = "timeout"  // none could within the wait: the 409
 	waitCanceled = "canceled" // the crawler left
 	waitRefused  = "refused"  // another refusal ended the wait (the client's cap, an owner down)
+	waitStopped  = "stopped"  // discovery is stopping: the 503 that says to retry
 )
+
+// StopWaiting ends every wait of an acquire, now and to come, with a 503 that says to
+// retry (another replica, or this one restarted, takes the wait on): discovery is
+// stopping, and would otherwise cut them off when it stops waiting for requests in
+// flight, long before their waits end.
+func (s *Server) StopWaiting() {
+	s.stopWaits.Do(func() { close(s.waitsStopped) })
+}
+
+func (s *Server) stoppingWaits() bool {
+	select {
+	case <-s.waitsStopped:
+		return true
+	default:
+		return false
+	}
+}
 
 func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, refusal error, freed uint64) (*LeaseResponse, error, string) {
 	deadline := time.NewTimer(wait)
@@ -90,6 +108,8 @@ func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, re
 			select {
 			case <-ctx.Done():
 				return nil, errCrawlerLeft(), waitCanceled
+			case <-s.waitsStopped:
+				return nil, Unavailable("discovery is stopping: retry, and the wait goes on at another replica"), waitStopped
 			case <-deadline.C:
 				last = true // one more look, for today's 409 as of now
 			case <-me.turn:

@@ -334,3 +334,26 @@ func TestThousandWaitersCostNothing(t *testing.T) {
 	h.waiting(0)
 	t.Logf("%d waiters served over %d slots with %d looks while waiting", waiters, proxies, h.srv.WaitChecks()-checks)
 }
+
+// TestAcquireWaitStopsWithDiscovery: as discovery stops, a waiting acquire is answered at
+// once with a 503 that says to retry (another replica takes the wait on), and a new one
+// does not wait.
+func TestAcquireWaitStopsWithDiscovery(t *testing.T) {
+	h := newWaitHarness(t, defaultConfig(), proxy("only", 10, true, nil))
+	h.acquire(`{}`)
+	ch := acquireAsync(context.Background(), h.client(), dclient.AcquireRequest{Wait: 60 * time.Second})
+	h.waiting(1)
+	h.srv.StopWaiting()
+	got := receive(t, ch)
+	require.True(t, dclient.IsReplicasUnavailable(got.err), "%v", got.err)
+	var e *dclient.Error
+	require.ErrorAs(t, got.err, &e)
+	assert.Equal(t, 1, e.RetryAfterSeconds)
+	h.waiting(0)
+	assert.Equal(t, 1.0, metricValue(t, h.reg, "proxyfleet_discovery_acquire_waits_total", "outcome", "stopped"))
+
+	start := time.Now()
+	_, err := h.client().Acquire(context.Background(), dclient.AcquireRequest{Wait: 60 * time.Second})
+	require.True(t, dclient.IsNoMatch(err), "%v", err)
+	assert.Less(t, time.Since(start), 10*time.Second, "no wait once stopping")
+}

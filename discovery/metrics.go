@@ -60,14 +60,14 @@ func newServerMetrics(reg prometheus.Registerer, store *Store, clients *Clients)
 		}),
 		acquireWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_discovery_acquire_waits_total",
-			Help: "Acquires (POST /v1/leases with waitSeconds) that waited for a proxy, by outcome: granted, timeout (the 409), canceled (the crawler left), refused (another refusal ended the wait).",
+			Help: "Acquires (POST /v1/leases with waitSeconds) that waited for a proxy, by outcome: granted, timeout (the 409), canceled (the crawler left), refused (another refusal ended the wait), stopped (discovery stopped: a 503 to retry).",
 		}, []string{"outcome"}),
 		acquireWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "proxyfleet_discovery_acquire_waiting",
 			Help: "Acquires waiting for a proxy now.",
 		}),
 	}
-	for _, o := range []string{waitGranted, waitTimedOut, waitCanceled, waitRefused} {
+	for _, o := range []string{waitGranted, waitTimedOut, waitCanceled, waitRefused, waitStopped} {
 		m.acquireWaits.WithLabelValues(o) // exported at 0 before the first wait
 	}
 	if reg == nil {

@@ -3,6 +3,7 @@ package discovery
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -92,6 +93,9 @@ type Server struct {
 	// waitChecks counts the grants they tried again.
 	waiters    waitQueue
 	waitChecks atomic.Int64
+	// waitsStopped is closed once discovery stops (StopWaiting): waits end at once.
+	waitsStopped chan struct{}
+	stopWaits    sync.Once
 }
 
 // NewServer builds the lease operations. reg may be nil (no metrics).
@@ -100,7 +104,8 @@ func NewServer(cfg Config, store *Store, signal Signaler, log *slog.Logger, reg 
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, store: store, signal: signal, log: log, reports: make(chan pendingReport, 4096), peers: cfg.Peers}
+	s := &Server{cfg: cfg, store: store, signal: signal, log: log, reports: make(chan pendingReport, 4096), peers: cfg.Peers,
+		waitsStopped: make(chan struct{})}
 	s.clients = cfg.Clients
 	if s.clients == nil && cfg.Token != "" {
 		s.clients = singleClient(cfg.Token)

@@ -207,6 +207,12 @@ func (s *Service) ServeWithGateway(ctx context.Context, ln, gw net.Listener) err
 	// for a proxy (waitSeconds).
 	hs := &http.Server{Handler: s.api.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: time.Minute + s.api.Config().MaxAcquireWait, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: MaxHeaderBytes}
+	go func() {
+		// Acquires waiting for a proxy are answered (503, retry) as the server stops, not
+		// cut off when its wait for the requests in flight runs out.
+		<-ctx.Done()
+		s.api.StopWaiting()
+	}()
 	err, serr := serveUntil(ctx, hs, ln)
 	cancel()
 	if serr != nil {
