@@ -14,14 +14,14 @@ import (
 // expired, or ended on another replica, whose copy arrives here), or the index gains a
 // proxy that could take it (a pool scaled to zero starting one), or a proxy turns healthy
 // or takes more leases. Every such change moves the store's count of freeing changes
-// (Store.Freed), and wakes the first waiter (waitQueue, first come first served), which
+// (Store.Freed), and wakes the first waiter (WaitQueue, first come first served), which
 // hands the wake on to the next when the change is of no use to it. Each waiter also
 // looks by itself at most every waitPoll, and only when that count moved or when the
 // refusal's Retry-After came (a cooldown that ends is no change to the store): while
 // nothing changes, a thousand waiting acquires cost the store nothing.
 //
-// The gateway waits for a slot the same way (discovery/gateway's slotWaiters, woken by
-// its own releases); this is the queue of the API's acquires, woken by the store.
+// The gateway waits for a slot the same way, in a WaitQueue of its own woken by its own
+// releases.
 
 // DefaultMaxAcquireWait is the longest waitSeconds an acquire may ask for by default
 // (cmd/discovery's --max-acquire-wait).
@@ -94,8 +94,8 @@ func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, re
 	defer deadline.Stop()
 	poll := time.NewTimer(pollAfter(refusal))
 	defer poll.Stop()
-	me := s.waiters.join()
-	defer s.waiters.leave(me)
+	me := s.waiters.Join()
+	defer s.waiters.Leave(me)
 	// A change between the refusal and join woke nobody for this acquire: look again.
 	again := s.store.Freed() != freed
 	// The store's count at the last look, and when the refusal said a proxy frees up by
@@ -112,8 +112,8 @@ func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, re
 				return nil, Unavailable("discovery is stopping: retry, and the wait goes on at another replica"), waitStopped
 			case <-deadline.C:
 				last = true // one more look, for today's 409 as of now
-			case <-me.turn:
-				s.waiters.took(me)
+			case <-me.Turn():
+				s.waiters.Took(me)
 				woken = true
 			case <-poll.C:
 				if s.store.Freed() == seen && (due.IsZero() || time.Now().Before(due)) {
@@ -142,7 +142,7 @@ func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, re
 		}
 		refusal = err
 		if woken {
-			s.waiters.pass(me)
+			s.waiters.Pass(me)
 		}
 		due = dueOf(refusal)
 		poll.Reset(pollAfter(refusal))
@@ -203,40 +203,47 @@ func pollAfter(refusal error) time.Duration {
 func (s *Server) WaitChecks() int64 { return s.waitChecks.Load() }
 
 // Waiting is how many acquires wait for a proxy now.
-func (s *Server) Waiting() int {
-	s.waiters.mu.Lock()
-	defer s.waiters.mu.Unlock()
-	return len(s.waiters.queue)
-}
+func (s *Server) Waiting() int { return s.waiters.Len() }
 
-// waitQueue is where acquires that no proxy could take wait for one. The store's changes
-// that may free a slot wake the first waiter without a pending wake; one that cannot use
-// the change hands it on to the next (pass). The zero value is ready to use.
-type waitQueue struct {
+// WaitQueue is where requests that found no proxy to lease wait for one: the API's
+// acquires with a wait (woken by the store's changes) and the gateway's requests and
+// tunnels (woken by its own leases ending). A wake goes to the first waiter without one
+// pending; a waiter the freed slot does not suit (it wants other proxies, or its site
+// rests on that one) hands it on to the next (Pass). A freed slot so costs one attempt at
+// a grant when the first waiter can take it, instead of every waiter scanning the fleet
+// under the store's lock again and again while nothing changes. Slots that free up where
+// no wake is called are found by each waiter's own slow fallback check.
+//
+// The zero value is ready to use.
+type WaitQueue struct {
 	mu    sync.Mutex
-	queue []*waiter
+	queue []*Waiter
 }
 
-// waiter is one waiting acquire.
-type waiter struct {
-	// turn carries a wake; it holds at most one, since a waiter with one pending
-	// (signalled) is passed over.
+// Waiter is one waiting request.
+type Waiter struct {
+	// turn carries a wake to the waiter; it holds at most one, since a waiter that has one
+	// pending (signalled) is passed over.
 	turn chan struct{}
-	// signalled, under waitQueue.mu, says a wake is in turn and not taken yet.
+	// signalled, under WaitQueue.mu, says a wake is in turn and not taken yet.
 	signalled bool
 }
 
-// join adds a waiter at the back of the queue.
-func (q *waitQueue) join() *waiter {
-	w := &waiter{turn: make(chan struct{}, 1)}
+// Turn receives the waiter's wakes; call Took after receiving one.
+func (w *Waiter) Turn() <-chan struct{} { return w.turn }
+
+// Join adds a waiter at the back of the queue.
+func (q *WaitQueue) Join() *Waiter {
+	w := &Waiter{turn: make(chan struct{}, 1)}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.queue = append(q.queue, w)
 	return w
 }
 
-// leave removes w. A wake it was given and did not take goes to the next waiter.
-func (q *waitQueue) leave(w *waiter) {
+// Leave removes w. A wake it was given and did not take goes to the next waiter: the slot
+// it stands for is still free for all w knows.
+func (q *WaitQueue) Leave(w *Waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	i := q.indexLocked(w)
@@ -250,23 +257,25 @@ func (q *waitQueue) leave(w *waiter) {
 	}
 }
 
-// took records that w has taken its wake and is looking: a change meanwhile wakes it again.
-func (q *waitQueue) took(w *waiter) {
+// Took records that w has taken the wake in its turn and is trying for the slot: a slot
+// that frees up meanwhile wakes it again rather than passing it over.
+func (q *WaitQueue) Took(w *Waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	w.signalled = false
 }
 
-// wake says a slot may have freed up: the first waiter without a pending wake gets one.
-// The store calls it under its lock; it takes only the queue's.
-func (q *waitQueue) wake() {
+// Wake says a slot may have freed up: the first waiter without a pending wake gets one.
+// It takes only the queue's lock (the store calls it under its own).
+func (q *WaitQueue) Wake() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.signalLocked(0)
 }
 
-// pass hands the wake w took on to the waiters behind it: the change did not suit w.
-func (q *waitQueue) pass(w *waiter) {
+// Pass hands the wake w took on to the waiters behind it: the slot did not suit w, and may
+// suit one of them.
+func (q *WaitQueue) Pass(w *Waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if i := q.indexLocked(w); i >= 0 {
@@ -274,9 +283,16 @@ func (q *waitQueue) pass(w *waiter) {
 	}
 }
 
+// Len is how many wait.
+func (q *WaitQueue) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.queue)
+}
+
 // signalLocked wakes the first waiter from index from on that has no wake pending. When
 // every one has, the wake is dropped: each of them will look at the store anyway.
-func (q *waitQueue) signalLocked(from int) {
+func (q *WaitQueue) signalLocked(from int) {
 	for _, w := range q.queue[min(from, len(q.queue)):] {
 		if !w.signalled {
 			w.signalled = true
@@ -286,7 +302,7 @@ func (q *waitQueue) signalLocked(from int) {
 	}
 }
 
-func (q *waitQueue) indexLocked(w *waiter) int {
+func (q *WaitQueue) indexLocked(w *Waiter) int {
 	for i, x := range q.queue {
 		if x == w {
 			return i

@@ -91,7 +91,7 @@ type Server struct {
 	clients *Clients
 	// waiters are the acquires waiting for a proxy (GrantWaiting), woken by the store;
 	// waitChecks counts the grants they tried again.
-	waiters    waitQueue
+	waiters    WaitQueue
 	waitChecks atomic.Int64
 	// waitsStopped is closed once discovery stops (StopWaiting): waits end at once.
 	waitsStopped chan struct{}
@@ -111,7 +111,7 @@ func NewServer(cfg Config, store *Store, signal Signaler, log *slog.Logger, reg 
 		s.clients = singleClient(cfg.Token)
 	}
 	s.metrics = newServerMetrics(reg, store, s.clients)
-	store.notifyFreed(s.waiters.wake)
+	store.notifyFreed(s.waiters.Wake)
 	if s.clients == nil {
 		log.Warn("WARNING: discovery runs WITHOUT authentication: no bearer token is configured; anyone who can reach it can lease proxies")
 	}

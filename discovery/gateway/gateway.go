@@ -187,7 +187,7 @@ type Gateway struct {
 	// waiters are the requests and tunnels waiting for a slot, woken as the gateway's
 	// leases end; waitPoll is how often each also looks by itself, for slots freed
 	// elsewhere (the API's crawlers, another replica, an expiry).
-	waiters  slotWaiters
+	waiters  discovery.WaitQueue
 	waitPoll time.Duration
 	// waitChecks counts the grants tried again while waiting: what waiting costs the store.
 	waitChecks atomic.Int64
@@ -523,7 +523,7 @@ func (g *Gateway) leaseFor(ctx context.Context, x *exchange) (*discovery.LeaseRe
 // waitForSlot waits up to Wait for a lease the store refused with refusal, while every
 // proxy that could take it is full or resting (or the client holds its cap): slots free
 // up as requests and tunnels end. It tries again when one of the gateway's own leases
-// ends (one waiter at a time, see slotWaiters) and, for slots freed elsewhere, every
+// ends (one waiter at a time, see discovery.WaitQueue) and, for slots freed elsewhere, every
 // waitPoll if the store's count of freeing changes moved (Store.Freed), or when the
 // refusal said one frees up by itself. It returns the last refusal if none came free, or
 // the crawler left. freed and storeFreed are g.freed and the store's count as they were
@@ -537,8 +537,8 @@ func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, f
 	defer deadline.Stop()
 	poll := time.NewTimer(g.pollAfter(refusal))
 	defer poll.Stop()
-	w := g.waiters.join()
-	defer g.waiters.leave(w)
+	w := g.waiters.Join()
+	defer g.waiters.Leave(w)
 	// A lease that ended between the refusal and join woke nobody: look again at once.
 	again := g.freed.Load() != freed
 	// The store's count of freeing changes at the last look: a tick of poll that finds it
@@ -552,8 +552,8 @@ func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, f
 				return nil, refusal
 			case <-deadline.C:
 				return nil, refusal
-			case <-w.turn:
-				g.waiters.took(w)
+			case <-w.Turn():
+				g.waiters.Took(w)
 				woken = true
 			case <-poll.C:
 				if g.ops.Freed() == seen && (due.IsZero() || time.Now().Before(due)) {
@@ -574,7 +574,7 @@ func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, f
 		}
 		refusal = err
 		if woken {
-			g.waiters.pass(w)
+			g.waiters.Pass(w)
 		}
 		due = time.Time{}
 		if nm := noMatchOf(refusal); nm != nil && nm.RetryAfter > 0 {
@@ -1249,7 +1249,7 @@ func (g *Gateway) release(auth, id string) {
 		g.log.Debug("lease not released; it frees up when it expires", "lease", id, "error", err)
 	}
 	g.freed.Add(1)
-	g.waiters.wake()
+	g.waiters.Wake()
 }
 
 // renewHeld renews every lease held, so that a request or tunnel keeps its slot for as
