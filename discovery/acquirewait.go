@@ -58,7 +58,7 @@ func (s *Server) GrantWaiting(ctx context.Context, w Want, wait time.Duration) (
 	}
 	s.metrics.acquireWaiting.Inc()
 	defer s.metrics.acquireWaiting.Dec()
-	l, err, outcome := s.waitForSlot(ctx, w, wait, err, freed)
+	l, outcome, err := s.waitForSlot(ctx, w, wait, err, freed)
 	s.metrics.acquireWaits.WithLabelValues(outcome).Inc()
 	return l, err
 }
@@ -89,7 +89,7 @@ func (s *Server) stoppingWaits() bool {
 	}
 }
 
-func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, refusal error, freed uint64) (*LeaseResponse, error, string) {
+func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, refusal error, freed uint64) (*LeaseResponse, string, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	poll := time.NewTimer(pollAfter(refusal))
@@ -107,9 +107,9 @@ func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, re
 		if !again {
 			select {
 			case <-ctx.Done():
-				return nil, errCrawlerLeft(), waitCanceled
+				return nil, waitCanceled, errCrawlerLeft()
 			case <-s.waitsStopped:
-				return nil, Unavailable("discovery is stopping: retry, and the wait goes on at another replica"), waitStopped
+				return nil, waitStopped, Unavailable("discovery is stopping: retry, and the wait goes on at another replica")
 			case <-deadline.C:
 				last = true // one more look, for today's 409 as of now
 			case <-me.Turn():
@@ -130,15 +130,15 @@ func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, re
 		case err == nil:
 			if ctx.Err() != nil {
 				s.abandon(ctx, w.Client, l)
-				return nil, errCrawlerLeft(), waitCanceled
+				return nil, waitCanceled, errCrawlerLeft()
 			}
-			return l, nil, waitGranted
+			return l, waitGranted, nil
 		case ctx.Err() != nil:
-			return nil, errCrawlerLeft(), waitCanceled
+			return nil, waitCanceled, errCrawlerLeft()
 		case !worthWaiting(err):
-			return nil, err, waitRefused
+			return nil, waitRefused, err
 		case last:
-			return nil, err, waitTimedOut
+			return nil, waitTimedOut, err
 		}
 		refusal = err
 		if woken {
