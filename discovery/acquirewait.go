@@ -27,9 +27,10 @@ import (
 // (cmd/discovery's --max-acquire-wait).
 const DefaultMaxAcquireWait = time.Minute
 
-// waitPoll is how often a waiting acquire looks for a proxy by itself: wakes come at once
-// for every change the store counts; this only bounds how late a waiter notices a wake
-// handed on past it, or one dropped because every waiter had one pending.
+// waitPoll is how often a waiting acquire looks for a proxy by itself: a wake comes at
+// once for every change the store counts; this only bounds how late a waiter notices a
+// change that freed more than one slot (one wake each), or a wake dropped because every
+// waiter had one pending.
 const waitPoll = 500 * time.Millisecond
 
 // Wait is the wait a request's waitSeconds asks for: none for 0, a 400 invalid below 0
