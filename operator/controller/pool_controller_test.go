@@ -102,10 +102,15 @@ func scale(t *testing.T, ns, name string, replicas int32) {
 	t.Helper()
 	k := testenv.Kube(t)
 	p := &v1alpha1.ProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
-	s := &autoscalingv1.Scale{}
-	require.NoError(t, k.Client.SubResource("scale").Get(context.Background(), p, s))
-	s.Spec.Replicas = replicas
-	require.NoError(t, k.Client.SubResource("scale").Update(context.Background(), p, ctrlclient.WithSubResourceBody(s)))
+	// As kubectl scale does, again if the controller wrote the pool meanwhile.
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s := &autoscalingv1.Scale{}
+		if err := k.Client.SubResource("scale").Get(context.Background(), p, s); err != nil {
+			return err
+		}
+		s.Spec.Replicas = replicas
+		return k.Client.SubResource("scale").Update(context.Background(), p, ctrlclient.WithSubResourceBody(s))
+	}))
 }
 
 // TestPoolKeepsItsCount: a pool creates its Proxies from its template, owned by it and

@@ -112,10 +112,14 @@ func TestPoolLifecycle(t *testing.T) {
 
 	// kubectl scale, through the scale subresource.
 	setScale := func(n int32) {
-		sc := &autoscalingv1.Scale{}
-		require.NoError(t, s.Kube.Client.SubResource("scale").Get(ctx, pool, sc))
-		sc.Spec.Replicas = n
-		require.NoError(t, s.Kube.Client.SubResource("scale").Update(ctx, pool, client.WithSubResourceBody(sc)))
+		require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			sc := &autoscalingv1.Scale{}
+			if err := s.Kube.Client.SubResource("scale").Get(ctx, pool, sc); err != nil {
+				return err
+			}
+			sc.Spec.Replicas = n
+			return s.Kube.Client.SubResource("scale").Update(ctx, pool, client.WithSubResourceBody(sc))
+		}))
 	}
 	setScale(3)
 	waitPool("three Ready Proxies", allReady(3))
