@@ -35,8 +35,9 @@ type Config struct {
 	// Replicas places this process among discovery's replicas; empty, it runs alone.
 	// discovery/peer builds Peers from it.
 	Replicas ReplicaConfig
-	// Peers is the rest of the replica set (discovery/peer); nil, the server runs alone,
-	// whatever Replicas says.
+	// Peers is the rest of the replica set (discovery/peer, built from Replicas by
+	// service.NewAPI). It must be set when Replicas names peers: NewServer refuses a
+	// replica without them, which would grant on every proxy as if it ran alone.
 	Peers Peers
 }
 
@@ -100,6 +101,12 @@ type Server struct {
 
 // NewServer builds the lease operations. reg may be nil (no metrics).
 func NewServer(cfg Config, store *Store, signal Signaler, log *slog.Logger, reg prometheus.Registerer) *Server {
+	if len(cfg.Replicas.Peers) > 1 && cfg.Peers == nil {
+		// A programming error, not a configuration one: the process is wired by
+		// service.NewAPI, which builds the peers. Running alone here would oversubscribe
+		// every proxy the other replicas own.
+		panic("discovery: Config.Replicas names peers but Config.Peers is nil; build the server with service.NewAPI")
+	}
 	cfg.defaults()
 	if log == nil {
 		log = slog.Default()

@@ -22,7 +22,9 @@ func (review31Temporal) ListWorkflow(context.Context, *workflowservice.ListWorkf
 	return &workflowservice.ListWorkflowExecutionsResponse{}, nil
 }
 
-func (review31Temporal) SignalWorkflow(context.Context, string, string, string, any) error { return nil }
+func (review31Temporal) SignalWorkflow(context.Context, string, string, string, any) error {
+	return nil
+}
 
 // review31Families are the metric families a scrape shows as soon as a826caa's
 // NewService had registered its metrics (one MustRegister in newServerMetrics, the
