@@ -696,7 +696,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 	g.metrics.tunnels.Inc()
 	t.left.Store(2)
 	if tc, ok := up.(*net.TCPConn); ok {
-		t.keep = time.AfterFunc(upstreamKeepAliveAfter, func() { _ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true}) })
+		t.keep = time.AfterFunc(time.Duration(upstreamKeepAliveAfter.Load()), func() { _ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true}) })
 	}
 	go g.splice(t, t.up, t.client, tunnelBytes{g.metrics.bytes.WithLabelValues("upstream"), &t.moved})
 	go g.splice(t, t.client, t.up, tunnelBytes{g.metrics.bytes.WithLabelValues("downstream"), &t.moved})
@@ -798,8 +798,11 @@ type tunnel struct {
 // upstreamKeepAliveAfter is how long a tunnel lasts before its fleet proxy's connection
 // gets TCP keepalive, which notices a fleet proxy gone without a word (a VM lost) and frees
 // the slot. Set at the dial, it would cost four system calls for every tunnel, most of
-// which carry one fetch and end within this.
-var upstreamKeepAliveAfter = 15 * time.Second
+// which carry one fetch and end within this. Atomic because tests change it while tunnels
+// of an earlier test may still be closing.
+var upstreamKeepAliveAfter atomic.Int64
+
+func init() { upstreamKeepAliveAfter.Store(int64(15 * time.Second)) }
 
 func (t *tunnel) close() {
 	t.client.Close()
