@@ -7,6 +7,7 @@ import (
 	"go.temporal.io/sdk/activity"
 
 	"github.com/proxyfleet/proxyfleet/activities/monitor"
+	"github.com/proxyfleet/proxyfleet/activities/probe"
 )
 
 // The monitor lives in package monitor; these are the names workflow code has always used
@@ -57,8 +58,21 @@ func (a *Activities) monitorEnv() monitor.Env {
 		Locate:      a.locate,
 		CallContext: a.callContext,
 		Credentials: a.probeCredentials,
-		Prober:      a.Prober,
-		Metrics:     a.Metrics.monitorMetrics(),
-		Log:         a.log(),
+		// Read when used, as the activities read a's fields: a worker's Prober or Log set
+		// (or slog's default changed) after its first shard reaches every shard.
+		Prober:  activitiesProber{a},
+		Metrics: a.Metrics.monitorMetrics(),
+		Log:     a.Log,
 	}
+}
+
+// activitiesProber probes with the Activities' Prober as it is at each probe (probe.Prober's
+// defaults when unset), as the activities did before the monitor had a package of its own.
+type activitiesProber struct{ a *Activities }
+
+func (p activitiesProber) Probe(ctx context.Context, req probe.Request) probe.Result {
+	if p.a.Prober != nil {
+		return p.a.Prober.Probe(ctx, req)
+	}
+	return probe.Prober{}.Probe(ctx, req)
 }

@@ -41,12 +41,12 @@ func (a *Activities) MonitorShard(ctx context.Context, in ShardInput) error {
 	if a.Temporal == nil || a.Signaller == nil {
 		return temporal.NewNonRetryableApplicationError("this worker has no Temporal client for monitor shards", ErrTypePermanent, nil)
 	}
-	return a.shards().Serve(ctx, activity.GetInfo(ctx).TaskQueue, in, func() { activity.RecordHeartbeat(ctx) })
+	return a.shards().Serve(ctx, activity.GetInfo(ctx).TaskQueue, in, a.Signaller, func() { activity.RecordHeartbeat(ctx) })
 }
 
 // shards returns this worker's monitor shards, made at its first shard: the shards of one
 // Activities share their readers of visibility, and those of another do not.
 func (a *Activities) shards() *monitor.Shards {
-	a.shardsOnce.Do(func() { a.monitorShards = monitor.NewShards(a.monitorEnv(), a.Temporal, a.Signaller) })
+	a.shardsOnce.Do(func() { a.monitorShards = monitor.NewShards(a.monitorEnv(), a.Temporal) })
 	return a.monitorShards
 }

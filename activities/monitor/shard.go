@@ -31,18 +31,17 @@ type Signaller interface {
 // health-check targets together (targets.go); two workers in one process (tests, a
 // benchmark's fleet) each read their own.
 type Shards struct {
-	env       Env
-	lister    proxyruns.Lister
-	signaller Signaller
+	env    Env
+	lister proxyruns.Lister
 
 	mu      sync.Mutex
 	byQueue map[string]*feed
 }
 
 // NewShards returns the shards of a worker whose watches run in env, whose membership is
-// read from lister and whose reports go to signaller.
-func NewShards(env Env, lister proxyruns.Lister, signaller Signaller) *Shards {
-	return &Shards{env: env, lister: lister, signaller: signaller, byQueue: map[string]*feed{}}
+// read from lister.
+func NewShards(env Env, lister proxyruns.Lister) *Shards {
+	return &Shards{env: env, lister: lister, byQueue: map[string]*feed{}}
 }
 
 // Serve runs shard in.Index of in.Count on queue's proxies until ctx ends, and returns
@@ -51,9 +50,10 @@ func NewShards(env Env, lister proxyruns.Lister, signaller Signaller) *Shards {
 // at start and every Full, what changed every Refresh. The shards of this worker for one
 // task queue share one reader (a feed). beat is called at once and every Refresh, for the
 // activity to heartbeat. in must name a shard of its count (0 <= Index < Count).
-func (s *Shards) Serve(ctx context.Context, queue string, in ShardInput, beat func()) error {
+// Its members' reports go to signaller, the worker's as it is when the shard starts.
+func (s *Shards) Serve(ctx context.Context, queue string, in ShardInput, signaller Signaller, beat func()) error {
 	in = in.withDefaults()
-	ms := newMembers(s.env, s.signaller)
+	ms := newMembers(s.env, signaller)
 	defer ms.stopAll()
 	f, sub := s.subscribe(ctx, queue, in, ms)
 	defer f.unsubscribe(sub)
