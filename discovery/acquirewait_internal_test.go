@@ -18,7 +18,7 @@ func TestAcquireWaitEndsAGrantForACrawlerThatLeft(t *testing.T) {
 	store := NewStore(time.Hour)
 	store.ReplaceAll([]Proxy{{Name: "only", Namespace: "crawl", IP: "10.0.0.1", Port: 3128, Healthy: true,
 		Phase: "Ready", MaxLeases: 1}})
-	s := NewServer(Config{}, store, nil, nil, nil)
+	s := NewServer(Config{}, store, nil, nil, nil, nil)
 	var (
 		mu     sync.Mutex
 		cancel context.CancelFunc

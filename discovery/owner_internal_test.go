@@ -22,7 +22,7 @@ func TestLeaseOpsActAsTheCrawler(t *testing.T) {
 	store := NewStore(30 * time.Minute)
 	store.ReplaceAll([]Proxy{{Name: "p", Namespace: "crawl", IP: "10.0.0.1", Port: 3128, Healthy: true, Phase: "Ready", MaxLeases: 2}})
 	s := NewServer(Config{Clients: NewClients([]ClientConfig{{Name: "shop", Token: shopTok}, {Name: "news", Token: newsTok}})},
-		store, nil, slog.New(slog.DiscardHandler), nil)
+		store, nil, nil, slog.New(slog.DiscardHandler), nil)
 	ctx := context.Background()
 	l, err := s.Grant(ctx, Want{Client: "shop", Target: "shop.example", TTL: time.Minute}, nil)
 	require.NoError(t, err)

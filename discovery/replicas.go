@@ -61,7 +61,7 @@ func (c ReplicaConfig) Validate() error {
 }
 
 // Peers is the rest of a replica set as the lease operations ask it; discovery/peer
-// implements it over HTTP. A Server without Peers (Config.Peers nil) runs alone.
+// implements it over HTTP. A Server without Peers (nil) runs alone.
 //
 // The operations decide here, per call, whether this replica or another acts: a proxy's
 // owner alone grants leases on it, a lease's owner alone renews, ends and takes reports

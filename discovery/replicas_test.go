@@ -87,14 +87,14 @@ func (rs *replicaSet) startWith(i int, loaded bool) {
 		store.ReplaceAll(rs.fleet)
 	}
 	cfg := defaultConfig()
-	cfg.Replicas = discovery.ReplicaConfig{Peers: slices.Clone(rs.urls), Self: i, Tokens: []string{peerToken},
+	rc := discovery.ReplicaConfig{Peers: slices.Clone(rs.urls), Self: i, Tokens: []string{peerToken},
 		Timeout: time.Second, RestoreLimit: time.Hour}
 	if rs.configure != nil {
 		rs.configure(&cfg)
 	}
 	logs := &testenv.LogBuffer{}
 	sig := &fakeSignaler{report: func(context.Context, string, string, contract.ReportSignal) error { return nil }}
-	srv := service.NewAPI(cfg, store, sig, slog.New(slog.NewTextHandler(logs, nil)), nil)
+	srv := service.NewReplica(cfg, rc, store, sig, slog.New(slog.NewTextHandler(logs, nil)), nil)
 	ln, err := net.Listen("tcp", rs.addrs[i])
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

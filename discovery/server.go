@@ -32,13 +32,6 @@ type Config struct {
 	// names the client in logs. Empty trusts none: any caller could otherwise write any
 	// address into the logs.
 	TrustedProxies []string
-	// Replicas places this process among discovery's replicas; empty, it runs alone.
-	// discovery/peer builds Peers from it.
-	Replicas ReplicaConfig
-	// Peers is the rest of the replica set (discovery/peer, built from Replicas by
-	// service.NewAPI). It must be set when Replicas names peers: NewServer refuses a
-	// replica without them, which would grant on every proxy as if it ran alone.
-	Peers Peers
 }
 
 // Defaults of Config; cmd/discovery's flags default to them too.
@@ -99,19 +92,14 @@ type Server struct {
 	stopWaits    sync.Once
 }
 
-// NewServer builds the lease operations. reg may be nil (no metrics).
-func NewServer(cfg Config, store *Store, signal Signaler, log *slog.Logger, reg prometheus.Registerer) *Server {
-	if len(cfg.Replicas.Peers) > 1 && cfg.Peers == nil {
-		// A programming error, not a configuration one: the process is wired by
-		// service.NewAPI, which builds the peers. Running alone here would oversubscribe
-		// every proxy the other replicas own.
-		panic("discovery: Config.Replicas names peers but Config.Peers is nil; build the server with service.NewAPI")
-	}
+// NewServer builds the lease operations over store, asking peers (the rest of the replica
+// set; nil: this server runs alone) which replica acts. reg may be nil (no metrics).
+func NewServer(cfg Config, store *Store, peers Peers, signal Signaler, log *slog.Logger, reg prometheus.Registerer) *Server {
 	cfg.defaults()
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, store: store, signal: signal, log: log, reports: make(chan pendingReport, 4096), peers: cfg.Peers,
+	s := &Server{cfg: cfg, store: store, signal: signal, log: log, reports: make(chan pendingReport, 4096), peers: peers,
 		waitsStopped: make(chan struct{})}
 	s.clients = cfg.Clients
 	if s.clients == nil && cfg.Token != "" {

@@ -40,7 +40,7 @@ func main() {
 	insecure := flag.Bool("insecure-no-auth", false,
 		"serve without authentication when DISCOVERY_TOKEN is empty; allowed only on a loopback --listen address (development)")
 	fleetKey := cmdline.FleetKeyVar()
-	cmdline.ListVar(&cfg.API.Replicas.Peers, "peers", cmdline.Env("DISCOVERY_PEERS", ""),
+	cmdline.ListVar(&cfg.Replicas.Peers, "peers", cmdline.Env("DISCOVERY_PEERS", ""),
 		"comma-separated base URLs of every discovery replica, this one included, in replica-number order; empty runs alone, and leases do not survive a restart (env DISCOVERY_PEERS)")
 	gatewayListen := flag.String("gateway-listen", cmdline.Env("DISCOVERY_GATEWAY_LISTEN", "127.0.0.1:8091"),
 		"address of the gateway, the fleet as one forward proxy (HTTP and CONNECT) that crawlers set as HTTP_PROXY; empty turns it off (env DISCOVERY_GATEWAY_LISTEN)")
@@ -97,11 +97,11 @@ func main() {
 			return err
 		}
 		cfg.Keyring = kr
-		if cfg.API.Replicas.Self, err = replicaNumber(*replica); err != nil {
+		if cfg.Replicas.Self, err = replicaNumber(*replica); err != nil {
 			return err
 		}
-		cfg.API.Replicas.Tokens = kr.PeerTokens()
-		if err := cfg.API.Replicas.Validate(); err != nil {
+		cfg.Replicas.Tokens = kr.PeerTokens()
+		if err := cfg.Replicas.Validate(); err != nil {
 			return err
 		}
 		cfg.Namespace = tflags.Namespace

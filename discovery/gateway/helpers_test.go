@@ -70,10 +70,10 @@ func newReplicaSet(t *testing.T, n int, fleet []discovery.Proxy) *replicaSet {
 		store := discovery.NewStoreWith(discovery.StoreConfig{KeepEnded: 30 * time.Minute, Replica: byte(i)})
 		store.ReplaceAll(fleet)
 		cfg := discovery.Config{Token: testToken, DefaultTTL: 5 * time.Minute, MaxTTL: time.Hour,
-			CooldownRateLimited: 5 * time.Minute, CooldownBanned: 30 * time.Minute,
-			Replicas: discovery.ReplicaConfig{Peers: slices.Clone(rs.urls), Self: i, Tokens: []string{"peer-token"},
-				Timeout: time.Second, RestoreLimit: time.Hour}}
-		srv := service.NewAPI(cfg, store, &fakeSignaler{}, slog.New(slog.DiscardHandler), nil)
+			CooldownRateLimited: 5 * time.Minute, CooldownBanned: 30 * time.Minute}
+		rc := discovery.ReplicaConfig{Peers: slices.Clone(rs.urls), Self: i, Tokens: []string{"peer-token"},
+			Timeout: time.Second, RestoreLimit: time.Hour}
+		srv := service.NewReplica(cfg, rc, store, &fakeSignaler{}, slog.New(slog.DiscardHandler), nil)
 		ln, err := net.Listen("tcp", rs.addrs[i])
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.Background())

@@ -269,9 +269,8 @@ func newRestoringSpecServer(t *testing.T) *specServer {
 	t.Helper()
 	store := discovery.NewStore(30 * time.Minute)
 	store.ReplaceAll(specFleet())
-	cfg := discovery.Config{Token: specToken, Replicas: discovery.ReplicaConfig{
-		Peers: []string{"http://" + testenv.FreeAddr(t), "http://" + testenv.FreeAddr(t)}, Self: 0, Tokens: []string{"peer"}}}
-	srv := service.NewAPI(cfg, store, specSignaler{}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	rc := discovery.ReplicaConfig{Peers: []string{"http://" + testenv.FreeAddr(t), "http://" + testenv.FreeAddr(t)}, Self: 0, Tokens: []string{"peer"}}
+	srv := service.NewReplica(discovery.Config{Token: specToken}, rc, store, specSignaler{}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	return &specServer{store: store, handler: srv.Handler(), client: discovery.DefaultClientName}
 }
 

@@ -60,19 +60,20 @@ var review31Families = []string{
 // it), the client leases gauge only when there are clients.
 func TestReview31MetricFamiliesAsBefore(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		api     discovery.Config
-		clients bool
+		name     string
+		api      discovery.Config
+		replicas discovery.ReplicaConfig
+		clients  bool
 	}{
-		{"alone", discovery.Config{}, false},
-		{"token", discovery.Config{Token: "t"}, true},
-		{"replicas", discovery.Config{Token: "t", Replicas: discovery.ReplicaConfig{
-			Peers: []string{"http://a", "http://b", "http://c"}, Tokens: []string{"x"}}}, true},
+		{"alone", discovery.Config{}, discovery.ReplicaConfig{}, false},
+		{"token", discovery.Config{Token: "t"}, discovery.ReplicaConfig{}, true},
+		{"replicas", discovery.Config{Token: "t"}, discovery.ReplicaConfig{
+			Peers: []string{"http://a", "http://b", "http://c"}, Tokens: []string{"x"}}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			require.NotPanics(t, func() {
-				service.New(service.Config{API: tc.api}, review31Temporal{}, slog.New(slog.DiscardHandler), reg)
+				service.New(service.Config{API: tc.api, Replicas: tc.replicas}, review31Temporal{}, slog.New(slog.DiscardHandler), reg)
 			})
 			mfs, err := reg.Gather()
 			require.NoError(t, err)

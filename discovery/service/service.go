@@ -26,6 +26,8 @@ import (
 type Config struct {
 	// API configures the HTTP API (token, TTLs, cooldowns).
 	API discovery.Config
+	// Replicas places this process among discovery's replicas; empty, it runs alone.
+	Replicas discovery.ReplicaConfig
 	// Namespace is the Temporal namespace the proxies' workflows run in.
 	Namespace string
 	// RefreshInterval and FullResyncInterval pace the index refresher (see temporal.Refresher).
@@ -97,23 +99,29 @@ type API struct {
 	http  *httpapi.Server
 }
 
-// NewAPI assembles the lease operations over store, the replica set cfg.Replicas
-// describes (none when it names one replica or none) and the HTTP API. Metrics go to reg
-// when it is not nil.
+// NewAPI assembles a replica that runs alone: the lease operations over store and the HTTP
+// API. Metrics go to reg when it is not nil.
 func NewAPI(cfg discovery.Config, store *discovery.Store, signal discovery.Signaler, log *slog.Logger, reg prometheus.Registerer) *API {
+	return NewReplica(cfg, discovery.ReplicaConfig{}, store, signal, log, reg)
+}
+
+// NewReplica assembles replica rc.Self of the set rc describes (alone when it names one
+// replica or none): its peers, the lease operations over store asking them, and the HTTP
+// API. Metrics go to reg when it is not nil.
+func NewReplica(cfg discovery.Config, rc discovery.ReplicaConfig, store *discovery.Store, signal discovery.Signaler, log *slog.Logger, reg prometheus.Registerer) *API {
 	if log == nil {
 		log = slog.Default()
 	}
 	cfg = cfg.WithDefaults()
-	rc := cfg.Replicas
 	if rc.RestoreLimit <= 0 {
 		rc.RestoreLimit = cfg.MaxTTL
 	}
 	peers := peer.New(rc, store, log, reg)
+	var asked discovery.Peers
 	if peers != nil { // a nil *peer.Set would make a Peers that is not nil
-		cfg.Peers = peers
+		asked = peers
 	}
-	srv := discovery.NewServer(cfg, store, signal, log, reg)
+	srv := discovery.NewServer(cfg, store, asked, signal, log, reg)
 	return &API{Server: srv, peers: peers, http: httpapi.New(srv, peers, log, reg)}
 }
 
@@ -144,8 +152,8 @@ func New(cfg Config, tc Temporal, log *slog.Logger, reg prometheus.Registerer) *
 	// A lease stays known after it ends for as long as a report about it can still matter:
 	// the longest cooldown a report can start.
 	store := discovery.NewStoreWith(discovery.StoreConfig{KeepEnded: max(cfg.API.CooldownRateLimited, cfg.API.CooldownBanned),
-		Replica: byte(cfg.API.Replicas.Self)})
-	api := NewAPI(cfg.API, store, temporal.Signaler{Client: tc}, log, reg)
+		Replica: byte(cfg.Replicas.Self)})
+	api := NewReplica(cfg.API, cfg.Replicas, store, temporal.Signaler{Client: tc}, log, reg)
 	ref := &temporal.Refresher{Client: tc, Namespace: cfg.Namespace, Store: store, Keyring: cfg.Keyring,
 		Interval: cfg.RefreshInterval, FullEvery: cfg.FullResyncInterval, Log: log, Observe: api.ObserveRefresh}
 	if cfg.Keyring == nil {

@@ -92,7 +92,7 @@ var benchProxyAuthorization = "Basic " + base64.StdEncoding.EncodeToString([]byt
 func benchGateway(b testing.TB, fleet []discovery.Proxy) string {
 	st := discovery.NewStore(time.Hour)
 	st.ReplaceAll(fleet)
-	srv := discovery.NewServer(discovery.Config{Token: benchToken}, st, nopSignaler{}, slog.New(slog.DiscardHandler), nil)
+	srv := discovery.NewServer(discovery.Config{Token: benchToken}, st, nil, nopSignaler{}, slog.New(slog.DiscardHandler), nil)
 	ln, err := gateway.Listen(context.Background(), "127.0.0.1:0") // as cmd/discovery listens
 	require.NoError(b, err)
 	ctx, cancel := context.WithCancel(context.Background())
