@@ -8,7 +8,6 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"maps"
 	"net"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/discovery/codes"
+	"github.com/proxyfleet/proxyfleet/internal/httpserve"
 )
 
 // Leases the gateway holds for open tunnels and answers: renewed side by side, released
@@ -123,24 +123,6 @@ func (g *Gateway) renewOne(ctx context.Context, auth, id string) error {
 	return err
 }
 
-// serveUntil serves hs on ln until ctx ends, then stops accepting and gives the requests
-// in flight up to 10s. It returns the error of serving (nil for that stop) and the
-// shutdown's, which says requests were cut off.
-func serveUntil(ctx context.Context, hs *http.Server, ln net.Listener) (err, shutdownErr error) {
-	shutdown := make(chan error, 1)
-	go func() {
-		<-ctx.Done()
-		sctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
-		defer stop()
-		shutdown <- hs.Shutdown(sctx)
-	}()
-	err = hs.Serve(ln)
-	if errors.Is(err, http.ErrServerClosed) {
-		return nil, <-shutdown
-	}
-	return err, nil
-}
-
 // Serve runs the gateway on ln until ctx ends. Then it stops accepting, gives plain
 // requests in flight up to 10s, closes the tunnels still open and releases their leases.
 func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
@@ -152,7 +134,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	// it, and a tunnel lives past its handler. The header timeout bounds a silent client.
 	hs := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)}
-	err, _ := serveUntil(ctx, hs, ln)
+	err, _ := httpserve.Until(ctx, hs, ln)
 	cancel()
 	g.mu.Lock()
 	g.closed = true

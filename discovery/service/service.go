@@ -6,7 +6,6 @@ package service
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,6 +18,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/discovery/httpapi"
 	"github.com/proxyfleet/proxyfleet/discovery/peer"
 	"github.com/proxyfleet/proxyfleet/discovery/temporal"
+	"github.com/proxyfleet/proxyfleet/internal/httpserve"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 )
 
@@ -70,24 +70,6 @@ type Service struct {
 	// clientsFile and clientsReload configure the reload of the clients file.
 	clientsFile   string
 	clientsReload time.Duration
-}
-
-// serveUntil serves hs on ln until ctx ends, then stops accepting and gives the requests
-// in flight up to 10s. It returns the error of serving (nil for that stop) and the
-// shutdown's, which says requests were cut off.
-func serveUntil(ctx context.Context, hs *http.Server, ln net.Listener) (err, shutdownErr error) {
-	shutdown := make(chan error, 1)
-	go func() {
-		<-ctx.Done()
-		sctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
-		defer stop()
-		shutdown <- hs.Shutdown(sctx)
-	}()
-	err = hs.Serve(ln)
-	if errors.Is(err, http.ErrServerClosed) {
-		return nil, <-shutdown
-	}
-	return err, nil
 }
 
 // API is one discovery replica's lease operations with the HTTP API over them, in its
@@ -221,7 +203,7 @@ func (s *Service) ServeWithGateway(ctx context.Context, ln, gw net.Listener) err
 		<-ctx.Done()
 		s.api.StopWaiting()
 	}()
-	err, serr := serveUntil(ctx, hs, ln)
+	err, serr := httpserve.Until(ctx, hs, ln)
 	cancel()
 	if serr != nil {
 		s.log.Warn("requests still in flight when discovery stopped were cut off", "error", serr)
