@@ -65,6 +65,11 @@ type Config struct {
 	// (default 30s). A crawler that hangs up must not leave its slot to a site that never
 	// finishes, nor a site that is done to a crawler that never closes.
 	HalfClosedTimeout time.Duration
+	// KeepAliveAfter is how long a tunnel lasts before its fleet proxy's connection gets
+	// TCP keepalive (default 15s), which notices a fleet proxy gone without a word (a VM
+	// lost) and frees the slot. Set at the dial, it would cost four system calls for every
+	// tunnel, most of which carry one fetch and end within this.
+	KeepAliveAfter time.Duration
 }
 
 // Defaults of Config.
@@ -75,6 +80,7 @@ const (
 	DefaultHeaderTimeout  = time.Minute
 	DefaultWait           = 10 * time.Second
 	DefaultHalfClosed     = 30 * time.Second
+	DefaultKeepAliveAfter = 15 * time.Second
 )
 
 // DefaultReportStatuses are the plain HTTP statuses the gateway reports by default.
@@ -117,6 +123,7 @@ func (c *Config) defaults() {
 		c.Wait = DefaultWait
 	}
 	orDefault(&c.HalfClosedTimeout, DefaultHalfClosed)
+	orDefault(&c.KeepAliveAfter, DefaultKeepAliveAfter)
 }
 
 // Headers of the gateway's answers to the crawler.

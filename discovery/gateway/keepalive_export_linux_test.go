@@ -3,15 +3,7 @@ package gateway
 import (
 	"net"
 	"syscall"
-	"time"
 )
-
-// SetUpstreamKeepAliveAfter sets how long a tunnel lasts before its fleet proxy's
-// connection gets keepalive, and returns a function that puts it back.
-func SetUpstreamKeepAliveAfter(d time.Duration) (restore func()) {
-	old := upstreamKeepAliveAfter.Swap(int64(d))
-	return func() { upstreamKeepAliveAfter.Store(old) }
-}
 
 // UpstreamKeepAlive says, for each open tunnel, whether its fleet proxy's connection has
 // TCP keepalive on.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/discovery/gateway"
 )
 
@@ -54,8 +55,7 @@ func TestLastingTunnelsKeepTheirFleetProxyAlive(t *testing.T) {
 		after time.Duration
 		want  bool
 	}{{time.Hour, false}, {50 * time.Millisecond, true}} {
-		restore := gateway.SetUpstreamKeepAliveAfter(tc.after)
-		e := newGatewayEnv(t, 1)
+		e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *gateway.Config, _ []discovery.Proxy) { g.KeepAliveAfter = tc.after })
 		c := e.client(gwClient, gwToken)
 		resp, body := get(t, c, e.site.tlsSite.URL+"/secure")
 		require.Equal(t, http.StatusOK, resp.StatusCode, body)
@@ -69,6 +69,5 @@ func TestLastingTunnelsKeepTheirFleetProxyAlive(t *testing.T) {
 		}
 		c.Transport.(*http.Transport).CloseIdleConnections()
 		e.waitNoLeases()
-		restore()
 	}
 }

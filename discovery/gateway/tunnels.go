@@ -105,7 +105,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 	g.metrics.tunnels.Inc()
 	t.left.Store(2)
 	if tc, ok := up.(*net.TCPConn); ok {
-		t.keep = time.AfterFunc(time.Duration(upstreamKeepAliveAfter.Load()), func() { _ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true}) })
+		t.keep = time.AfterFunc(g.cfg.KeepAliveAfter, func() { _ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true}) })
 	}
 	go g.splice(t, t.up, t.client, tunnelBytes{g.metrics.bytes.WithLabelValues("upstream"), &t.moved})
 	go g.splice(t, t.client, t.up, tunnelBytes{g.metrics.bytes.WithLabelValues("downstream"), &t.moved})
@@ -120,7 +120,7 @@ func (g *Gateway) dialTunnel(ctx context.Context, l *discovery.LeaseResponse, ho
 	deadline := time.Now().Add(g.cfg.ConnectTimeout)
 	dctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	// No keepalive yet: a tunnel that lasts gets it (upstreamKeepAliveAfter).
+	// No keepalive yet: a tunnel that lasts gets it (Config.KeepAliveAfter).
 	c, err := (&net.Dialer{KeepAlive: -1}).DialContext(dctx, "tcp", net.JoinHostPort(l.Proxy.IP, strconv.Itoa(int(l.Proxy.Port))))
 	if err != nil {
 		return nil, nil, dialFailure(id, err, true)
@@ -200,18 +200,9 @@ type tunnel struct {
 	moved atomic.Int64
 	idle  atomic.Pointer[time.Timer]
 	// keep turns keepalive on for the fleet proxy's connection once the tunnel has lasted
-	// upstreamKeepAliveAfter (see Gateway.tunnel).
+	// Config.KeepAliveAfter (see Gateway.tunnel).
 	keep *time.Timer
 }
-
-// upstreamKeepAliveAfter is how long a tunnel lasts before its fleet proxy's connection
-// gets TCP keepalive, which notices a fleet proxy gone without a word (a VM lost) and frees
-// the slot. Set at the dial, it would cost four system calls for every tunnel, most of
-// which carry one fetch and end within this. Atomic because tests change it while tunnels
-// of an earlier test may still be closing.
-var upstreamKeepAliveAfter atomic.Int64
-
-func init() { upstreamKeepAliveAfter.Store(int64(15 * time.Second)) }
 
 func (t *tunnel) close() {
 	t.client.Close()
