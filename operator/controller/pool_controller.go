@@ -10,12 +10,14 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -105,7 +107,7 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	}
 
 	hash := templateHash(pool.Spec.Template)
-	desired := int(ptrOr(pool.Spec.Replicas, 1))
+	desired := int(ptr.Deref(pool.Spec.Replicas, 1))
 	surge, err := budget(pool.Spec.Strategy.MaxSurge, desired, true)
 	if err != nil {
 		return reconcile.Result{}, reconcile.TerminalError(err)
@@ -248,18 +250,10 @@ func (r *PoolReconciler) writeStatus(ctx context.Context, pool *v1alpha1.ProxyPo
 	}
 	meta.SetStatusCondition(&st.Conditions, available)
 	meta.SetStatusCondition(&st.Conditions, progressing)
-	if equalStatus(before.Status, pool.Status) {
+	if equality.Semantic.DeepEqual(before.Status, pool.Status) {
 		return nil
 	}
 	return r.Client.Status().Patch(ctx, pool, ctrlclient.MergeFrom(before))
-}
-
-// equalStatus compares statuses ignoring LastScaleTime's and conditions' timestamps, which
-// SetStatusCondition keeps when nothing else changed.
-func equalStatus(a, b v1alpha1.ProxyPoolStatus) bool {
-	ja, _ := json.Marshal(a)
-	jb, _ := json.Marshal(b)
-	return string(ja) == string(jb)
 }
 
 // memberOf is what the plan needs of Proxy p.
@@ -318,11 +312,4 @@ func templateHash(t v1alpha1.ProxyTemplate) string {
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:5])
-}
-
-func ptrOr[T any](p *T, def T) T {
-	if p == nil {
-		return def
-	}
-	return *p
 }

@@ -2,14 +2,13 @@ package controller
 
 import (
 	"cmp"
-	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 )
 
 // A pool's reconcile is a plan and its execution: planPool decides from the pool's members
@@ -44,9 +43,8 @@ type poolInput struct {
 	members            []member
 }
 
-// poolPlan is what one reconcile does. At most one of create, remove and the rollout's
-// update/replace is non-empty at a time only by coincidence: scaling and rolling go on
-// together, each within its own rule.
+// poolPlan is what one reconcile does. A scale-down is planned alone; creating missing
+// Proxies and rolling outdated ones go on together, each within its own rule.
 type poolPlan struct {
 	// create are the indexes of Proxies to create from the current template.
 	create []int
@@ -172,22 +170,11 @@ func memberIndex(pool, name string) int {
 }
 
 // budget resolves a maxSurge or maxUnavailable against desired replicas, as a Deployment
-// does: percentages round up for surge and down for unavailable; unset is 25%.
+// does (apimachinery's own rounding): percentages round up for surge and down for
+// unavailable; unset is 25%.
 func budget(v *intstr.IntOrString, desired int, roundUp bool) (int, error) {
-	def := intstr.FromString("25%")
 	if v == nil {
-		v = &def
+		v = ptr.To(intstr.FromString("25%"))
 	}
-	if v.Type == intstr.Int {
-		return v.IntValue(), nil
-	}
-	pct, err := strconv.Atoi(strings.TrimSuffix(v.StrVal, "%"))
-	if err != nil || !strings.HasSuffix(v.StrVal, "%") {
-		return 0, fmt.Errorf("invalid budget %q", v.StrVal)
-	}
-	f := float64(pct) * float64(desired) / 100
-	if roundUp {
-		return int(math.Ceil(f)), nil
-	}
-	return int(math.Floor(f)), nil
+	return intstr.GetScaledValueFromIntOrPercent(v, desired, roundUp)
 }

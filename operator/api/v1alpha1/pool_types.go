@@ -126,9 +126,10 @@ type ProxyPoolStatus struct {
 	// UpdatedReplicas is how many run the current template.
 	// +optional
 	UpdatedReplicas int32 `json:"updatedReplicas"`
-	// LeasedReplicas is how many had a crawler lease at the last count.
+	// LeasedReplicas is how many had a crawler lease at the last count; unset until
+	// something counts them (kubectl shows <none> rather than a 0 that would mislead).
 	// +optional
-	LeasedReplicas int32 `json:"leasedReplicas"`
+	LeasedReplicas int32 `json:"leasedReplicas,omitempty"`
 	// DesiredReplicas is the autoscaler's last decision (spec.replicas without autoscale).
 	// +optional
 	DesiredReplicas int32 `json:"desiredReplicas"`
