@@ -19,6 +19,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/discovery"
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/discovery/temporal"
+	"github.com/proxyfleet/proxyfleet/discovery/temporal/temporaltest"
 )
 
 // waitHarness is a harness served on a loopback port, for crawlers whose requests wait.
@@ -136,7 +137,7 @@ func TestAcquireWaitGetsAReleasedSlot(t *testing.T) {
 func TestAcquireWaitForAProxyTheIndexGains(t *testing.T) {
 	kr := newKeyring(t)
 	h := serveOnLoopback(newLoadingHarness(t, defaultConfig()))
-	lister := &scriptedLister{}
+	lister := &temporaltest.Scripted{}
 	ref := &temporal.Refresher{Client: lister, Namespace: "default", Store: h.store, Keyring: kr,
 		Log: slog.New(slog.NewTextHandler(h.logs, nil))}
 	require.NoError(t, ref.Full(t.Context())) // an empty fleet, loaded
@@ -149,9 +150,9 @@ func TestAcquireWaitForAProxyTheIndexGains(t *testing.T) {
 
 	ch := acquireAsync(ctx, c, dclient.AcquireRequest{Selector: sel, Wait: 30 * time.Second})
 	h.waiting(1)
-	m := readyMemo("started")
+	m := temporaltest.ReadyMemo("started")
 	m.Attributes = sel
-	lister.set(running(m))
+	lister.Set(running(m))
 	require.NoError(t, ref.Full(t.Context()))
 	got := receive(t, ch)
 	require.NoError(t, got.err)

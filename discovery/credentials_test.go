@@ -28,6 +28,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/discovery/service"
 	"github.com/proxyfleet/proxyfleet/discovery/temporal"
+	"github.com/proxyfleet/proxyfleet/discovery/temporal/temporaltest"
 	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
@@ -44,22 +45,22 @@ func newKeyring(t testing.TB) *proxyauth.Keyring {
 	return kr
 }
 
-func running(m contract.ProxyMemo) listedRun {
-	return listedRun{memo: m, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+func running(m contract.ProxyMemo) temporaltest.Run {
+	return temporaltest.Run{Memo: m, Status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Updated: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
 }
 
 // credsFixture is the API over an index the refresher loads from scripted memos, with
 // credentials resolved by its keyring, as in a running discovery.
 type credsFixture struct {
 	*harness
-	lister *scriptedLister
+	lister *temporaltest.Scripted
 	ref    *temporal.Refresher
 }
 
 func newCredsFixture(t *testing.T, kr *proxyauth.Keyring, memos ...contract.ProxyMemo) *credsFixture {
 	t.Helper()
 	h := newLoadingHarness(t, defaultConfig())
-	f := &credsFixture{harness: h, lister: &scriptedLister{}}
+	f := &credsFixture{harness: h, lister: &temporaltest.Scripted{}}
 	f.ref = &temporal.Refresher{Client: f.lister, Namespace: "default", Store: h.store, Keyring: kr,
 		Log: slog.New(slog.NewTextHandler(h.logs, nil))}
 	f.set(memos...)
@@ -69,11 +70,11 @@ func newCredsFixture(t *testing.T, kr *proxyauth.Keyring, memos ...contract.Prox
 
 // set makes memos the running workflows Temporal lists.
 func (f *credsFixture) set(memos ...contract.ProxyMemo) {
-	runs := make([]listedRun, 0, len(memos))
+	runs := make([]temporaltest.Run, 0, len(memos))
 	for _, m := range memos {
 		runs = append(runs, running(m))
 	}
-	f.lister.set(runs...)
+	f.lister.Set(runs...)
 }
 
 func (f *credsFixture) metrics() string {
@@ -150,7 +151,7 @@ func TestLeaseCarriesCredentials(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m := readyMemo("p")
+			m := temporaltest.ReadyMemo("p")
 			m.IP, m.Port = authProxy(t, tc.want)
 			m.Auth = tc.auth(m)
 			f := newCredsFixture(t, kr, m)
@@ -243,7 +244,7 @@ func TestUnresolvedCredentialsAreNotLeased(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m := readyMemo("p")
+			m := temporaltest.ReadyMemo("p")
 			m.Auth = tc.auth
 			f := newCredsFixture(t, tc.keyring, m)
 			// More passes over the same memo: the warning is not repeated.
@@ -289,7 +290,7 @@ func TestUnresolvedCredentialsAreNotLeased(t *testing.T) {
 // auth changes, and an info line says when the proxy can be leased again.
 func TestUnresolvedCredentialsLoggedPerChange(t *testing.T) {
 	kr, old := newKeyring(t), newKeyring(t)
-	m := readyMemo("p")
+	m := temporaltest.ReadyMemo("p")
 	m.Auth = &contract.ProxyAuth{KeyID: old.PrimaryID(), Instance: "pf-crawl-p-1"}
 	f := newCredsFixture(t, kr, m)
 	warnings := func() int { return strings.Count(f.logs.String(), "proxy credentials cannot be resolved") }
@@ -330,7 +331,7 @@ func TestUnresolvedCredentialsLoggedPerChange(t *testing.T) {
 // at the same address) ends the lease instead: proxy_gone, reason replaced.
 func TestRenewCarriesCurrentCredentials(t *testing.T) {
 	kr := newKeyring(t)
-	m := readyMemo("p")
+	m := temporaltest.ReadyMemo("p")
 	m.Auth = &contract.ProxyAuth{KeyID: kr.PrimaryID(), Instance: "pf-crawl-p-1"}
 	f := newCredsFixture(t, kr, m)
 	first, err := kr.Managed(kr.PrimaryID(), "pf-crawl-p-1")
@@ -370,7 +371,7 @@ func TestRenewCarriesCurrentCredentials(t *testing.T) {
 		require.NoError(t, err)
 		return s
 	}
-	ext := readyMemo("ext")
+	ext := temporaltest.ReadyMemo("ext")
 	ext.Provider, ext.Attributes = "external", map[string]string{"kind": "ext"}
 	ext.Auth = &contract.ProxyAuth{Sealed: seal("old-password")}
 	f.set(m, ext)
@@ -391,10 +392,10 @@ func TestRenewCarriesCurrentCredentials(t *testing.T) {
 // the same memos make both leasable.
 func TestServiceWithoutFleetKey(t *testing.T) {
 	kr := newKeyring(t)
-	locked := readyMemo("locked")
+	locked := temporaltest.ReadyMemo("locked")
 	locked.Auth = &contract.ProxyAuth{KeyID: kr.PrimaryID(), Instance: "pf-crawl-locked-1"}
 	locked.MaxLeases, locked.LatencyMillis = 10, 1 // the better proxy, were it leasable
-	open := readyMemo("open")
+	open := temporaltest.ReadyMemo("open")
 	open.MaxLeases, open.LatencyMillis = 10, 50
 
 	for _, tc := range []struct {
@@ -407,7 +408,7 @@ func TestServiceWithoutFleetKey(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			temporal := &slowTemporal{}
-			temporal.set(running(locked), running(open))
+			temporal.Set(running(locked), running(open))
 			logs := &testenv.LogBuffer{}
 			svc := service.New(service.Config{API: defaultConfig(), Namespace: "default",
 				RefreshInterval: time.Hour, FullResyncInterval: time.Hour, Keyring: tc.keyring},
@@ -452,19 +453,19 @@ func TestCredentialsOnlyInLeaseAnswers(t *testing.T) {
 	kr := newKeyring(t)
 	const canary = "CANARY-pw/with:odd@chars%41é"
 	extCreds := proxyauth.Credentials{Username: "canary-user", Password: canary}
-	ext := readyMemo("ext")
+	ext := temporaltest.ReadyMemo("ext")
 	ext.MaxLeases, ext.Attributes = 4, map[string]string{"kind": "ext"}
 	sealed, err := kr.Seal(extCreds, ext.UID)
 	require.NoError(t, err)
 	ext.Auth = &contract.ProxyAuth{Sealed: sealed}
-	mgd := readyMemo("mgd")
+	mgd := temporaltest.ReadyMemo("mgd")
 	mgd.MaxLeases, mgd.Attributes = 4, map[string]string{"kind": "mgd"}
 	mgd.Auth = &contract.ProxyAuth{KeyID: kr.PrimaryID(), Instance: "pf-crawl-mgd-1"}
 	mgdCreds, err := kr.Managed(kr.PrimaryID(), "pf-crawl-mgd-1")
 	require.NoError(t, err)
 	// ext's sealed credentials copied into another Proxy's memo: they must not open, and
 	// the warning about them must not leak them.
-	stolen := readyMemo("stolen")
+	stolen := temporaltest.ReadyMemo("stolen")
 	stolen.Attributes = map[string]string{"kind": "stolen"}
 	stolen.Auth = &contract.ProxyAuth{Sealed: sealed}
 
@@ -482,8 +483,8 @@ func TestCredentialsOnlyInLeaseAnswers(t *testing.T) {
 	reportsDone := make(chan struct{})
 	go func() { srv.RunReports(ctx); close(reportsDone) }()
 	t.Cleanup(func() { cancel(); <-reportsDone })
-	lister := &scriptedLister{}
-	lister.set(running(ext), running(mgd), running(stolen))
+	lister := &temporaltest.Scripted{}
+	lister.Set(running(ext), running(mgd), running(stolen))
 	ref := &temporal.Refresher{Client: lister, Namespace: "default", Store: store, Keyring: kr, Log: log}
 	require.NoError(t, ref.Full(t.Context()))
 	require.NoError(t, ref.Incremental(t.Context()))

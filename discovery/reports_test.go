@@ -18,6 +18,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/discovery/service"
+	"github.com/proxyfleet/proxyfleet/discovery/temporal/temporaltest"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
@@ -116,7 +117,7 @@ func TestFailedSignalIsNotCoalesced(t *testing.T) {
 
 // slowTemporal is a Temporal whose index has one proxy and whose signals take a while.
 type slowTemporal struct {
-	scriptedLister
+	temporaltest.Scripted
 	delay time.Duration
 
 	mu        sync.Mutex
@@ -139,9 +140,9 @@ func (s *slowTemporal) SignalWorkflow(ctx context.Context, workflowID, _, _ stri
 // forwards them before it returns, so a rollout loses no durable cooldown.
 func TestShutdownDrainsReports(t *testing.T) {
 	tc := &slowTemporal{delay: 20 * time.Millisecond}
-	memo := readyMemo("p")
+	memo := temporaltest.ReadyMemo("p")
 	memo.MaxLeases = 100
-	tc.set(listedRun{memo: memo, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: time.Now()})
+	tc.Set(temporaltest.Run{Memo: memo, Status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Updated: time.Now()})
 	svc := service.New(service.Config{API: defaultConfig(), Namespace: "default",
 		RefreshInterval: time.Hour, FullResyncInterval: time.Hour}, tc, slog.New(slog.DiscardHandler), nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

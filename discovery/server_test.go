@@ -20,6 +20,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/discovery/service"
+	"github.com/proxyfleet/proxyfleet/discovery/temporal/temporaltest"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
@@ -818,7 +819,7 @@ func TestNormalizeTarget(t *testing.T) {
 
 // TestServerLimits: headers past MaxHeaderBytes are refused before any handler runs.
 func TestServerLimits(t *testing.T) {
-	svc := service.New(service.Config{API: discovery.Config{Token: "t"}}, quietTemporal{&fakeLister{}}, slog.New(slog.DiscardHandler), nil)
+	svc := service.New(service.Config{API: discovery.Config{Token: "t"}}, quietTemporal{&temporaltest.Lister{}}, slog.New(slog.DiscardHandler), nil)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -836,7 +837,7 @@ func TestServerLimits(t *testing.T) {
 }
 
 // quietTemporal lists no workflows and takes every signal.
-type quietTemporal struct{ *fakeLister }
+type quietTemporal struct{ *temporaltest.Lister }
 
 func (quietTemporal) SignalWorkflow(context.Context, string, string, string, any) error { return nil }
 

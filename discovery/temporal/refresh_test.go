@@ -4,57 +4,33 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	commonpb "go.temporal.io/api/common/v1"
 	"go.temporal.io/api/enums/v1"
-	workflowpb "go.temporal.io/api/workflow/v1"
-	"go.temporal.io/api/workflowservice/v1"
-	"go.temporal.io/sdk/converter"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/discovery/temporal"
+	"github.com/proxyfleet/proxyfleet/discovery/temporal/temporaltest"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
-
-// fakeLister answers ListWorkflow with err, or with no workflows. failFirst makes the
-// first calls fail instead (for Run, which owns the calls).
-type fakeLister struct {
-	err       error
-	failFirst atomic.Int32
-	calls     atomic.Int32
-}
-
-func (f *fakeLister) ListWorkflow(context.Context, *workflowservice.ListWorkflowExecutionsRequest) (*workflowservice.ListWorkflowExecutionsResponse, error) {
-	if f.calls.Add(1) <= f.failFirst.Load() {
-		return nil, errors.New("temporal unreachable")
-	}
-	if f.err != nil {
-		return nil, f.err
-	}
-	return &workflowservice.ListWorkflowExecutionsResponse{}, nil
-}
 
 // TestRefresherRunRetriesTheFirstLoad: Run keeps trying full passes until one succeeds,
 // so a discovery started while Temporal is down serves as soon as Temporal is back, not
 // FullEvery later.
 func TestRefresherRunRetriesTheFirstLoad(t *testing.T) {
 	store := discovery.NewStore(time.Minute)
-	lister := &fakeLister{}
-	lister.failFirst.Store(3)
+	lister := &temporaltest.Lister{}
+	lister.FailFirst.Store(3)
 	r := &temporal.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler),
 		Interval: 10 * time.Millisecond, FullEvery: time.Hour}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	require.Eventually(t, store.Loaded, 5*time.Second, 5*time.Millisecond, "the index never loaded after Temporal came back")
-	assert.GreaterOrEqual(t, lister.calls.Load(), int32(4), "three failed full passes, then one that loaded")
+	assert.GreaterOrEqual(t, lister.Calls.Load(), int32(4), "three failed full passes, then one that loaded")
 	cancel()
 	require.NoError(t, <-done)
 }
@@ -64,13 +40,13 @@ func TestRefresherRunRetriesTheFirstLoad(t *testing.T) {
 // loading an empty fleet; incremental passes never load it.
 func TestRefresherLoadsIndex(t *testing.T) {
 	store := discovery.NewStore(time.Minute)
-	lister := &fakeLister{err: errors.New("temporal unreachable")}
+	lister := &temporaltest.Lister{Err: errors.New("temporal unreachable")}
 	r := &temporal.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
 
 	require.Error(t, r.Full(t.Context()))
 	assert.False(t, store.Loaded(), "a failed full pass")
 
-	lister.err = nil
+	lister.Err = nil
 	require.NoError(t, r.Incremental(t.Context()))
 	assert.False(t, store.Loaded(), "an incremental pass")
 
@@ -78,66 +54,9 @@ func TestRefresherLoadsIndex(t *testing.T) {
 	assert.True(t, store.Loaded(), "a full pass, even of an empty fleet")
 	assert.Equal(t, 0, store.Len())
 
-	lister.err = errors.New("temporal unreachable again")
+	lister.Err = errors.New("temporal unreachable again")
 	require.Error(t, r.Full(t.Context()))
 	assert.True(t, store.Loaded(), "the last full index is still served")
-}
-
-// listedRun is one workflow execution a scriptedLister returns.
-type listedRun struct {
-	memo    contract.ProxyMemo
-	status  enums.WorkflowExecutionStatus
-	updated time.Time
-	closed  time.Time
-	started time.Time
-}
-
-// scriptedLister answers every ListWorkflow with runs, as the visibility store would list
-// them for the incremental query (the test chooses which runs match).
-type scriptedLister struct {
-	mu   sync.Mutex
-	runs []listedRun
-}
-
-func (l *scriptedLister) set(runs ...listedRun) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.runs = runs
-}
-
-func (l *scriptedLister) ListWorkflow(context.Context, *workflowservice.ListWorkflowExecutionsRequest) (*workflowservice.ListWorkflowExecutionsResponse, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	resp := &workflowservice.ListWorkflowExecutionsResponse{}
-	for _, r := range l.runs {
-		memo, err := converter.GetDefaultDataConverter().ToPayload(r.memo)
-		if err != nil {
-			return nil, err
-		}
-		updated, err := converter.GetDefaultDataConverter().ToPayload(r.updated)
-		if err != nil {
-			return nil, err
-		}
-		ex := &workflowpb.WorkflowExecutionInfo{
-			Execution:        &commonpb.WorkflowExecution{WorkflowId: contract.ProxyWorkflowID(r.memo.Namespace, r.memo.Name)},
-			Status:           r.status,
-			Memo:             &commonpb.Memo{Fields: map[string]*commonpb.Payload{contract.MemoKey: memo}},
-			SearchAttributes: &commonpb.SearchAttributes{IndexedFields: map[string]*commonpb.Payload{contract.SearchAttrUpdatedAt.GetName(): updated}},
-		}
-		if !r.closed.IsZero() {
-			ex.CloseTime = timestamppb.New(r.closed)
-		}
-		if !r.started.IsZero() {
-			ex.StartTime = timestamppb.New(r.started)
-		}
-		resp.Executions = append(resp.Executions, ex)
-	}
-	return resp, nil
-}
-
-func readyMemo(name string) contract.ProxyMemo {
-	return contract.ProxyMemo{Name: name, Namespace: "crawl", UID: "uid-" + name, Phase: contract.PhaseReady,
-		Healthy: true, IP: "127.0.0.1", Port: 3128, MaxLeases: 1}
 }
 
 // TestIncrementalDropsClosedRuns: a run that ended without publishing anything (terminated
@@ -145,21 +64,21 @@ func readyMemo(name string) contract.ProxyMemo {
 // continued as new does not, even before its successor's memo is visible.
 func TestIncrementalDropsClosedRuns(t *testing.T) {
 	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	lister := &scriptedLister{}
+	lister := &temporaltest.Scripted{}
 	store := discovery.NewStore(time.Minute)
 	r := &temporal.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
-	lister.set(
-		listedRun{memo: readyMemo("a"), status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base},
-		listedRun{memo: readyMemo("b"), status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base},
-		listedRun{memo: readyMemo("c"), status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base},
+	lister.Set(
+		temporaltest.Run{Memo: temporaltest.ReadyMemo("a"), Status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Updated: base},
+		temporaltest.Run{Memo: temporaltest.ReadyMemo("b"), Status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Updated: base},
+		temporaltest.Run{Memo: temporaltest.ReadyMemo("c"), Status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Updated: base},
 	)
 	require.NoError(t, r.Full(t.Context()))
 	require.Equal(t, 3, store.Len())
 
-	lister.set(
-		listedRun{memo: readyMemo("a"), status: enums.WORKFLOW_EXECUTION_STATUS_TERMINATED, updated: base, closed: base.Add(time.Hour)},
-		listedRun{memo: readyMemo("b"), status: enums.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW, updated: base, closed: base.Add(time.Hour)},
-		listedRun{memo: readyMemo("c"), status: enums.WORKFLOW_EXECUTION_STATUS_FAILED, updated: base, closed: base.Add(time.Hour)},
+	lister.Set(
+		temporaltest.Run{Memo: temporaltest.ReadyMemo("a"), Status: enums.WORKFLOW_EXECUTION_STATUS_TERMINATED, Updated: base, Closed: base.Add(time.Hour)},
+		temporaltest.Run{Memo: temporaltest.ReadyMemo("b"), Status: enums.WORKFLOW_EXECUTION_STATUS_CONTINUED_AS_NEW, Updated: base, Closed: base.Add(time.Hour)},
+		temporaltest.Run{Memo: temporaltest.ReadyMemo("c"), Status: enums.WORKFLOW_EXECUTION_STATUS_FAILED, Updated: base, Closed: base.Add(time.Hour)},
 	)
 	require.NoError(t, r.Incremental(t.Context()))
 	assert.Equal(t, 1, store.Len(), "the terminated and the failed run are gone")
@@ -173,13 +92,13 @@ func TestIncrementalDropsClosedRuns(t *testing.T) {
 // full pass and in an incremental one alike, whatever order they are listed in.
 func TestTheLatestRunIsTheProxy(t *testing.T) {
 	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	provisioning := readyMemo("a")
+	provisioning := temporaltest.ReadyMemo("a")
 	provisioning.Phase, provisioning.Healthy = contract.PhasePending, false
-	old := listedRun{memo: readyMemo("a"), status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base, started: base.Add(-time.Hour)}
-	next := listedRun{memo: provisioning, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base.Add(time.Second), started: base}
-	lister := &scriptedLister{}
-	for _, order := range [][]listedRun{{old, next}, {next, old}} {
-		lister.set(order...)
+	old := temporaltest.Run{Memo: temporaltest.ReadyMemo("a"), Status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Updated: base, Started: base.Add(-time.Hour)}
+	next := temporaltest.Run{Memo: provisioning, Status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Updated: base.Add(time.Second), Started: base}
+	lister := &temporaltest.Scripted{}
+	for _, order := range [][]temporaltest.Run{{old, next}, {next, old}} {
+		lister.Set(order...)
 		for pass, run := range map[string]func(*temporal.Refresher, context.Context) error{
 			"full": (*temporal.Refresher).Full, "incremental": (*temporal.Refresher).Incremental,
 		} {
@@ -199,16 +118,16 @@ func TestTheLatestRunIsTheProxy(t *testing.T) {
 // "replaced". A memo of an older run (Replacing, not healthy) keeps the proxy out.
 func TestReplacingProxiesStayLeasable(t *testing.T) {
 	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	lister := &scriptedLister{}
+	lister := &temporaltest.Scripted{}
 	store := discovery.NewStore(time.Minute)
 	r := &temporal.Refresher{Client: lister, Namespace: "default", Store: store, Log: slog.New(slog.DiscardHandler)}
-	serving := readyMemo("a")
+	serving := temporaltest.ReadyMemo("a")
 	serving.Phase = contract.PhaseReplacing
-	older := readyMemo("b")
+	older := temporaltest.ReadyMemo("b")
 	older.Phase, older.Healthy = contract.PhaseReplacing, false
-	lister.set(
-		listedRun{memo: serving, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base},
-		listedRun{memo: older, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base},
+	lister.Set(
+		temporaltest.Run{Memo: serving, Status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Updated: base},
+		temporaltest.Run{Memo: older, Status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Updated: base},
 	)
 	require.NoError(t, r.Full(t.Context()))
 	l, err := store.Acquire(nil, "", time.Minute)
@@ -223,8 +142,8 @@ func TestReplacingProxiesStayLeasable(t *testing.T) {
 
 	promoted := serving
 	promoted.Phase, promoted.IP = contract.PhaseReady, "127.0.0.2"
-	lister.set(listedRun{memo: promoted, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base.Add(time.Minute)},
-		listedRun{memo: older, status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, updated: base})
+	lister.Set(temporaltest.Run{Memo: promoted, Status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Updated: base.Add(time.Minute)},
+		temporaltest.Run{Memo: older, Status: enums.WORKFLOW_EXECUTION_STATUS_RUNNING, Updated: base})
 	require.NoError(t, r.Full(t.Context()))
 	_, err = store.Renew("", l.ID, time.Minute)
 	var gone *discovery.ProxyGone
