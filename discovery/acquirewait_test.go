@@ -238,15 +238,15 @@ func TestAcquireWaitAcrossReplicas(t *testing.T) {
 	}
 	rs := newReplicaSet(t, n, []discovery.Proxy{only})
 	ctx := context.Background()
-	held, err := rs.client(0).Acquire(ctx, dclient.AcquireRequest{TTL: time.Minute})
+	held, err := rs.Client(0).Acquire(ctx, dclient.AcquireRequest{TTL: time.Minute})
 	require.NoError(t, err)
 	// Replica 1 has the copy of the lease: the proxy is full there too.
-	require.Eventually(t, func() bool { return rs.nodes[1].store.Stats().Leases == 1 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return rs.Nodes[1].Store.Stats().Leases == 1 }, 10*time.Second, 5*time.Millisecond)
 
-	ch := acquireAsync(ctx, rs.client(1), dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, Wait: 30 * time.Second})
+	ch := acquireAsync(ctx, rs.Client(1), dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, Wait: 30 * time.Second})
 	// Waiting on replica 1 (its first look refused), then released through replica 2.
-	require.Eventually(t, func() bool { return rs.nodes[1].srv.Waiting() == 1 }, 10*time.Second, 5*time.Millisecond)
-	require.NoError(t, rs.client(2).Release(ctx, held.ID))
+	require.Eventually(t, func() bool { return rs.Nodes[1].API.Waiting() == 1 }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, rs.Client(2).Release(ctx, held.ID))
 	got := receive(t, ch)
 	require.NoError(t, got.err)
 	assert.Equal(t, only.Name, got.l.Proxy.Name)
@@ -254,8 +254,8 @@ func TestAcquireWaitAcrossReplicas(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, 0, owner, "the proxy's owner granted it")
 	require.Eventually(t, func() bool {
-		for _, node := range rs.nodes {
-			if node.store.Stats().Leases != 1 {
+		for _, node := range rs.Nodes {
+			if node.Store.Stats().Leases != 1 {
 				return false
 			}
 		}

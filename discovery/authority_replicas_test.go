@@ -35,7 +35,7 @@ func TestReplicasRenewalRacingAPeerSweepSurvivesOwnerRestart(t *testing.T) {
 	rs := newReplicaSet(t, 3, replicaFleet(n, 1))
 	ctx := context.Background()
 	const ttl = time.Minute
-	l, err := rs.client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, TTL: ttl})
+	l, err := rs.Client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, TTL: ttl})
 	require.NoError(t, err)
 	a, ok := discovery.LeaseOwner(l.ID)
 	require.True(t, ok)
@@ -48,42 +48,42 @@ func TestReplicasRenewalRacingAPeerSweepSurvivesOwnerRestart(t *testing.T) {
 	}
 	b, c := others[0], others[1]
 	for i := range 3 {
-		require.Eventually(t, func() bool { rec, ok := rs.nodes[i].store.Record(l.ID); return ok && !rec.Ended },
+		require.Eventually(t, func() bool { rec, ok := rs.Nodes[i].Store.Record(l.ID); return ok && !rec.Ended },
 			5*time.Second, 5*time.Millisecond, "replica %d holds the lease", i)
 	}
-	granted, _ := rs.nodes[a].store.Record(l.ID)
+	granted, _ := rs.Nodes[a].Store.Record(l.ID)
 
 	// B's clock reaches the lease's expiry (not the end of its report window) while A's
 	// and C's do not, and B sweeps.
-	clk := &testClock{t: rs.nodes[b].store.Now().Add(ttl + time.Minute)}
-	rs.nodes[b].store.SetClock(clk.Now)
-	rs.nodes[b].store.Sweep()
-	swept, ok := rs.nodes[b].store.Record(l.ID)
+	clk := &testClock{t: rs.Nodes[b].Store.Now().Add(ttl + time.Minute)}
+	rs.Nodes[b].Store.SetClock(clk.Now)
+	rs.Nodes[b].Store.Sweep()
+	swept, ok := rs.Nodes[b].Store.Record(l.ID)
 	require.True(t, ok, "B keeps its ended copy for reports")
 	require.True(t, swept.Ended, "B's sweep ended its copy: the race is on")
 	assert.Equal(t, granted.Version, swept.Version, "only the owner changes a lease's version")
 
 	// The crawler renews through A, the owner, which copies the renewal to both peers
 	// before it answers.
-	r, err := rs.client(a).Renew(ctx, l.ID, 5*time.Minute)
+	r, err := rs.Client(a).Renew(ctx, l.ID, 5*time.Minute)
 	require.NoError(t, err, "the renewal before the restart")
 	assert.Equal(t, l.Proxy.IP, r.Proxy.IP)
 	for i := range 3 {
-		rec, ok := rs.nodes[i].store.Record(l.ID)
+		rec, ok := rs.Nodes[i].Store.Record(l.ID)
 		assert.True(t, ok && !rec.Ended, "replica %d holds the renewed lease: %+v", i, rec)
 	}
 
-	rs.kill(a)
-	rs.start(a)
-	rs.waitReady(a)
+	rs.Kill(a)
+	rs.Start(a)
+	rs.WaitReady(a)
 
 	for _, via := range []int{a, b, c} {
-		r, err := rs.client(via).Renew(ctx, l.ID, 5*time.Minute)
+		r, err := rs.Client(via).Renew(ctx, l.ID, 5*time.Minute)
 		require.NoError(t, err, "renewal through replica %d after owner %d restarted (B=%d swept)", via, a, b)
 		assert.Equal(t, l.Proxy.IP, r.Proxy.IP)
 	}
 	for i := range 3 {
-		list, err := rs.client(i).ListProxies(ctx, map[string]string{"region": "eu"}, nil)
+		list, err := rs.Client(i).ListProxies(ctx, map[string]string{"region": "eu"}, nil)
 		require.NoError(t, err)
 		held := -1
 		for _, p := range list.Proxies {
@@ -94,7 +94,7 @@ func TestReplicasRenewalRacingAPeerSweepSurvivesOwnerRestart(t *testing.T) {
 		assert.Equal(t, 1, held, "replica %d counts the lease on its proxy %s", i, l.Proxy.IP)
 	}
 	// Through the replica that swept, every other slot is granted, and this one is not.
-	more := acquireAll(t, rs.client(b))
+	more := acquireAll(t, rs.Client(b))
 	assert.Len(t, more, n-1, "every other proxy's slot")
 	for _, m := range more {
 		assert.NotEqual(t, l.Proxy.IP, m.Proxy.IP, "the held lease's proxy was granted again: counted free")
@@ -112,16 +112,16 @@ func TestReplicasKeepSessionsKnownWhileRenewed(t *testing.T) {
 	rs := newReplicaSet(t, 3, replicaFleet(6, 2))
 	clk := &testClock{t: time.Now()}
 	for i := range 3 {
-		rs.nodes[i].store.SetClock(clk.Now)
+		rs.Nodes[i].Store.SetClock(clk.Now)
 	}
 	ctx := context.Background()
 	const session = "basket-7"
-	l, err := rs.client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, Session: session, TTL: 30 * time.Minute})
+	l, err := rs.Client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, Session: session, TTL: 30 * time.Minute})
 	require.NoError(t, err)
 	owner, ok := discovery.LeaseOwner(l.ID)
 	require.True(t, ok)
 	for i := range 3 {
-		status, body := reportBySession(t, rs.urls[i], session)
+		status, body := reportBySession(t, rs.URLs[i], session)
 		require.Equal(t, http.StatusNoContent, status, "replica %d right after the grant: %s", i, body)
 	}
 
@@ -129,14 +129,14 @@ func TestReplicasKeepSessionsKnownWhileRenewed(t *testing.T) {
 	idle := discovery.DefaultSessionIdle
 	for elapsed := step; elapsed <= idle+2*step; elapsed += step {
 		clk.Advance(step)
-		r, err := rs.client(owner).Renew(ctx, l.ID, 30*time.Minute)
+		r, err := rs.Client(owner).Renew(ctx, l.ID, 30*time.Minute)
 		require.NoError(t, err, "renewal %v after the grant", elapsed)
 		assert.Equal(t, l.Proxy.IP, r.Proxy.IP)
 		for i := range 3 {
-			status, body := reportBySession(t, rs.urls[i], session)
+			status, body := reportBySession(t, rs.URLs[i], session)
 			require.Equal(t, http.StatusNoContent, status,
 				"report by session through replica %d (owner %d), %v after the grant: %s", i, owner, elapsed, body)
-			id, ok := rs.nodes[i].store.SessionLease(discovery.DefaultClientName, session)
+			id, ok := rs.Nodes[i].Store.SessionLease(discovery.DefaultClientName, session)
 			require.True(t, ok, "replica %d knows the session", i)
 			assert.Equal(t, l.ID, id, "replica %d's session is the renewed lease", i)
 		}

@@ -22,7 +22,7 @@ import (
 // replica owned.
 func TestRotationThroughOneReplicaSpreadsOverTheFleet(t *testing.T) {
 	rs := newReplicaSet(t, 3, replicaFleet(6, 4))
-	c := rs.client(0)
+	c := rs.Client(0)
 	ctx := context.Background()
 	used := map[string]int{}
 	const pairs = 1000
@@ -101,7 +101,7 @@ func TestSessionsStayKnownOnPeersWhileRenewed(t *testing.T) {
 func TestReportCountsReachThePeers(t *testing.T) {
 	rs := newReplicaSet(t, 3, replicaFleet(6, 4))
 	ctx := context.Background()
-	c := rs.client(0)
+	c := rs.Client(0)
 	l, err := c.Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, TTL: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, c.Report(ctx, l.ID, "banned", "shop.example"))
@@ -111,7 +111,7 @@ func TestReportCountsReachThePeers(t *testing.T) {
 			continue
 		}
 		require.Eventually(t, func() bool {
-			rec, ok := rs.nodes[i].store.Record(l.ID)
+			rec, ok := rs.Nodes[i].Store.Record(l.ID)
 			return ok && rec.Reports == 1
 		}, 5*time.Second, 5*time.Millisecond, "replica %d's copy counts the report", i)
 	}

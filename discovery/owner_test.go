@@ -125,7 +125,7 @@ func cooldowns(t *testing.T, base, ip string) map[string]time.Time {
 // nothing. shop still can.
 func TestLeasesBelongToTheirClient(t *testing.T) {
 	rs := newReplicaSet(t, 1, ownerFleet(4, 2), twoClients(t))
-	base, ctx := rs.urls[0], context.Background()
+	base, ctx := rs.URLs[0], context.Background()
 	shop := dclient.New(base, shopToken)
 	l, err := shop.Acquire(ctx, dclient.AcquireRequest{Target: "shop.example", Session: "cart", TTL: 5 * time.Minute})
 	require.NoError(t, err)
@@ -179,7 +179,7 @@ func TestReplicasKeepLeasesToTheirClient(t *testing.T) {
 	byOwner := map[int]*dclient.Lease{}
 	for i := 0; len(byOwner) < 3; i++ {
 		require.Less(t, i, 12, "every replica owns one of the 12 proxies")
-		l, err := dclient.New(rs.urls[0], shopToken).Acquire(ctx, dclient.AcquireRequest{Target: "shop.example", TTL: 5 * time.Minute})
+		l, err := dclient.New(rs.URLs[0], shopToken).Acquire(ctx, dclient.AcquireRequest{Target: "shop.example", TTL: 5 * time.Minute})
 		require.NoError(t, err)
 		o, _ := discovery.LeaseOwner(l.ID)
 		if byOwner[o] == nil {
@@ -190,33 +190,33 @@ func TestReplicasKeepLeasesToTheirClient(t *testing.T) {
 		unknown := unknownLike(l.ID)
 		for via := range 3 {
 			for _, op := range leaseOps {
-				got := ask(t, rs.urls[via], newsToken, op.method, "/v1/leases/"+l.ID+op.suffix, op.body)
-				asUnknown := ask(t, rs.urls[via], newsToken, op.method, "/v1/leases/"+unknown+op.suffix, op.body)
+				got := ask(t, rs.URLs[via], newsToken, op.method, "/v1/leases/"+l.ID+op.suffix, op.body)
+				asUnknown := ask(t, rs.URLs[via], newsToken, op.method, "/v1/leases/"+unknown+op.suffix, op.body)
 				requireAsUnknown(t, op, got, l.ID, asUnknown, unknown, "news's %s through replica %d of shop's lease owned by %d", op.name, via, owner)
 			}
 		}
-		assert.Empty(t, cooldowns(t, rs.urls[owner], l.Proxy.IP), "news's ban reports rested nothing")
+		assert.Empty(t, cooldowns(t, rs.URLs[owner], l.Proxy.IP), "news's ban reports rested nothing")
 		for via := range 3 {
-			r, err := dclient.New(rs.urls[via], shopToken).Renew(ctx, l.ID, 5*time.Minute)
+			r, err := dclient.New(rs.URLs[via], shopToken).Renew(ctx, l.ID, 5*time.Minute)
 			require.NoError(t, err, "shop renews its lease owned by %d through %d", owner, via)
 			assert.Equal(t, l.Proxy.IP, r.Proxy.IP)
-			require.NoError(t, dclient.New(rs.urls[via], shopToken).Report(ctx, l.ID, "ok", ""))
+			require.NoError(t, dclient.New(rs.URLs[via], shopToken).Report(ctx, l.ID, "ok", ""))
 		}
 	}
 
-	s, err := dclient.New(rs.urls[0], shopToken).Acquire(ctx, dclient.AcquireRequest{Session: "cart", TTL: 5 * time.Minute})
+	s, err := dclient.New(rs.URLs[0], shopToken).Acquire(ctx, dclient.AcquireRequest{Session: "cart", TTL: 5 * time.Minute})
 	require.NoError(t, err)
 	for via := range 3 {
-		got := ask(t, rs.urls[via], newsToken, http.MethodPost, "/v1/sessions/cart/report", `{"result":"banned"}`)
-		asUnknown := ask(t, rs.urls[via], newsToken, http.MethodPost, "/v1/sessions/never/report", `{"result":"banned"}`)
+		got := ask(t, rs.URLs[via], newsToken, http.MethodPost, "/v1/sessions/cart/report", `{"result":"banned"}`)
+		asUnknown := ask(t, rs.URLs[via], newsToken, http.MethodPost, "/v1/sessions/never/report", `{"result":"banned"}`)
 		require.Equal(t, http.StatusNotFound, asUnknown.status, asUnknown.body)
 		assert.Equal(t, asUnknown.status, got.status, "news's report of shop's session through %d", via)
 		assert.Equal(t, strings.ReplaceAll(asUnknown.body, "never", "<s>"), strings.ReplaceAll(got.body, "cart", "<s>"))
-		assert.Equal(t, http.StatusNoContent, ask(t, rs.urls[via], shopToken, http.MethodPost, "/v1/sessions/cart/report", `{"result":"ok"}`).status,
+		assert.Equal(t, http.StatusNoContent, ask(t, rs.URLs[via], shopToken, http.MethodPost, "/v1/sessions/cart/report", `{"result":"ok"}`).status,
 			"shop's report of its session through %d", via)
 	}
 	o, _ := discovery.LeaseOwner(s.ID)
-	assert.Empty(t, cooldowns(t, rs.urls[o], s.Proxy.IP), "news's session reports rested nothing")
+	assert.Empty(t, cooldowns(t, rs.URLs[o], s.Proxy.IP), "news's session reports rested nothing")
 }
 
 // TestLeaseCopyWithoutClientIsNobodys: a copy of a lease from a replica too old to send
@@ -229,7 +229,7 @@ func TestLeaseCopyWithoutClientIsNobodys(t *testing.T) {
 	id := "01" + strings.Repeat("3c", 15)
 	rec := fmt.Sprintf(`[{"id":%q,"version":1,"proxyID":"crawl/p00","ip":%q,"port":%d,"target":"shop.example","expires":%q}]`,
 		id, fleet[0].IP, fleet[0].Port, time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano))
-	for _, to := range rs.urls {
+	for _, to := range rs.URLs {
 		req, err := http.NewRequest(http.MethodPost, to+"/peer/v1/leases", strings.NewReader(rec))
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer "+peerToken)
@@ -242,13 +242,13 @@ func TestLeaseCopyWithoutClientIsNobodys(t *testing.T) {
 	for _, token := range []string{shopToken, newsToken} {
 		for via := range 2 {
 			for _, op := range leaseOps {
-				got := ask(t, rs.urls[via], token, op.method, "/v1/leases/"+id+op.suffix, op.body)
-				asUnknown := ask(t, rs.urls[via], token, op.method, "/v1/leases/"+unknown+op.suffix, op.body)
+				got := ask(t, rs.URLs[via], token, op.method, "/v1/leases/"+id+op.suffix, op.body)
+				asUnknown := ask(t, rs.URLs[via], token, op.method, "/v1/leases/"+unknown+op.suffix, op.body)
 				requireAsUnknown(t, op, got, id, asUnknown, unknown, "%s through replica %d", op.name, via)
 			}
 		}
 	}
-	list, err := dclient.New(rs.urls[1], shopToken).ListProxies(context.Background(), nil, nil)
+	list, err := dclient.New(rs.URLs[1], shopToken).ListProxies(context.Background(), nil, nil)
 	require.NoError(t, err)
 	for _, p := range list.Proxies {
 		if p.Name == "p00" {
@@ -265,18 +265,18 @@ func TestLeasesWithoutAuthentication(t *testing.T) {
 		t.Run(fmt.Sprintf("replicas=%d", n), func(t *testing.T) {
 			rs := newReplicaSet(t, n, ownerFleet(6, 2), func(c *discovery.Config) { c.Token, c.Clients = "", nil })
 			ctx := context.Background()
-			l, err := dclient.New(rs.urls[0], "").Acquire(ctx, dclient.AcquireRequest{Session: "cart", Target: "shop.example"})
+			l, err := dclient.New(rs.URLs[0], "").Acquire(ctx, dclient.AcquireRequest{Session: "cart", Target: "shop.example"})
 			require.NoError(t, err)
 			for via := range n {
-				c := dclient.New(rs.urls[via], "anything")
+				c := dclient.New(rs.URLs[via], "anything")
 				r, err := c.Renew(ctx, l.ID, time.Minute)
 				require.NoError(t, err, "renew through %d", via)
 				assert.Equal(t, l.Proxy.Password, r.Proxy.Password)
 				require.NoError(t, c.Report(ctx, l.ID, "ok", ""), "report through %d", via)
-				assert.Equal(t, http.StatusNoContent, ask(t, rs.urls[via], "", http.MethodPost, "/v1/sessions/cart/report", `{"result":"ok"}`).status)
+				assert.Equal(t, http.StatusNoContent, ask(t, rs.URLs[via], "", http.MethodPost, "/v1/sessions/cart/report", `{"result":"ok"}`).status)
 			}
-			require.NoError(t, dclient.New(rs.urls[n-1], "").Release(ctx, l.ID))
-			_, err = dclient.New(rs.urls[0], "").Renew(ctx, l.ID, time.Minute)
+			require.NoError(t, dclient.New(rs.URLs[n-1], "").Release(ctx, l.ID))
+			_, err = dclient.New(rs.URLs[0], "").Renew(ctx, l.ID, time.Minute)
 			assert.True(t, dclient.IsLeaseGone(err), "released: %v", err)
 		})
 	}

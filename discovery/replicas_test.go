@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -20,113 +18,22 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
-	"github.com/proxyfleet/proxyfleet/discovery/service"
-	"github.com/proxyfleet/proxyfleet/internal/testenv"
-	"github.com/proxyfleet/proxyfleet/workflows/contract"
+	"github.com/proxyfleet/proxyfleet/discovery/service/servicetest"
 )
 
-const peerToken = "peer-token"
+const peerToken = servicetest.PeerToken
 
-// replicaSet runs discovery replicas in this process, each on its own loopback port, all
-// serving the same fleet. A replica can be killed (its listener and connections closed,
-// its memory dropped) and started afresh on the same address, as a pod restarts.
-type replicaSet struct {
-	t     testing.TB
-	addrs []string
-	urls  []string
-	fleet []discovery.Proxy
-	nodes []*replicaNode
-	// configure, when set, changes each replica's Config before it starts.
-	configure func(*discovery.Config)
-}
-
-type replicaNode struct {
-	store  *discovery.Store
-	srv    *service.API
-	hs     *http.Server
-	cancel context.CancelFunc
-	logs   *testenv.LogBuffer
-}
+// replicaSet is discovery's replicas in this process (servicetest), each built as the
+// process builds it, with this package's API configuration.
+type replicaSet = servicetest.ReplicaSet
 
 func newReplicaSet(t testing.TB, n int, fleet []discovery.Proxy, configure ...func(*discovery.Config)) *replicaSet {
-	rs := &replicaSet{t: t, fleet: fleet, nodes: make([]*replicaNode, n)}
+	opts := servicetest.Options{Config: defaultConfig(), KeepEnded: keepExpired}
 	if len(configure) > 0 {
-		rs.configure = configure[0]
+		opts.Configure = configure[0]
 	}
-	for range n {
-		addr := testenv.FreeAddr(t)
-		rs.addrs = append(rs.addrs, addr)
-		rs.urls = append(rs.urls, "http://"+addr)
-	}
-	for i := range n {
-		rs.start(i)
-	}
-	for i := range n {
-		rs.waitReady(i)
-	}
-	t.Cleanup(func() {
-		for i := range rs.nodes {
-			rs.kill(i)
-		}
-	})
-	return rs
+	return servicetest.NewReplicaSet(t, n, fleet, opts)
 }
-
-func (rs *replicaSet) start(i int) {
-	rs.t.Helper()
-	rs.startWith(i, true)
-}
-
-// startWith starts replica i; unless loaded, its index stays empty and unloaded (Temporal
-// not reached yet) until the test loads it.
-func (rs *replicaSet) startWith(i int, loaded bool) {
-	t := rs.t
-	t.Helper()
-	store := discovery.NewStoreWith(discovery.StoreConfig{KeepEnded: keepExpired, Replica: byte(i)})
-	if loaded {
-		store.ReplaceAll(rs.fleet)
-	}
-	cfg := defaultConfig()
-	rc := discovery.ReplicaConfig{Peers: slices.Clone(rs.urls), Self: i, Tokens: []string{peerToken},
-		Timeout: time.Second, RestoreLimit: time.Hour}
-	if rs.configure != nil {
-		rs.configure(&cfg)
-	}
-	logs := &testenv.LogBuffer{}
-	sig := &fakeSignaler{report: func(context.Context, string, string, contract.ReportSignal) error { return nil }}
-	srv := service.NewReplica(cfg, rc, store, sig, slog.New(slog.NewTextHandler(logs, nil)), nil)
-	ln, err := net.Listen("tcp", rs.addrs[i])
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	hs := &http.Server{Handler: srv.Handler()}
-	go func() { _ = hs.Serve(ln) }()
-	go srv.RunReplicas(ctx)
-	rs.nodes[i] = &replicaNode{store: store, srv: srv, hs: hs, cancel: cancel, logs: logs}
-}
-
-// kill stops replica i at once, as kill -9 does: no request is finished, nothing handed
-// over.
-func (rs *replicaSet) kill(i int) {
-	if n := rs.nodes[i]; n != nil {
-		n.cancel()
-		_ = n.hs.Close()
-		rs.nodes[i] = nil
-	}
-}
-
-func (rs *replicaSet) waitReady(i int) {
-	rs.t.Helper()
-	require.Eventually(rs.t, func() bool {
-		resp, err := http.Get(rs.urls[i] + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, 20*time.Second, 10*time.Millisecond, "replica %d ready", i)
-}
-
-func (rs *replicaSet) client(i int) *dclient.Client { return dclient.New(rs.urls[i], testToken) }
 
 // replicaFleet is n healthy proxies taking max leases each.
 func replicaFleet(n, max int) []discovery.Proxy {
@@ -185,7 +92,7 @@ func TestReplicasShareMaxLeases(t *testing.T) {
 	var wg sync.WaitGroup
 	for g := range 9 {
 		wg.Go(func() {
-			got := acquireAll(t, rs.client(g%3))
+			got := acquireAll(t, rs.Client(g%3))
 			mu.Lock()
 			defer mu.Unlock()
 			all = append(all, got...)
@@ -215,46 +122,46 @@ func TestReplicaKilledLosesNoLease(t *testing.T) {
 	ctx := context.Background()
 	var held []*dclient.Lease
 	for i := range 9 {
-		l, err := rs.client(i%3).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, TTL: 5 * time.Minute})
+		l, err := rs.Client(i%3).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, TTL: 5 * time.Minute})
 		require.NoError(t, err)
 		held = append(held, l)
 	}
 	ownedBy1 := slices.IndexFunc(held, func(l *dclient.Lease) bool { o, _ := discovery.LeaseOwner(l.ID); return o == 1 })
 	require.GreaterOrEqual(t, ownedBy1, 0, "replica 1 owns one of the leases")
 
-	rs.kill(1)
-	_, err := rs.client(0).Renew(ctx, held[ownedBy1].ID, 5*time.Minute)
+	rs.Kill(1)
+	_, err := rs.Client(0).Renew(ctx, held[ownedBy1].ID, 5*time.Minute)
 	require.True(t, dclient.IsReplicasUnavailable(err), "renewal while its owner is down: %v", err)
 	var e *dclient.Error
 	require.True(t, errors.As(err, &e))
 	assert.Positive(t, e.RetryAfter(), "says when to retry")
 	// The others still grant on their own proxies. Once those are full the answer is a
 	// 503, not a 409, if the dead replica's proxies may have free slots.
-	more := acquireUntil(t, rs.client(2), func(err error) bool { return dclient.IsNoMatch(err) || dclient.IsReplicasUnavailable(err) })
+	more := acquireUntil(t, rs.Client(2), func(err error) bool { return dclient.IsNoMatch(err) || dclient.IsReplicasUnavailable(err) })
 	for _, l := range more {
 		o, _ := discovery.LeaseOwner(l.ID)
 		assert.NotEqual(t, 1, o, "nothing granted on the dead replica's proxies")
 	}
 	held = append(held, more...)
 
-	rs.start(1)
-	rs.waitReady(1)
+	rs.Start(1)
+	rs.WaitReady(1)
 	for i, l := range held {
 		via := (i + 1) % 3
-		r, err := rs.client(via).Renew(ctx, l.ID, 5*time.Minute)
+		r, err := rs.Client(via).Renew(ctx, l.ID, 5*time.Minute)
 		require.NoError(t, err, "renew lease %d through replica %d", i, via)
 		assert.Equal(t, l.Proxy.IP, r.Proxy.IP)
 	}
-	require.NoError(t, rs.client(2).Report(ctx, held[ownedBy1].ID, "ok", ""))
+	require.NoError(t, rs.Client(2).Report(ctx, held[ownedBy1].ID, "ok", ""))
 
-	held = append(held, acquireAll(t, rs.client(1))...)
+	held = append(held, acquireAll(t, rs.Client(1))...)
 	assert.Len(t, held, 12, "exactly the fleet's capacity is held: the restarted replica counted the leases it had granted")
 	for ip, n := range perProxy(held) {
 		assert.LessOrEqual(t, n, 2, "proxy %s over-subscribed", ip)
 	}
 
-	require.NoError(t, rs.client(0).Release(ctx, held[ownedBy1].ID))
-	again := acquireAll(t, rs.client(2))
+	require.NoError(t, rs.Client(0).Release(ctx, held[ownedBy1].ID))
+	again := acquireAll(t, rs.Client(2))
 	require.Len(t, again, 1, "the released slot is free on every replica, and only it")
 	assert.Equal(t, held[ownedBy1].Proxy.IP, again[0].Proxy.IP)
 }
@@ -267,25 +174,25 @@ func TestReplicaWaitsForEveryPeer(t *testing.T) {
 	ctx := context.Background()
 	var mine *dclient.Lease
 	for mine == nil {
-		l, err := rs.client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
+		l, err := rs.Client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
 		require.NoError(t, err)
 		if o, _ := discovery.LeaseOwner(l.ID); o == 0 {
 			mine = l
 		}
 	}
-	rs.kill(0)
-	rs.kill(2)
-	rs.start(0)
-	resp, err := http.Get(rs.urls[0] + "/readyz")
+	rs.Kill(0)
+	rs.Kill(2)
+	rs.Start(0)
+	resp, err := http.Get(rs.URLs[0] + "/readyz")
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "not ready while replica 2 cannot be asked")
-	_, err = rs.client(0).Renew(ctx, mine.ID, time.Minute)
+	_, err = rs.Client(0).Renew(ctx, mine.ID, time.Minute)
 	assert.True(t, dclient.IsReplicasUnavailable(err), "its own leases wait: %v", err)
 
-	rs.start(2)
-	rs.waitReady(0)
-	r, err := rs.client(0).Renew(ctx, mine.ID, time.Minute)
+	rs.Start(2)
+	rs.WaitReady(0)
+	r, err := rs.Client(0).Renew(ctx, mine.ID, time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, mine.Proxy.IP, r.Proxy.IP)
 }
@@ -302,7 +209,7 @@ func TestPeerRoutesAreForReplicas(t *testing.T) {
 		{http.MethodPost, "/peer/v1/grant", `{"proxyID":"crawl/p00"}`},
 		{http.MethodPost, "/peer/v1/release", `{"leaseID":"00aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}`},
 	} {
-		req, err := http.NewRequest(tc.method, rs.urls[0]+tc.path, strings.NewReader(tc.body))
+		req, err := http.NewRequest(tc.method, rs.URLs[0]+tc.path, strings.NewReader(tc.body))
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer "+testToken)
 		resp, err := http.DefaultClient.Do(req)
@@ -311,7 +218,7 @@ func TestPeerRoutesAreForReplicas(t *testing.T) {
 		resp.Body.Close()
 		assert.Equal(t, http.StatusUnauthorized, resp.StatusCode, "%s %s: %s", tc.method, tc.path, body)
 	}
-	req, err := http.NewRequest(http.MethodGet, rs.urls[0]+"/peer/v1/leases?owner=1", nil)
+	req, err := http.NewRequest(http.MethodGet, rs.URLs[0]+"/peer/v1/leases?owner=1", nil)
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+peerToken)
 	resp, err := http.DefaultClient.Do(req)
@@ -328,21 +235,21 @@ func TestRestartedReplicaWaitsForItsIndex(t *testing.T) {
 	ctx := context.Background()
 	var mine *dclient.Lease
 	for mine == nil {
-		l, err := rs.client(1).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
+		l, err := rs.Client(1).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
 		require.NoError(t, err)
 		if o, _ := discovery.LeaseOwner(l.ID); o == 0 {
 			mine = l
 		}
 	}
-	rs.kill(0)
-	rs.startWith(0, false)
-	require.Eventually(t, func() bool { return strings.Contains(rs.nodes[0].logs.String(), "leases restored") },
+	rs.Kill(0)
+	rs.StartWith(0, false)
+	require.Eventually(t, func() bool { return strings.Contains(rs.Nodes[0].Logs.String(), "leases restored") },
 		10*time.Second, 10*time.Millisecond, "replica 0 restores its leases")
-	_, err := rs.client(1).Renew(ctx, mine.ID, time.Minute)
+	_, err := rs.Client(1).Renew(ctx, mine.ID, time.Minute)
 	require.True(t, dclient.IsReplicasUnavailable(err), "renewal before the index loads: %v", err)
 
-	rs.nodes[0].store.ReplaceAll(rs.fleet)
-	r, err := rs.client(1).Renew(ctx, mine.ID, time.Minute)
+	rs.Nodes[0].Store.ReplaceAll(rs.Fleet)
+	r, err := rs.Client(1).Renew(ctx, mine.ID, time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, mine.Proxy.IP, r.Proxy.IP)
 }
@@ -361,7 +268,7 @@ func BenchmarkReplicatedAcquireRelease(b *testing.B) {
 			tr := &http.Transport{MaxIdleConnsPerHost: crawlers}
 			clients := make([]*dclient.Client, n)
 			for i := range clients {
-				clients[i] = dclient.New(rs.urls[i], testToken, dclient.WithHTTPClient(&http.Client{Transport: tr}))
+				clients[i] = dclient.New(rs.URLs[i], testToken, dclient.WithHTTPClient(&http.Client{Transport: tr}))
 			}
 			ctx := context.Background()
 			var next atomic.Int64
@@ -412,7 +319,7 @@ func TestReplicasHoldClientLimits(t *testing.T) {
 		c.Token, c.Clients = "", discovery.NewClients(cfgs)
 	})
 	ctx := context.Background()
-	shop := func(i int) *dclient.Client { return dclient.New(rs.urls[i], shopToken) }
+	shop := func(i int) *dclient.Client { return dclient.New(rs.URLs[i], shopToken) }
 	for i := range 3 {
 		_, err := shop(i).Acquire(ctx, dclient.AcquireRequest{})
 		require.NoError(t, err)
@@ -426,7 +333,7 @@ func TestReplicasHoldClientLimits(t *testing.T) {
 	}
 
 	// Each replica has its own bucket for news, of one request.
-	news := func(i int) *dclient.Client { return dclient.New(rs.urls[i], newsToken) }
+	news := func(i int) *dclient.Client { return dclient.New(rs.URLs[i], newsToken) }
 	l, err := news(1).Acquire(ctx, dclient.AcquireRequest{})
 	require.NoError(t, err)
 	owner, _ := discovery.LeaseOwner(l.ID)

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -33,37 +32,6 @@ func review30FleetOwnedBy(owner, n, count, max int) []discovery.Proxy {
 	return ps
 }
 
-// blackHole takes replica i's address over with a listener that accepts connections and
-// never answers: a replica that hangs (a stuck process, a network that drops its
-// packets), not one that refuses at once.
-func (rs *replicaSet) blackHole(i int) {
-	rs.t.Helper()
-	rs.kill(i)
-	ln, err := net.Listen("tcp", rs.addrs[i])
-	require.NoError(rs.t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	rs.t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-}
-
 // TestReview30SlowPeerLeavesOrphanGrants: with one replica hung (not down: it accepts and
 // never answers), a crawler that acquires through replica 0 a proxy that replica 1 owns is
 // told 503 replicas_unavailable, yet replica 1 did grant the lease: it waited for the hung
@@ -79,18 +47,18 @@ func (rs *replicaSet) blackHole(i int) {
 func TestReview30SlowPeerLeavesOrphanGrants(t *testing.T) {
 	fleet := review30FleetOwnedBy(1, 3, 1, 1)
 	rs := newReplicaSet(t, 3, fleet)
-	rs.blackHole(2)
+	rs.BlackHole(2)
 	ctx := context.Background()
-	l, err := rs.client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
+	l, err := rs.Client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
 	require.NoError(t, err, "replica 1 answers before replica 0 gives up")
-	_, ok := rs.nodes[0].store.Record(l.ID)
+	_, ok := rs.Nodes[0].Store.Record(l.ID)
 	require.True(t, ok, "replica 0 holds the lease's copy")
-	require.Equal(t, 1, rs.nodes[1].store.Stats().Leases)
-	require.NoError(t, rs.client(0).Release(ctx, l.ID))
-	require.Zero(t, rs.nodes[1].store.Stats().Leases, "the crawler's release freed the only slot")
-	l, err = rs.client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
+	require.Equal(t, 1, rs.Nodes[1].Store.Stats().Leases)
+	require.NoError(t, rs.Client(0).Release(ctx, l.ID))
+	require.Zero(t, rs.Nodes[1].Store.Stats().Leases, "the crawler's release freed the only slot")
+	l, err = rs.Client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
 	require.NoError(t, err, "the slot is free again")
-	require.NoError(t, rs.client(0).Release(ctx, l.ID))
+	require.NoError(t, rs.Client(0).Release(ctx, l.ID))
 }
 
 // TestReview30AskerGoneEndsTheGrant: a replica that asked an owner for a grant and gave up
@@ -99,26 +67,26 @@ func TestReview30SlowPeerLeavesOrphanGrants(t *testing.T) {
 // slot for the TTL.
 func TestReview30AskerGoneEndsTheGrant(t *testing.T) {
 	rs := newReplicaSet(t, 3, review30FleetOwnedBy(1, 3, 1, 1))
-	rs.blackHole(2)
+	rs.BlackHole(2)
 	body := `{"proxyID":"` + review30FleetOwnedBy(1, 3, 1, 1)[0].Namespace + "/" + review30FleetOwnedBy(1, 3, 1, 1)[0].Name +
 		`","selector":{"region":"eu"},"ttlSeconds":300}`
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rs.urls[1]+"/peer/v1/grant", strings.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rs.URLs[1]+"/peer/v1/grant", strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+peerToken)
 	req.Header.Set("Content-Type", "application/json")
 	_, err = http.DefaultClient.Do(req)
 	require.Error(t, err, "the owner answers once it stopped waiting for the hung replica's copy")
-	require.Eventually(t, func() bool { return rs.nodes[1].store.Stats().Leases == 0 }, 5*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return rs.Nodes[1].Store.Stats().Leases == 0 }, 5*time.Second, 10*time.Millisecond,
 		"replica 1 holds a lease no replica received")
 	// Replica 0 picks over the copies it holds: the ended lease's copy reaches it after
 	// the owner ended it.
-	require.Eventually(t, func() bool { return rs.nodes[0].store.Stats().Leases == 0 }, 5*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return rs.Nodes[0].Store.Stats().Leases == 0 }, 5*time.Second, 10*time.Millisecond,
 		"replica 0 never learnt that the grant ended")
-	l, err := rs.client(0).Acquire(context.Background(), dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
+	l, err := rs.Client(0).Acquire(context.Background(), dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
 	require.NoError(t, err, "the only slot is free")
-	require.NoError(t, rs.client(0).Release(context.Background(), l.ID))
+	require.NoError(t, rs.Client(0).Release(context.Background(), l.ID))
 }
 
 // TestReview30SessionsForgottenByARestartedReplica: a session is remembered for an hour
@@ -133,18 +101,18 @@ func TestReview30SessionsForgottenByARestartedReplica(t *testing.T) {
 	rs := newReplicaSet(t, 3, replicaFleet(6, 2))
 	ctx := context.Background()
 	const session = "basket-9"
-	l, err := rs.client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, Session: session})
+	l, err := rs.Client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}, Session: session})
 	require.NoError(t, err)
-	require.NoError(t, rs.client(0).Release(ctx, l.ID))
+	require.NoError(t, rs.Client(0).Release(ctx, l.ID))
 	for i := range 3 {
-		status, body := reportBySession(t, rs.urls[i], session)
+		status, body := reportBySession(t, rs.URLs[i], session)
 		require.Equal(t, http.StatusNoContent, status, "replica %d right after the release: %s", i, body)
 	}
 	for i := range 3 {
-		rs.kill(i)
-		rs.start(i)
-		rs.waitReady(i)
-		status, body := reportBySession(t, rs.urls[i], session)
+		rs.Kill(i)
+		rs.Start(i)
+		rs.WaitReady(i)
+		status, body := reportBySession(t, rs.URLs[i], session)
 		require.Equal(t, http.StatusNoContent, status, "replica %d after its restart: %s", i, body)
 	}
 }
@@ -164,13 +132,13 @@ func TestReview30HangUpMarksAHealthyOwnerDown(t *testing.T) {
 	body := `{"selector":{"region":"eu"},"ttlSeconds":600}`
 	unavailable := 0
 	for range 50 {
-		c, err := net.Dial("tcp", rs.addrs[0])
+		c, err := net.Dial("tcp", rs.Addrs[0])
 		require.NoError(t, err)
-		_, err = io.WriteString(c, "POST /v1/leases HTTP/1.1\r\nHost: "+rs.addrs[0]+"\r\nAuthorization: Bearer "+testToken+
+		_, err = io.WriteString(c, "POST /v1/leases HTTP/1.1\r\nHost: "+rs.Addrs[0]+"\r\nAuthorization: Bearer "+testToken+
 			"\r\nContent-Type: application/json\r\nContent-Length: "+fmt.Sprint(len(body))+"\r\n\r\n"+body)
 		require.NoError(t, err)
 		require.NoError(t, c.Close()) // the crawler gives up at once
-		l, err := rs.client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
+		l, err := rs.Client(0).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"region": "eu"}})
 		if dclient.IsReplicasUnavailable(err) {
 			unavailable++
 			continue
@@ -179,8 +147,8 @@ func TestReview30HangUpMarksAHealthyOwnerDown(t *testing.T) {
 			continue // the hung-up crawlers' leases took the slots (see below)
 		}
 		require.NoError(t, err)
-		require.NoError(t, rs.client(0).Release(ctx, l.ID))
+		require.NoError(t, rs.Client(0).Release(ctx, l.ID))
 	}
-	t.Logf("leases replica 1 holds for crawlers that hung up: %d", rs.nodes[1].store.Stats().Leases)
+	t.Logf("leases replica 1 holds for crawlers that hung up: %d", rs.Nodes[1].Store.Stats().Leases)
 	require.Zero(t, unavailable, "acquires through replica 0 refused as if replica 1, which owns every proxy and answers, were down")
 }

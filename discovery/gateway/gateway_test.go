@@ -700,7 +700,7 @@ func TestGatewayInAReplicaSet(t *testing.T) {
 		fleet[i].MaxLeases = 1
 	}
 	rs := newReplicaSet(t, 2, fleet)
-	e := &gatewayEnv{t: t, proxies: proxies, addr: serveGateway(t, rs.nodes[0].srv, gateway.Config{Wait: -1})}
+	e := &gatewayEnv{t: t, proxies: proxies, addr: serveGateway(t, rs.Nodes[0].API, gateway.Config{Wait: -1})}
 	s := &site{banned: map[string]bool{}}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.handle))
 	t.Cleanup(s.Close)
@@ -716,19 +716,19 @@ func TestGatewayInAReplicaSet(t *testing.T) {
 	_, resp := e.connect(discovery.DefaultClientName, testToken, host)
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "every proxy holds a tunnel")
 	for i := range 2 {
-		assert.Equal(t, 4, rs.nodes[i].store.Stats().Leases, "replica %d counts every tunnel", i)
+		assert.Equal(t, 4, rs.Nodes[i].Store.Stats().Leases, "replica %d counts every tunnel", i)
 	}
-	_, err := rs.client(1).Acquire(context.Background(), dclient.AcquireRequest{})
+	_, err := rs.Client(1).Acquire(context.Background(), dclient.AcquireRequest{})
 	require.Error(t, err, "the API on the other replica finds the fleet full too")
 
 	// The session's latest lease may be owned by either replica: the report goes to it.
-	require.Equal(t, http.StatusNoContent, reportSession(t, rs.urls[1], testToken, "basket"))
+	require.Equal(t, http.StatusNoContent, reportSession(t, rs.URLs[1], testToken, "basket"))
 
 	for _, c := range tunnels {
 		c.Close()
 	}
 	for i := range 2 {
-		require.Eventually(t, func() bool { return rs.nodes[i].store.Stats().Leases == 0 }, 10*time.Second, 5*time.Millisecond,
+		require.Eventually(t, func() bool { return rs.Nodes[i].Store.Stats().Leases == 0 }, 10*time.Second, 5*time.Millisecond,
 			"replica %d still counts tunnels that closed", i)
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,37 +30,6 @@ func review30FleetOwnedBy01(count, max int) []discovery.Proxy {
 	return ps
 }
 
-// blackHole takes replica i's address over with a listener that accepts connections and
-// never answers: a replica that hangs (a stuck process, a network that drops its
-// packets), not one that refuses at once.
-func (rs *replicaSet) blackHole(i int) {
-	rs.t.Helper()
-	rs.kill(i)
-	ln, err := net.Listen("tcp", rs.addrs[i])
-	require.NoError(rs.t, err)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	rs.t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-}
-
 // TestReview30RenewalStormBehindAHungPeer: the gateway renews its held leases at most 32
 // at a time, and with one replica hung every renewal takes the peer timeout (the owner
 // waits for every peer's copy, and a renewal forwarded to another owner waits for that
@@ -77,15 +44,15 @@ func TestReview30RenewalStormBehindAHungPeer(t *testing.T) {
 	const n = 384
 	var ids []string
 	for len(ids) < n {
-		l, err := rs.client(len(ids)%2).Acquire(context.Background(), dclient.AcquireRequest{TTL: 6 * time.Second})
+		l, err := rs.Client(len(ids)%2).Acquire(context.Background(), dclient.AcquireRequest{TTL: 6 * time.Second})
 		require.NoError(t, err)
 		ids = append(ids, l.ID)
 	}
-	g := gateway.New(gateway.Config{LeaseTTL: 6 * time.Second}, rs.nodes[0].srv, slog.New(slog.DiscardHandler), nil)
+	g := gateway.New(gateway.Config{LeaseTTL: 6 * time.Second}, rs.Nodes[0].API, slog.New(slog.DiscardHandler), nil)
 	for _, id := range ids {
 		g.Hold(id, "Bearer "+testToken)
 	}
-	rs.blackHole(2)
+	rs.BlackHole(2)
 	start := time.Now()
 	g.RenewPass(context.Background())
 	t.Logf("a pass over %d leases took %s", n, time.Since(start).Round(time.Millisecond))
@@ -93,7 +60,7 @@ func TestReview30RenewalStormBehindAHungPeer(t *testing.T) {
 	now := time.Now()
 	for _, id := range ids {
 		owner, _ := discovery.LeaseOwner(id)
-		rec, ok := rs.nodes[owner].store.Record(id)
+		rec, ok := rs.Nodes[owner].Store.Record(id)
 		if !ok || rec.Ended || !rec.Expires.After(now) {
 			expired++
 		}
