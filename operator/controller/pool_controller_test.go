@@ -181,40 +181,31 @@ func TestPoolRollsWithinItsSurge(t *testing.T) {
 
 	editPool(t, pl, func(p *v1alpha1.ProxyPool) { p.Spec.Template.Spec.Attributes["tier"] = "b" })
 
+	// on lists the pool's Proxies on the new template for which pending holds.
+	on := func(pending func(v1alpha1.Proxy) bool) []v1alpha1.Proxy {
+		var out []v1alpha1.Proxy
+		for _, p := range members(t, ns, "roll") {
+			if p.Labels[controller.LabelPoolTemplate] != oldHash && pending(p) {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	unapplied := func(p v1alpha1.Proxy) bool { return p.Status.ObservedGeneration != p.Generation }
+	notReady := func(p v1alpha1.Proxy) bool { return p.Status.Phase != v1alpha1.PhaseReady }
 	for round := 1; round <= 4; round++ {
 		var updating []v1alpha1.Proxy
-		require.Eventually(t, func() bool {
-			updating = nil
-			for _, p := range members(t, ns, "roll") {
-				if p.Labels[controller.LabelPoolTemplate] != oldHash && p.Status.ObservedGeneration != p.Generation {
-					updating = append(updating, p)
-				}
-			}
-			return len(updating) >= 1
-		}, 20*time.Second, 50*time.Millisecond, "round %d: no Proxy got the new template", round)
+		require.Eventually(t, func() bool { updating = on(unapplied); return len(updating) >= 1 },
+			20*time.Second, 50*time.Millisecond, "round %d: no Proxy got the new template", round)
 		// Held here: no second one may start while this one is not back.
-		require.Never(t, func() bool {
-			n := 0
-			for _, p := range members(t, ns, "roll") {
-				if p.Labels[controller.LabelPoolTemplate] != oldHash && p.Status.ObservedGeneration != p.Generation {
-					n++
-				}
-			}
-			return n > 1
-		}, 500*time.Millisecond, 50*time.Millisecond, "round %d: more than maxSurge at once", round)
+		require.Never(t, func() bool { return len(on(unapplied)) > 1 }, 500*time.Millisecond, 50*time.Millisecond,
+			"round %d: more than maxSurge at once", round)
 		require.Len(t, updating, 1)
 		assert.Equal(t, "b", string(updating[0].Spec.Attributes["tier"]))
 		// Its workflow takes the spec and builds the replacement: Replacing, still Ready.
 		serve(t, &updating[0], v1alpha1.PhaseReplacing)
-		require.Never(t, func() bool {
-			n := 0
-			for _, p := range members(t, ns, "roll") {
-				if p.Labels[controller.LabelPoolTemplate] != oldHash && p.Status.Phase != v1alpha1.PhaseReady {
-					n++
-				}
-			}
-			return n > 1
-		}, 300*time.Millisecond, 50*time.Millisecond, "round %d: a Replacing one is a surge instance", round)
+		require.Never(t, func() bool { return len(on(notReady)) > 1 }, 300*time.Millisecond, 50*time.Millisecond,
+			"round %d: a Replacing one is a surge instance", round)
 		require.NoError(t, k.Client.Get(ctx, ctrlclient.ObjectKeyFromObject(&updating[0]), &updating[0]))
 		serve(t, &updating[0], v1alpha1.PhaseReady)
 	}
