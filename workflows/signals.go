@@ -11,34 +11,10 @@ import (
 // loop whether to re-plan, publish or log.
 
 func (w *proxyWorkflow) addSignals(sel workflow.Selector) {
-	sel.AddReceive(w.ch.spec, func(c workflow.ReceiveChannel, _ bool) {
-		var sig SpecSignal
-		c.ReceiveAsync(&sig)
-		w.budget.signals++
-		w.budget.cost += costSignal
-		w.apply(w.state.applySpec(sig))
-	})
-	sel.AddReceive(w.ch.del, func(c workflow.ReceiveChannel, _ bool) {
-		var sig contract.DeleteSignal
-		c.ReceiveAsync(&sig)
-		w.budget.signals++
-		w.budget.cost += costSignal
-		w.apply(w.state.requestDelete(sig))
-	})
-	sel.AddReceive(w.ch.report, func(c workflow.ReceiveChannel, _ bool) {
-		var sig contract.ReportSignal
-		c.ReceiveAsync(&sig)
-		w.budget.signals++
-		w.budget.cost += costSignal
-		w.apply(w.state.report(sig, w.now()))
-	})
-	sel.AddReceive(w.ch.repl, func(c workflow.ReceiveChannel, _ bool) {
-		var sig contract.ReplaceSignal
-		c.ReceiveAsync(&sig)
-		w.budget.signals++
-		w.budget.cost += costSignal
-		w.apply(w.state.requestReplace(sig))
-	})
+	onSignal(w, sel, w.ch.spec, func(sig SpecSignal) effect { return w.state.applySpec(sig) })
+	onSignal(w, sel, w.ch.del, func(sig contract.DeleteSignal) effect { return w.state.requestDelete(sig) })
+	onSignal(w, sel, w.ch.report, func(sig contract.ReportSignal) effect { return w.state.report(sig, w.now()) })
+	onSignal(w, sel, w.ch.repl, func(sig contract.ReplaceSignal) effect { return w.state.requestReplace(sig) })
 	if w.policy.serveWhileReplacing {
 		sel.AddReceive(w.ch.monitor, func(c workflow.ReceiveChannel, _ bool) {
 			if r := w.receiveReport(c); r != nil {
@@ -46,6 +22,18 @@ func (w *proxyWorkflow) addSignals(sel workflow.Selector) {
 			}
 		})
 	}
+}
+
+// onSignal adds ch to sel: a signal received there is counted against the run's budget
+// and handed to take, whose effect the loop carries out.
+func onSignal[T any](w *proxyWorkflow, sel workflow.Selector, ch workflow.ReceiveChannel, take func(T) effect) {
+	sel.AddReceive(ch, func(c workflow.ReceiveChannel, _ bool) {
+		var sig T
+		c.ReceiveAsync(&sig)
+		w.budget.signals++
+		w.budget.cost += costSignal
+		w.apply(take(sig))
+	})
 }
 
 // applyReport applies a shard's report in whatever step the run is. A changed verdict or
