@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"sync"
@@ -14,14 +15,15 @@ import (
 // expired, or ended on another replica, whose copy arrives here), or the index gains a
 // proxy that could take it (a pool scaled to zero starting one), or a proxy turns healthy
 // or takes more leases. Every such change moves the store's count of freeing changes
-// (Store.Freed), and wakes the first waiter (WaitQueue, first come first served), which
+// (Store.Freed), and wakes the first waiter (waitQueue, first come first served), which
 // hands the wake on to the next when the change is of no use to it. Each waiter also
 // looks by itself at most every waitPoll, and only when that count moved or when the
 // refusal's Retry-After came (a cooldown that ends is no change to the store): while
 // nothing changes, a thousand waiting acquires cost the store nothing.
 //
-// The gateway waits for a slot the same way, in a WaitQueue of its own woken by its own
-// releases.
+// The gateway's requests and tunnels wait in the same queue, through WaitForProxy, with
+// their own rules (Waiting): they pass over the proxies they tried, and wait out only a
+// full or resting fleet or their client's cap.
 
 // DefaultMaxAcquireWait is the longest waitSeconds an acquire may ask for by default
 // (cmd/discovery's --max-acquire-wait).
@@ -59,8 +61,44 @@ func (s *Server) GrantWaiting(ctx context.Context, w Want, wait time.Duration) (
 	}
 	s.metrics.acquireWaiting.Inc()
 	defer s.metrics.acquireWaiting.Dec()
-	l, outcome, err := s.waitForSlot(ctx, w, wait, err, freed)
+	l, outcome, err := s.waitForSlot(ctx, w, wait, err, freed, Waiting{})
 	s.metrics.acquireWaits.WithLabelValues(outcome).Inc()
+	return l, err
+}
+
+// Waiting is how one request waits for a proxy, where it differs from an acquire's.
+type Waiting struct {
+	// Skip passes over proxies (by ID) the request will not take: those it tried.
+	Skip func(proxyID string) bool
+	// Worth says whether a refusal is worth waiting out (default: any 409).
+	Worth func(error) bool
+	// Poll bounds how long a waiter goes without looking by itself (default waitPoll).
+	Poll time.Duration
+}
+
+func (how Waiting) worth(err error) bool {
+	if how.Worth != nil {
+		return how.Worth(err)
+	}
+	return worthWaiting(err)
+}
+
+// pollAfter is how long a waiter waits before it looks by itself: Poll, or less when the
+// refusal said a proxy frees up sooner.
+func (how Waiting) pollAfter(refusal error) time.Duration {
+	d := cmp.Or(how.Poll, waitPoll)
+	if nm := NoMatchOf(refusal); nm != nil && nm.RetryAfter > 0 {
+		d = min(d, max(nm.RetryAfter, 5*time.Millisecond))
+	}
+	return d
+}
+
+// WaitForProxy waits up to wait, as an acquire with a wait does (see above), for a lease
+// that Grant refused with refusal; freed is Store.Freed as it was before that grant. It
+// answers the lease, the refusal when none came within wait or a refusal not worth waiting
+// out came, or an error nobody reads when the crawler left (nothing held for it).
+func (s *Server) WaitForProxy(ctx context.Context, w Want, wait time.Duration, refusal error, freed uint64, how Waiting) (*LeaseResponse, error) {
+	l, _, err := s.waitForSlot(ctx, w, wait, refusal, freed, how)
 	return l, err
 }
 
@@ -90,10 +128,10 @@ func (s *Server) stoppingWaits() bool {
 	}
 }
 
-func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, refusal error, freed uint64) (*LeaseResponse, string, error) {
+func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, refusal error, freed uint64, how Waiting) (*LeaseResponse, string, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
-	poll := time.NewTimer(pollAfter(refusal))
+	poll := time.NewTimer(how.pollAfter(refusal))
 	defer poll.Stop()
 	me := s.waiters.Join()
 	defer s.waiters.Leave(me)
@@ -118,7 +156,7 @@ func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, re
 				woken = true
 			case <-poll.C:
 				if s.store.Freed() == seen && (due.IsZero() || time.Now().Before(due)) {
-					poll.Reset(pollAfter(refusal))
+					poll.Reset(how.pollAfter(refusal))
 					continue
 				}
 			}
@@ -126,7 +164,7 @@ func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, re
 		again = false
 		seen = s.store.Freed()
 		s.waitChecks.Add(1)
-		l, err := s.Grant(ctx, w, nil)
+		l, err := s.Grant(ctx, w, how.Skip)
 		switch {
 		case err == nil:
 			if ctx.Err() != nil {
@@ -136,7 +174,7 @@ func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, re
 			return l, waitGranted, nil
 		case ctx.Err() != nil:
 			return nil, waitCanceled, errCrawlerLeft()
-		case !worthWaiting(err):
+		case !how.worth(err):
 			return nil, waitRefused, err
 		case last:
 			return nil, waitTimedOut, err
@@ -146,7 +184,7 @@ func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, re
 			s.waiters.Pass(me)
 		}
 		due = dueOf(refusal)
-		poll.Reset(pollAfter(refusal))
+		poll.Reset(how.pollAfter(refusal))
 	}
 }
 
@@ -168,11 +206,11 @@ func (s *Server) abandon(ctx context.Context, client string, l *LeaseResponse) {
 // can take it now (409), whether some matching proxy is full or resting, or none matches
 // yet (a pool scaled to zero starts one). The refusal may be this replica's or, in a
 // replica set, the answer of a proxy's owner.
-func worthWaiting(err error) bool { return noMatchOf(err) != nil }
+func worthWaiting(err error) bool { return NoMatchOf(err) != nil }
 
-// noMatchOf is the NoMatch a refusal carries: the store's own, or the one another replica
+// NoMatchOf is the NoMatch a refusal carries: the store's own, or the one another replica
 // answered with.
-func noMatchOf(err error) *NoMatch {
+func NoMatchOf(err error) *NoMatch {
 	if nm, ok := errors.AsType[*NoMatch](err); ok {
 		return nm
 	}
@@ -184,20 +222,10 @@ func noMatchOf(err error) *NoMatch {
 
 // dueOf is when the refusal said a proxy frees up by itself, or zero.
 func dueOf(refusal error) time.Time {
-	if nm := noMatchOf(refusal); nm != nil && nm.RetryAfter > 0 {
+	if nm := NoMatchOf(refusal); nm != nil && nm.RetryAfter > 0 {
 		return time.Now().Add(nm.RetryAfter)
 	}
 	return time.Time{}
-}
-
-// pollAfter is how long a waiter waits before it looks by itself: waitPoll, or less when
-// the refusal said a proxy frees up sooner.
-func pollAfter(refusal error) time.Duration {
-	d := waitPoll
-	if nm := noMatchOf(refusal); nm != nil && nm.RetryAfter > 0 {
-		d = min(d, max(nm.RetryAfter, 5*time.Millisecond))
-	}
-	return d
 }
 
 // WaitChecks counts the grants waiting acquires tried again: what waiting cost the store.
@@ -206,9 +234,9 @@ func (s *Server) WaitChecks() int64 { return s.waitChecks.Load() }
 // Waiting is how many acquires wait for a proxy now.
 func (s *Server) Waiting() int { return s.waiters.Len() }
 
-// WaitQueue is where requests that found no proxy to lease wait for one: the API's
-// acquires with a wait (woken by the store's changes) and the gateway's requests and
-// tunnels (woken by its own leases ending). A wake goes to the first waiter without one
+// waitQueue is where requests that found no proxy to lease wait for one: the API's
+// acquires with a wait and the gateway's requests and tunnels, all woken by the store's
+// changes that can free a slot. A wake goes to the first waiter without one
 // pending; a waiter the freed slot does not suit (it wants other proxies, or its site
 // rests on that one) hands it on to the next (Pass). A freed slot so costs one attempt at
 // a grant when the first waiter can take it, instead of every waiter scanning the fleet
@@ -216,26 +244,26 @@ func (s *Server) Waiting() int { return s.waiters.Len() }
 // no wake is called are found by each waiter's own slow fallback check.
 //
 // The zero value is ready to use.
-type WaitQueue struct {
+type waitQueue struct {
 	mu    sync.Mutex
-	queue []*Waiter
+	queue []*waiter
 }
 
-// Waiter is one waiting request.
-type Waiter struct {
+// waiter is one waiting request in a waitQueue.
+type waiter struct {
 	// turn carries a wake to the waiter; it holds at most one, since a waiter that has one
 	// pending (signalled) is passed over.
 	turn chan struct{}
-	// signalled, under WaitQueue.mu, says a wake is in turn and not taken yet.
+	// signalled, under waitQueue.mu, says a wake is in turn and not taken yet.
 	signalled bool
 }
 
 // Turn receives the waiter's wakes; call Took after receiving one.
-func (w *Waiter) Turn() <-chan struct{} { return w.turn }
+func (w *waiter) Turn() <-chan struct{} { return w.turn }
 
 // Join adds a waiter at the back of the queue.
-func (q *WaitQueue) Join() *Waiter {
-	w := &Waiter{turn: make(chan struct{}, 1)}
+func (q *waitQueue) Join() *waiter {
+	w := &waiter{turn: make(chan struct{}, 1)}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.queue = append(q.queue, w)
@@ -244,7 +272,7 @@ func (q *WaitQueue) Join() *Waiter {
 
 // Leave removes w. A wake it was given and did not take goes to the next waiter: the slot
 // it stands for is still free for all w knows.
-func (q *WaitQueue) Leave(w *Waiter) {
+func (q *waitQueue) Leave(w *waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	i := q.indexLocked(w)
@@ -260,7 +288,7 @@ func (q *WaitQueue) Leave(w *Waiter) {
 
 // Took records that w has taken the wake in its turn and is trying for the slot: a slot
 // that frees up meanwhile wakes it again rather than passing it over.
-func (q *WaitQueue) Took(w *Waiter) {
+func (q *waitQueue) Took(w *waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	w.signalled = false
@@ -268,7 +296,7 @@ func (q *WaitQueue) Took(w *Waiter) {
 
 // Wake says a slot may have freed up: the first waiter without a pending wake gets one.
 // It takes only the queue's lock (the store calls it under its own).
-func (q *WaitQueue) Wake() {
+func (q *waitQueue) Wake() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.signalLocked(0)
@@ -276,7 +304,7 @@ func (q *WaitQueue) Wake() {
 
 // Pass hands the wake w took on to the waiters behind it: the slot did not suit w, and may
 // suit one of them.
-func (q *WaitQueue) Pass(w *Waiter) {
+func (q *waitQueue) Pass(w *waiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if i := q.indexLocked(w); i >= 0 {
@@ -285,7 +313,7 @@ func (q *WaitQueue) Pass(w *Waiter) {
 }
 
 // Len is how many wait.
-func (q *WaitQueue) Len() int {
+func (q *waitQueue) Len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.queue)
@@ -293,7 +321,7 @@ func (q *WaitQueue) Len() int {
 
 // signalLocked wakes the first waiter from index from on that has no wake pending. When
 // every one has, the wake is dropped: each of them will look at the store anyway.
-func (q *WaitQueue) signalLocked(from int) {
+func (q *waitQueue) signalLocked(from int) {
 	for _, w := range q.queue[min(from, len(q.queue)):] {
 		if !w.signalled {
 			w.signalled = true
@@ -303,7 +331,7 @@ func (q *WaitQueue) signalLocked(from int) {
 	}
 }
 
-func (q *WaitQueue) indexLocked(w *Waiter) int {
+func (q *waitQueue) indexLocked(w *waiter) int {
 	for i, x := range q.queue {
 		if x == w {
 			return i

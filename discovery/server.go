@@ -85,7 +85,7 @@ type Server struct {
 	clients *Clients
 	// waiters are the acquires waiting for a proxy (GrantWaiting), woken by the store;
 	// waitChecks counts the grants they tried again.
-	waiters    WaitQueue
+	waiters    waitQueue
 	waitChecks atomic.Int64
 	// waitsStopped is closed once discovery stops (StopWaiting): waits end at once.
 	waitsStopped chan struct{}

@@ -8,7 +8,7 @@ import (
 )
 
 // woken says whether w has a wake waiting, and takes it.
-func woken(q *WaitQueue, w *Waiter) bool {
+func woken(q *waitQueue, w *waiter) bool {
 	select {
 	case <-w.turn:
 		q.Took(w)
@@ -22,7 +22,7 @@ func woken(q *WaitQueue, w *Waiter) bool {
 // the slot does not suit passes it to those behind it; one that leaves with a wake it
 // did not take hands it on; a wake while every waiter has one pending is dropped.
 func TestWaitQueueTakesTurns(t *testing.T) {
-	var q WaitQueue
+	var q waitQueue
 	q.Wake() // nobody waits: nothing to do
 	a, b, c := q.Join(), q.Join(), q.Join()
 

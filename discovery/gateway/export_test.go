@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-// WaitChecks is how many grants g tried again while requests waited for a slot: what
-// waiting cost the store.
-func (g *Gateway) WaitChecks() int64 { return g.waitChecks.Load() }
+// WaitChecks is how many grants were tried again while requests waited for a slot (the
+// lease server's count, which g's waiting requests share): what waiting cost the store.
+func (g *Gateway) WaitChecks() int64 { return g.ops.(interface{ WaitChecks() int64 }).WaitChecks() }
 
 // SetWaitPoll sets how often a waiting request looks for a slot by itself, before Serve.
 func (g *Gateway) SetWaitPoll(d time.Duration) { g.waitPoll = d }

@@ -22,7 +22,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -187,22 +186,11 @@ type Gateway struct {
 	switched map[*leaseConn]struct{}
 	closed   bool
 
-	// waiters are the requests and tunnels waiting for a slot, woken as the gateway's
-	// leases end; waitPoll is how often each also looks by itself, for slots freed
-	// elsewhere (the API's crawlers, another replica, an expiry).
-	waiters  discovery.WaitQueue
+	// waitPoll bounds how long a request waiting for a slot goes without looking by
+	// itself (0: the domain's); every change of the store that can free a slot wakes the
+	// first waiter at once (discovery.WaitForProxy).
 	waitPoll time.Duration
-	// waitChecks counts the grants tried again while waiting: what waiting costs the store.
-	waitChecks atomic.Int64
-	// freed counts the gateway's leases that ended, for a waiter to tell whether one ended
-	// while it was not yet waiting.
-	freed atomic.Uint64
 }
-
-// defaultWaitPoll is how often a waiting request looks for a slot by itself. Slots the
-// gateway frees wake the waiters at once; this only bounds how late one notices a slot
-// freed by another door, at two scans of the fleet a second per waiter.
-const defaultWaitPoll = 500 * time.Millisecond
 
 // leaseOps are the lease operations the gateway needs: those the API's handlers call, each
 // answered by this replica or the lease's (or proxy's) owner. *discovery.Server is the
@@ -220,6 +208,9 @@ type leaseOps interface {
 	// that can free a slot (Store.Freed).
 	Loaded() bool
 	Freed() uint64
+	// WaitForProxy waits for a lease Grant refused, in the queue the API's waiting
+	// acquires share (discovery.Server.WaitForProxy).
+	WaitForProxy(ctx context.Context, w discovery.Want, wait time.Duration, refusal error, freed uint64, how discovery.Waiting) (*discovery.LeaseResponse, error)
 }
 
 var _ leaseOps = (*discovery.Server)(nil)
@@ -238,7 +229,7 @@ func newGateway(cfg Config, ops leaseOps, m *metrics, log *slog.Logger) *Gateway
 	cfg.defaults()
 	g := &Gateway{ops: ops, metrics: m, cfg: cfg, log: log.With("component", "gateway"), tracer: otel.Tracer("proxyfleet-gateway"),
 		report: map[int]string{}, held: map[string]string{}, tunnels: map[*tunnel]struct{}{},
-		switched: map[*leaseConn]struct{}{}, waitPoll: defaultWaitPoll}
+		switched: map[*leaseConn]struct{}{}}
 	for _, st := range cfg.ReportStatuses {
 		g.report[st] = contract.ReportBanned
 		if st == http.StatusTooManyRequests {
@@ -511,10 +502,10 @@ func (g *Gateway) failed(x *exchange, f upstreamFailure) {
 // leaseFor grants the next attempt's lease, on a proxy not tried yet, waiting for a slot
 // when none is free (see waitForSlot).
 func (g *Gateway) leaseFor(ctx context.Context, x *exchange) (*discovery.LeaseResponse, error) {
-	freed, storeFreed := g.freed.Load(), g.ops.Freed()
+	freed := g.ops.Freed()
 	l, err := g.ops.Grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
 	if err != nil {
-		if l, err = g.waitForSlot(ctx, x, err, freed, storeFreed); err != nil {
+		if l, err = g.waitForSlot(ctx, x, err, freed); err != nil {
 			return nil, err
 		}
 	}
@@ -525,88 +516,16 @@ func (g *Gateway) leaseFor(ctx context.Context, x *exchange) (*discovery.LeaseRe
 
 // waitForSlot waits up to Wait for a lease the store refused with refusal, while every
 // proxy that could take it is full or resting (or the client holds its cap): slots free
-// up as requests and tunnels end. It tries again when one of the gateway's own leases
-// ends (one waiter at a time, see discovery.WaitQueue) and, for slots freed elsewhere, every
-// waitPoll if the store's count of freeing changes moved (Store.Freed), or when the
-// refusal said one frees up by itself. It returns the last refusal if none came free, or
-// the crawler left. freed and storeFreed are g.freed and the store's count as they were
-// before the grant that was refused.
-func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, freed, storeFreed uint64) (*discovery.LeaseResponse, error) {
+// up as requests and tunnels end. It waits as the API's acquires do, in their queue,
+// passing over the proxies it tried; freed is the store's count of freeing changes before
+// the refused grant. It returns the last refusal if none came free.
+func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, freed uint64) (*discovery.LeaseResponse, error) {
 	if g.cfg.Wait < 0 || !worthWaiting(refusal) {
 		return nil, refusal
 	}
 	g.metrics.waits.Inc()
-	deadline := time.NewTimer(g.cfg.Wait)
-	defer deadline.Stop()
-	poll := time.NewTimer(g.pollAfter(refusal))
-	defer poll.Stop()
-	w := g.waiters.Join()
-	defer g.waiters.Leave(w)
-	// A lease that ended between the refusal and join woke nobody: look again at once.
-	again := g.freed.Load() != freed
-	// The store's count of freeing changes at the last look: a tick of poll that finds it
-	// unmoved, and no time the refusal named come, looks at nothing.
-	seen, due := storeFreed, time.Time{}
-	for {
-		woken := false
-		if !again {
-			select {
-			case <-ctx.Done():
-				return nil, refusal
-			case <-deadline.C:
-				return nil, refusal
-			case <-w.Turn():
-				g.waiters.Took(w)
-				woken = true
-			case <-poll.C:
-				if g.ops.Freed() == seen && (due.IsZero() || time.Now().Before(due)) {
-					poll.Reset(g.pollAfter(refusal))
-					continue
-				}
-			}
-		}
-		again = false
-		seen = g.ops.Freed()
-		g.waitChecks.Add(1)
-		l, err := g.ops.Grant(ctx, x.want(g.cfg.LeaseTTL), x.skip)
-		if err == nil {
-			return l, nil
-		}
-		if !worthWaiting(err) {
-			return nil, err
-		}
-		refusal = err
-		if woken {
-			g.waiters.Pass(w)
-		}
-		due = time.Time{}
-		if nm := noMatchOf(refusal); nm != nil && nm.RetryAfter > 0 {
-			due = time.Now().Add(nm.RetryAfter) // a lease or cooldown ends by then, unswept
-		}
-		poll.Reset(g.pollAfter(refusal)) // no stale tick survives a Reset since Go 1.23
-	}
-}
-
-// pollAfter is how long a waiter waits before it looks by itself: waitPoll, or less when
-// the store knows a slot frees up sooner (a lease or a cooldown ends).
-func (g *Gateway) pollAfter(refusal error) time.Duration {
-	d := g.waitPoll
-	if nm := noMatchOf(refusal); nm != nil && nm.RetryAfter > 0 {
-		d = min(d, max(nm.RetryAfter, 5*time.Millisecond))
-	}
-	return d
-}
-
-// noMatchOf is the discovery.NoMatch a refusal carries: the store's own, or the one another replica
-// answered with.
-func noMatchOf(err error) *discovery.NoMatch {
-	if nm, ok := errors.AsType[*discovery.NoMatch](err); ok {
-		return nm
-	}
-	if ae, ok := errors.AsType[*discovery.APIError](err); ok && ae.Code == codes.NoMatch {
-		return ae.NoMatch
-	}
-	return nil
+	return g.ops.WaitForProxy(ctx, x.want(g.cfg.LeaseTTL), g.cfg.Wait, refusal, freed,
+		discovery.Waiting{Skip: x.skip, Worth: worthWaiting, Poll: g.waitPoll})
 }
 
 // worthWaiting says whether a refused grant may succeed soon by itself: some matching
@@ -614,7 +533,7 @@ func noMatchOf(err error) *discovery.NoMatch {
 // client is at its cap. The refusal may come from this replica's store or, in a replica
 // set, as the answer of the proxy's owner.
 func worthWaiting(err error) bool {
-	if nm := noMatchOf(err); nm != nil {
+	if nm := discovery.NoMatchOf(err); nm != nil {
 		return nm.AtCapacity > 0 || nm.InCooldown > 0
 	}
 	if _, limited := errors.AsType[*discovery.LeaseLimit](err); limited {

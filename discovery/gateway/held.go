@@ -45,7 +45,7 @@ func (g *Gateway) unhold(id string) bool {
 	return true
 }
 
-// release ends a lease the gateway held, and wakes a request waiting for a slot.
+// release ends a lease the gateway held; the store's change wakes a request waiting for a slot.
 func (g *Gateway) release(auth, id string) {
 	g.unhold(id)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -53,8 +53,6 @@ func (g *Gateway) release(auth, id string) {
 	if err := g.ops.ReleaseLease(ctx, auth, id); err != nil {
 		g.log.Debug("lease not released; it frees up when it expires", "lease", id, "error", err)
 	}
-	g.freed.Add(1)
-	g.waiters.Wake()
 }
 
 // renewHeld renews every lease held, so that a request or tunnel keeps its slot for as

@@ -61,6 +61,11 @@ func (m *leaseOpsMock) Throttle(*discovery.Client) *discovery.APIError { return 
 func (m *leaseOpsMock) Loaded() bool                                   { return true }
 func (m *leaseOpsMock) Freed() uint64                                  { return 0 }
 
+// WaitForProxy answers the refusal: nothing frees up in a fleet of mocks.
+func (m *leaseOpsMock) WaitForProxy(_ context.Context, _ discovery.Want, _ time.Duration, refusal error, _ uint64, _ discovery.Waiting) (*discovery.LeaseResponse, error) {
+	return nil, refusal
+}
+
 func (m *leaseOpsMock) releasedIDs() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
