@@ -21,8 +21,8 @@ import (
 )
 
 // TestPoolLifecycle runs a ProxyPool on the whole stack (operator, worker, local provider):
-// its Proxies come up with instances, a template change replaces them one at a time with
-// none of them unready, `kubectl scale` (the scale subresource) grows and shrinks it, and
+// its Proxies come up with instances, a template change replaces them one at a time
+// (maxSurge 1) with none of them unready, `kubectl scale` (the scale subresource) grows and shrinks it, and
 // deleting it deletes every Proxy and instance before the pool itself goes.
 func TestPoolLifecycle(t *testing.T) {
 	s := stack.Start(t, stack.Options{})
@@ -96,6 +96,13 @@ func TestPoolLifecycle(t *testing.T) {
 	for {
 		ms := members()
 		require.Equal(t, 2, readyCount(ms), "a Proxy stopped serving during the rollout")
+		rolling := 0
+		for i := range ms {
+			if ms[i].Spec.Port == 3129 && (ms[i].Status.Phase != v1alpha1.PhaseReady || ms[i].Status.ObservedGeneration != ms[i].Generation) {
+				rolling++
+			}
+		}
+		require.LessOrEqual(t, rolling, 1, "more Proxies replaced at once than maxSurge allows")
 		done := len(ms) == 2
 		for i := range ms {
 			done = done && stack.Ready(&ms[i]) && ms[i].Spec.Port == 3129 && ms[i].Status.InstanceName != first[ms[i].Name]
