@@ -7,6 +7,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
 var poolT0 = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
@@ -165,4 +167,26 @@ func TestBudget(t *testing.T) {
 	}
 	_, err := budget(pct("lots"), 10, true)
 	assert.Error(t, err)
+}
+
+// TestPlanPoolAtItsLargest: a pool at its largest (20,000) plans its Proxies' names once
+// each, skipping the ones taken, and shrinks to zero naming every one.
+func TestPlanPoolAtItsLargest(t *testing.T) {
+	const n = v1alpha1.MaxPoolReplicas
+	var members []member
+	for i := 0; i < n; i += 2 {
+		members = append(members, readyMember(i))
+	}
+	p := planPool(poolInput{desired: n, surge: 1, members: members})
+	require.Len(t, p.create, n/2)
+	seen := map[int]bool{}
+	for _, m := range members {
+		seen[m.index] = true
+	}
+	for _, i := range p.create {
+		require.False(t, seen[i], "name %d given twice", i)
+		seen[i] = true
+	}
+	p = planPool(poolInput{desired: 0, members: members})
+	assert.Len(t, p.remove, n/2)
 }

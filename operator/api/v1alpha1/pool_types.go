@@ -10,8 +10,8 @@ import (
 // it, and the pool lists its Proxies by it.
 const LabelPool = "crawl.example.com/pool"
 
-// MaxPoolReplicas bounds a pool's size, so what a pool's workflow carries about its
-// members (and every payload about them) stays bounded.
+// MaxPoolReplicas bounds a pool's size, so one reconcile of it (a list of its Proxies, a
+// plan over them) stays bounded; the schema refuses more, as spec.replicas' Maximum.
 const MaxPoolReplicas = 20000
 
 // ProxyPoolSpec is the desired state of a pool of identical Managed proxies.
