@@ -57,6 +57,7 @@ func (s *Server) GrantWaiting(ctx context.Context, w Want, wait time.Duration) (
 	freed := s.store.Freed()
 	l, err := s.Grant(ctx, w, nil)
 	if err == nil || wait <= 0 || !worthWaiting(err) || ctx.Err() != nil || s.stoppingWaits() {
+		s.noteRefusal(w, err)
 		return l, err
 	}
 	s.metrics.acquireWaiting.Inc()
@@ -133,7 +134,7 @@ func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, re
 	defer deadline.Stop()
 	poll := time.NewTimer(how.pollAfter(refusal))
 	defer poll.Stop()
-	me := s.waiters.Join()
+	me := s.waiters.Join(w.Selector)
 	defer s.waiters.Leave(me)
 	// A change between the refusal and join woke nobody for this acquire: look again.
 	again := s.store.Freed() != freed
@@ -177,6 +178,7 @@ func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, re
 		case !how.worth(err):
 			return nil, waitRefused, err
 		case last:
+			s.noteRefusal(w, err)
 			return nil, waitTimedOut, err
 		}
 		refusal = err
@@ -256,14 +258,16 @@ type waiter struct {
 	turn chan struct{}
 	// signalled, under waitQueue.mu, says a wake is in turn and not taken yet.
 	signalled bool
+	// want is the selector the request waits for: its pool's demand (Server.Demand).
+	want Selector
 }
 
 // Turn receives the waiter's wakes; call Took after receiving one.
 func (w *waiter) Turn() <-chan struct{} { return w.turn }
 
-// Join adds a waiter at the back of the queue.
-func (q *waitQueue) Join() *waiter {
-	w := &waiter{turn: make(chan struct{}, 1)}
+// Join adds a waiter for a proxy matching want at the back of the queue.
+func (q *waitQueue) Join(want Selector) *waiter {
+	w := &waiter{turn: make(chan struct{}, 1), want: want}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.queue = append(q.queue, w)
@@ -317,6 +321,19 @@ func (q *waitQueue) Len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.queue)
+}
+
+// waitingFor counts the waiters a proxy with attributes attrs could serve.
+func (q *waitQueue) waitingFor(attrs Selector) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := 0
+	for _, w := range q.queue {
+		if w.want.Matches(attrs) {
+			n++
+		}
+	}
+	return n
 }
 
 // signalLocked wakes the first waiter from index from on that has no wake pending. When

@@ -87,6 +87,8 @@ type Server struct {
 	// waitChecks counts the grants they tried again.
 	waiters    waitQueue
 	waitChecks atomic.Int64
+	// demand remembers refusals and the selectors whose demand is watched (demand.go).
+	demand demandBook
 	// waitsStopped is closed once discovery stops (StopWaiting): waits end at once.
 	waitsStopped chan struct{}
 	stopWaits    sync.Once
@@ -106,6 +108,9 @@ func NewServer(cfg Config, store *Store, peers Peers, signal Signaler, log *slog
 		s.clients = singleClient(cfg.Token)
 	}
 	s.metrics = newServerMetrics(reg, store, s.clients)
+	if reg != nil {
+		reg.MustRegister(newDemandCollector(s))
+	}
 	store.notifyFreed(s.waiters.Wake)
 	if s.clients == nil {
 		log.Warn("WARNING: discovery runs WITHOUT authentication: no bearer token is configured; anyone who can reach it can lease proxies")

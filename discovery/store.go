@@ -172,7 +172,12 @@ type view struct {
 	matching int // proxies matching the selector
 	healthy  int // of those, healthy
 	full     int // of those, healthy but at maxLeases
-	lastUsed uint64
+	// leases are the live leases on the matching proxies (every replica's); leased counts
+	// the proxies with at least one; capacity is the healthy ones' maxLeases summed. They
+	// are what a pool's demand is weighed against (Server.Demand), kept here so that
+	// reading them costs nothing however large the fleet.
+	leases, leased, capacity int
+	lastUsed                 uint64
 }
 
 // StoreConfig bounds what the store keeps. Everything a crawler can make it remember is
@@ -366,8 +371,13 @@ func (s *Store) count(e *entry, sign int) {
 // count adds (sign = +1) or removes (-1) e from the view's counters.
 func (v *view) count(e *entry, sign int) {
 	v.matching += sign
+	if n := e.leaseCount(); n > 0 {
+		v.leases += sign * n
+		v.leased += sign
+	}
 	if e.p.Healthy {
 		v.healthy += sign
+		v.capacity += sign * e.p.MaxLeases
 		if e.leaseCount() >= e.p.MaxLeases {
 			v.full += sign
 		}

@@ -24,7 +24,7 @@ func woken(q *waitQueue, w *waiter) bool {
 func TestWaitQueueTakesTurns(t *testing.T) {
 	var q waitQueue
 	q.Wake() // nobody waits: nothing to do
-	a, b, c := q.Join(), q.Join(), q.Join()
+	a, b, c := q.Join(nil), q.Join(nil), q.Join(nil)
 
 	q.Wake()
 	assert.True(t, woken(&q, a), "the first waiter first")

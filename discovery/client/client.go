@@ -330,6 +330,42 @@ func (c *Client) ListProxies(ctx context.Context, selector map[string]string, he
 	return &out, nil
 }
 
+// Demand is what crawlers ask of the proxies a selector describes (GET /v1/demand): a
+// pool's autoscaler sizes the pool by it.
+type Demand struct {
+	Selector      map[string]string `json:"selector"`
+	Proxies       int               `json:"proxies"`
+	Healthy       int               `json:"healthy"`
+	Capacity      int               `json:"capacity"`
+	Held          int               `json:"held"`
+	LeasedProxies int               `json:"leasedProxies"`
+	Waiting       int               `json:"waiting"`
+	Refused       int               `json:"refused"`
+	// Demand is Held + Waiting + Refused.
+	Demand   int  `json:"demand"`
+	Replicas int  `json:"replicas"`
+	Partial  bool `json:"partial,omitempty"`
+}
+
+// Demand asks the demand on the proxies with every attribute of selector. Asking also
+// tells discovery those proxies may grow: for ten minutes, gateway requests for them wait
+// for one when none is there yet.
+func (c *Client) Demand(ctx context.Context, selector map[string]string) (*Demand, error) {
+	q := url.Values{}
+	for k, v := range selector {
+		q.Set("attr."+k, v)
+	}
+	path := "/v1/demand"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var out Demand
+	if err := c.do(ctx, http.MethodGet, path, nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // AcquireRequest asks for a lease.
 type AcquireRequest struct {
 	// Selector is the attribute pairs the proxy must have (nil for any proxy).

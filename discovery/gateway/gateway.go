@@ -59,6 +59,13 @@ type Config struct {
 	// all). A crawler's tool seldom honours Retry-After on a proxy's 503, and slots free
 	// up as other requests end, so a short wait here turns a refusal into a delay.
 	Wait time.Duration
+	// GrowWait is how long a request or tunnel waits instead, when no proxy can take it
+	// because none matches it yet or none is healthy, and the proxies it asks for may
+	// grow: their selector is watched (a ProxyPool's autoscaler asks its demand). A pool
+	// scaled to zero then serves its first request once it has started a proxy, rather
+	// than refusing it (default 2m; a crawler's own timeout, Scrapy's 3 minutes, is
+	// longer; negative: not at all).
+	GrowWait time.Duration
 	// HalfClosedTimeout bounds how long a tunnel (or a switched plain connection) stays
 	// open, and keeps its lease, once one side has ended while the other sends nothing
 	// (default 30s). A crawler that hangs up must not leave its slot to a site that never
@@ -78,6 +85,7 @@ const (
 	DefaultConnectTimeout = 10 * time.Second
 	DefaultHeaderTimeout  = time.Minute
 	DefaultWait           = 10 * time.Second
+	DefaultGrowWait       = 2 * time.Minute
 	DefaultHalfClosed     = 30 * time.Second
 	DefaultKeepAliveAfter = 15 * time.Second
 )
@@ -120,6 +128,9 @@ func (c *Config) defaults() {
 	orDefault(&c.ResponseHeaderTimeout, DefaultHeaderTimeout)
 	if c.Wait == 0 {
 		c.Wait = DefaultWait
+	}
+	if c.GrowWait == 0 {
+		c.GrowWait = DefaultGrowWait
 	}
 	orDefault(&c.HalfClosedTimeout, DefaultHalfClosed)
 	orDefault(&c.KeepAliveAfter, DefaultKeepAliveAfter)
@@ -211,6 +222,8 @@ type leaseOps interface {
 	// WaitForProxy waits for a lease Grant refused, in the queue the API's waiting
 	// acquires share (discovery.Server.WaitForProxy).
 	WaitForProxy(ctx context.Context, w discovery.Want, wait time.Duration, refusal error, freed uint64, how discovery.Waiting) (*discovery.LeaseResponse, error)
+	// MayGrow says whether the proxies a selector asks for may grow (discovery's demand).
+	MayGrow(want discovery.Selector) bool
 }
 
 var _ leaseOps = (*discovery.Server)(nil)
@@ -516,16 +529,24 @@ func (g *Gateway) leaseFor(ctx context.Context, x *exchange) (*discovery.LeaseRe
 
 // waitForSlot waits up to Wait for a lease the store refused with refusal, while every
 // proxy that could take it is full or resting (or the client holds its cap): slots free
-// up as requests and tunnels end. It waits as the API's acquires do, in their queue,
-// passing over the proxies it tried; freed is the store's count of freeing changes before
-// the refused grant. It returns the last refusal if none came free.
+// up as requests and tunnels end. When none matches or none is healthy, it waits (up to
+// GrowWait) only for proxies that may grow (MayGrow): a pool the autoscaler is starting
+// one for. It waits as the API's acquires do, in their queue, passing over the proxies it
+// tried; freed is the store's count of freeing changes before the refused grant. It
+// returns the last refusal if none came free.
 func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, freed uint64) (*discovery.LeaseResponse, error) {
-	if g.cfg.Wait < 0 || !worthWaiting(refusal) {
+	want := x.want(g.cfg.LeaseTTL)
+	wait, worth := g.cfg.Wait, worthWaiting
+	if g.cfg.GrowWait > 0 && discovery.NoMatchOf(refusal) != nil && !worthWaiting(refusal) && g.ops.MayGrow(want.Selector) {
+		wait = max(wait, g.cfg.GrowWait)
+		worth = func(err error) bool { return discovery.NoMatchOf(err) != nil || worthWaiting(err) }
+	}
+	if wait < 0 || !worth(refusal) {
 		return nil, refusal
 	}
 	g.metrics.waits.Inc()
-	return g.ops.WaitForProxy(ctx, x.want(g.cfg.LeaseTTL), g.cfg.Wait, refusal, freed,
-		discovery.Waiting{Skip: x.skip, Worth: worthWaiting, Poll: g.waitPoll})
+	return g.ops.WaitForProxy(ctx, want, wait, refusal, freed,
+		discovery.Waiting{Skip: x.skip, Worth: worth, Poll: g.waitPoll})
 }
 
 // worthWaiting says whether a refused grant may succeed soon by itself: some matching

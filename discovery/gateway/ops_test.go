@@ -66,6 +66,8 @@ func (m *leaseOpsMock) WaitForProxy(_ context.Context, _ discovery.Want, _ time.
 	return nil, refusal
 }
 
+func (m *leaseOpsMock) MayGrow(discovery.Selector) bool { return false }
+
 func (m *leaseOpsMock) releasedIDs() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()

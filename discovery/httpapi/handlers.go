@@ -39,6 +39,36 @@ func (s *Server) listProxies(c *gin.Context) {
 	c.JSON(http.StatusOK, s.ops.ListProxies(sel, healthy))
 }
 
+// demand answers the demand on the proxies a selector describes (a pool's attributes),
+// over every replica; asking watches the selector (see discovery.Demand).
+func (s *Server) demand(c *gin.Context) {
+	sel, ok := s.selectorOnly(c)
+	if !ok {
+		return
+	}
+	d := s.ops.Demand(sel)
+	if s.peers != nil {
+		d = s.peers.Demand(c.Request.Context(), d)
+	}
+	c.JSON(http.StatusOK, d)
+}
+
+// selectorOnly reads a query of attr.<key>=<value> parameters and nothing else.
+func (s *Server) selectorOnly(c *gin.Context) (discovery.Selector, bool) {
+	for name := range c.Request.URL.Query() {
+		if !strings.HasPrefix(name, "attr.") {
+			s.fail(c, discovery.Errorf(codes.Invalid, "unknown query parameter %q: select by attribute with attr.<key>=<value>", name))
+			return nil, false
+		}
+	}
+	sel, err := discovery.ParseQuerySelector(c.Request.URL.Query())
+	if err != nil {
+		s.fail(c, discovery.Errorf(codes.InvalidSelector, "%v", err))
+		return nil, false
+	}
+	return sel, true
+}
+
 func (s *Server) acquire(c *gin.Context) {
 	start := time.Now()
 	var req discovery.LeaseRequest

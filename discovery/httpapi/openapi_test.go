@@ -465,6 +465,15 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "list throttled", op: "GET /v1/proxies", throttled: true, wantStatus: 429, wantCode: "too_many_requests",
 			wantHeaders: []string{"Retry-After"}},
 
+		{name: "demand", op: "GET /v1/demand", query: "attr.region=eu", wantStatus: 200},
+		{name: "demand of everything", op: "GET /v1/demand", wantStatus: 200},
+		{name: "demand bad selector", op: "GET /v1/demand", query: "attr.Region=eu", wantStatus: 400, wantCode: "invalid_selector"},
+		{name: "demand unknown parameter", op: "GET /v1/demand", query: "region=eu", wantStatus: 400, wantCode: "invalid"},
+		{name: "demand without token", op: "GET /v1/demand", noToken: true, wantStatus: 401, wantCode: "unauthorized"},
+		{name: "demand loading", op: "GET /v1/demand", loading: true, wantStatus: 503, wantCode: "index_loading"},
+		{name: "demand throttled", op: "GET /v1/demand", throttled: true, wantStatus: 429, wantCode: "too_many_requests",
+			wantHeaders: []string{"Retry-After"}},
+
 		{name: "acquire", op: "POST /v1/leases", body: `{"selector":{"region":"eu"},"ttlSeconds":60,"target":"shop.example"}`,
 			wantStatus: 201, bodyConforms: yes},
 		{name: "acquire empty body", op: "POST /v1/leases", wantStatus: 201},

@@ -101,6 +101,13 @@ func (s *Server) peerSnapshot(c *gin.Context) {
 	c.JSON(http.StatusOK, s.peers.Snapshot(owner))
 }
 
+// peerDemand answers this replica's own part of a selector's demand.
+func (s *Server) peerDemand(c *gin.Context) {
+	if sel, ok := s.selectorOnly(c); ok {
+		c.JSON(http.StatusOK, s.ops.DemandPart(sel))
+	}
+}
+
 // peerGrant grants a lease on a proxy this replica owns, for the replica a crawler asked.
 func (s *Server) peerGrant(c *gin.Context) {
 	var req peer.GrantRequest

@@ -84,6 +84,7 @@ func (s *Server) Handler() http.Handler {
 	// Only the answers that depend on the whole index wait for it. Renew, release and
 	// report work on leases, which live in memory and are all this process has granted.
 	v1.GET("/proxies", s.requireIndex, s.listProxies)
+	v1.GET("/demand", s.requireIndex, s.demand)
 	v1.POST("/leases", s.requireIndex, s.acquire)
 	v1.POST("/leases/:id/renew", s.routeLease, s.renew)
 	v1.DELETE("/leases/:id", s.routeLease, s.release)
@@ -95,6 +96,7 @@ func (s *Server) Handler() http.Handler {
 		peer.GET("/leases", s.peerSnapshot)
 		peer.POST("/grant", s.peerGrant)
 		peer.POST("/release", s.peerReleaseLease)
+		peer.GET("/demand", s.peerDemand)
 	}
 	return r
 }

@@ -28,6 +28,8 @@ const (
 	peerGrantPath  = "/peer/v1/grant"
 	// peerReleasePath ends a lease granted for a crawler that left before it got it.
 	peerReleasePath = "/peer/v1/release"
+	// PeerDemandPath answers a replica's own part of a selector's demand.
+	PeerDemandPath = "/peer/v1/demand"
 	// ForwardedHeader marks a request of one replica to another, with the number of the
 	// replica that sent it: a crawler's request forwarded to the lease's owner, which must
 	// answer it itself, or a copy of lease changes.
@@ -421,6 +423,47 @@ func (r *Set) snapshot(ctx context.Context, peer int) ([]discovery.LeaseRecord, 
 		return nil, fmt.Errorf("replica %d: %w", peer, err)
 	}
 	return recs, nil
+}
+
+// Demand is sel's demand over the whole replica set: this replica's view of the leases
+// (copied to every replica) and every replica's own waiting and refused requests, asked
+// of the others at once. A replica that does not answer within the peer timeout is left
+// out, and the answer says it is partial. Asking watches sel on every replica that
+// answers: their gateways then wait for the proxies it describes to grow.
+func (r *Set) Demand(ctx context.Context, d discovery.Demand) discovery.Demand {
+	parts := make(chan *discovery.DemandPart, len(r.cfg.Peers))
+	query := url.Values{}
+	for k, v := range d.Selector {
+		query.Set("attr."+k, v)
+	}
+	for peer := range r.cfg.Peers {
+		if peer == r.cfg.Self {
+			continue
+		}
+		go func() {
+			ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+			defer cancel()
+			var part discovery.DemandPart
+			resp, err := r.call(ctx, peer, http.MethodGet, PeerDemandPath+"?"+query.Encode(), nil, nil)
+			if err == nil {
+				err = peerAnswer(resp, http.StatusOK, &part)
+			}
+			if err != nil {
+				r.log.Info("a replica did not answer its part of the demand", "replica", peer, "error", err)
+				parts <- nil
+				return
+			}
+			parts <- &part
+		}()
+	}
+	for range len(r.cfg.Peers) - 1 {
+		if p := <-parts; p != nil {
+			d.Add(*p)
+		} else {
+			d.Partial = true
+		}
+	}
+	return d
 }
 
 // GrantRequest asks the owner of a proxy to grant a lease on it (POST /peer/v1/grant).

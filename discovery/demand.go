@@ -1,0 +1,248 @@
+package discovery
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Demand: what crawlers ask of the proxies a selector describes, for whatever sizes them
+// (a ProxyPool's autoscaler in the operator, or KEDA). A pool's proxies carry its
+// template's attributes, so a request the pool could serve is one whose selector those
+// attributes satisfy; the demand on a pool is then the leases held on its proxies, the
+// requests waiting for one (the API's acquires with a wait and the gateway's), and the
+// clients refused one lately.
+//
+// Discovery keeps no list of pools: it never talks to Kubernetes. A selector someone asks
+// the demand of is watched for a while (watchFor): its demand is exported as metrics, and
+// a gateway request that no proxy matches yet waits for it to grow (MayGrow) rather than
+// being refused at once, as an acquire with a wait always does.
+
+// Bounds of the demand book.
+const (
+	// RefusalWindow is how long a client refused a lease still counts as demand: a
+	// crawler that does not wait retries, and may be refused again, within it.
+	RefusalWindow = 30 * time.Second
+	// maxRefusals bounds the refusals remembered (one per client and selector).
+	maxRefusals = 4096
+	// watchFor is how long a selector stays watched after its demand was last asked:
+	// several of an autoscaler's periods, so a slow one does not drop out between looks.
+	watchFor = 10 * time.Minute
+	// maxWatched bounds the selectors watched, and so the demand metrics' series.
+	maxWatched = 128
+)
+
+// Demand is the demand on the proxies a selector describes, as GET /v1/demand answers it.
+type Demand struct {
+	// Selector is the attributes asked about: a pool's template attributes.
+	Selector Selector `json:"selector"`
+	// Proxies match the selector; Healthy of them can take leases.
+	Proxies int `json:"proxies"`
+	Healthy int `json:"healthy"`
+	// Capacity is the healthy proxies' maxLeases summed.
+	Capacity int `json:"capacity"`
+	// Held is the live leases on matching proxies; LeasedProxies counts those with one.
+	Held          int `json:"held"`
+	LeasedProxies int `json:"leasedProxies"`
+	// Waiting counts the requests waiting for a proxy these could serve.
+	Waiting int `json:"waiting"`
+	// Refused counts the clients refused such a proxy within RefusalWindow (one each per
+	// replica however often they retried).
+	Refused int `json:"refused"`
+	// Demand is Held + Waiting + Refused: the leases crawlers want of these proxies.
+	Demand int `json:"demand"`
+	// Replicas is how many discovery replicas' waiting and refused requests are counted;
+	// Partial says some replica did not answer, so Waiting and Refused may be short.
+	Replicas int  `json:"replicas"`
+	Partial  bool `json:"partial,omitempty"`
+}
+
+// DemandPart is what only one replica knows of a selector's demand: the requests waiting
+// on it and the clients it refused. Leases are copied to every replica; these are not.
+type DemandPart struct {
+	Waiting int `json:"waiting"`
+	Refused int `json:"refused"`
+}
+
+// Add counts a replica's part in d.
+func (d *Demand) Add(p DemandPart) {
+	d.Waiting += p.Waiting
+	d.Refused += p.Refused
+	d.Replicas++
+	d.Demand = d.Held + d.Waiting + d.Refused
+}
+
+// demandBook is what the server keeps for demand: recent refusals and the selectors
+// watched. It has its own lock: a refusal is noted after the store's is released.
+type demandBook struct {
+	mu       sync.Mutex
+	refusals *lru[string, refusal]
+	watched  map[string]watched
+}
+
+type refusal struct {
+	want Selector
+	at   time.Time
+}
+
+type watched struct {
+	sel   Selector
+	until time.Time
+}
+
+// noteRefusal remembers that w's client was refused a lease no proxy could take (a
+// NoMatch): demand a pool that could serve it may grow for.
+func (s *Server) noteRefusal(w Want, err error) {
+	if NoMatchOf(err) == nil {
+		return
+	}
+	b := &s.demand
+	now := s.store.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.refusals == nil {
+		b.refusals = newLRU[string, refusal]()
+	}
+	b.refusals.put(w.Client+"\x00"+w.Selector.Key(), refusal{want: w.Selector, at: now})
+	for b.refusals.len() > maxRefusals {
+		b.refusals.remove(b.refusals.oldest())
+	}
+}
+
+// DemandPart is this replica's own part of sel's demand; asking watches sel.
+func (s *Server) DemandPart(sel Selector) DemandPart {
+	s.watch(sel)
+	return s.localDemand(sel)
+}
+
+func (s *Server) localDemand(sel Selector) DemandPart {
+	p := DemandPart{Waiting: s.waiters.waitingFor(sel)}
+	cutoff := s.store.Now().Add(-RefusalWindow)
+	b := &s.demand
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.refusals == nil {
+		return p
+	}
+	// Newest first: the first one too old ends the count.
+	for it := b.refusals.head; it != nil && it.val.at.After(cutoff); it = it.next {
+		if it.val.want.Matches(sel) {
+			p.Refused++
+		}
+	}
+	return p
+}
+
+// Demand is sel's demand as this replica sees it: every lease (copies included) and its
+// own waiting and refused requests; a replica set adds the others' parts (Demand.Add).
+// Asking watches sel.
+func (s *Server) Demand(sel Selector) Demand {
+	d := Demand{Selector: sel}
+	s.store.supply(sel, &d)
+	d.Add(s.DemandPart(sel))
+	return d
+}
+
+// supply counts what the proxies matching sel offer and hold.
+func (s *Store) supply(sel Selector, d *Demand) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.viewFor(sel)
+	d.Proxies, d.Healthy, d.Capacity = v.matching, v.healthy, v.capacity
+	d.Held, d.LeasedProxies = v.leases, v.leased
+}
+
+// watch keeps sel watched for watchFor from now. When the book is full, the selector
+// watched the shortest while from now makes room.
+func (s *Server) watch(sel Selector) {
+	until := s.store.Now().Add(watchFor)
+	b := &s.demand
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.watched == nil {
+		b.watched = map[string]watched{}
+	}
+	key := sel.Key()
+	if _, ok := b.watched[key]; !ok && len(b.watched) >= maxWatched {
+		first := ""
+		for k, w := range b.watched {
+			if first == "" || w.until.Before(b.watched[first].until) {
+				first = k
+			}
+		}
+		delete(b.watched, first)
+	}
+	b.watched[key] = watched{sel: sel, until: until}
+}
+
+// watchedNow are the selectors watched now.
+func (s *Server) watchedNow() []Selector {
+	b := &s.demand
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.watched) == 0 {
+		// Nothing to read the clock for: a scrape of a discovery nobody sizes by demand
+		// touches nothing of the store's.
+		return nil
+	}
+	now := s.store.Now()
+	var out []Selector
+	for k, w := range b.watched {
+		if !w.until.After(now) {
+			delete(b.watched, k)
+			continue
+		}
+		out = append(out, w.sel)
+	}
+	return out
+}
+
+// MayGrow says whether the proxies a request for want asks for may grow: a watched
+// selector (someone sizes those proxies by their demand) satisfies want. A request no
+// proxy can take is then worth waiting for, even when none matches yet.
+func (s *Server) MayGrow(want Selector) bool {
+	for _, sel := range s.watchedNow() {
+		if want.Matches(sel) {
+			return true
+		}
+	}
+	return false
+}
+
+// demandCollector exports the demand of the watched selectors. Held and capacity are
+// every replica's (leases are copied to all): take their max over replicas; waiting and
+// refused are this replica's own: sum them.
+type demandCollector struct {
+	s                *Server
+	leases, capacity *prometheus.Desc
+}
+
+func newDemandCollector(s *Server) demandCollector {
+	return demandCollector{s: s,
+		leases: prometheus.NewDesc("proxyfleet_discovery_demand_leases",
+			"Leases wanted of the proxies a watched selector (a pool's attributes) describes, by kind: held (on every replica alike: take the max), waiting and refused (this replica's own: sum them).",
+			[]string{"selector", "kind"}, nil),
+		capacity: prometheus.NewDesc("proxyfleet_discovery_demand_capacity_leases",
+			"Leases the healthy proxies a watched selector describes can take (maxLeases summed; every replica alike).",
+			[]string{"selector"}, nil),
+	}
+}
+
+func (c demandCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.leases
+	ch <- c.capacity
+}
+
+func (c demandCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, sel := range c.s.watchedNow() {
+		d := Demand{Selector: sel}
+		c.s.store.supply(sel, &d)
+		p := c.s.localDemand(sel)
+		key := sel.Key()
+		ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(d.Held), key, "held")
+		ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(p.Waiting), key, "waiting")
+		ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(p.Refused), key, "refused")
+		ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(d.Capacity), key)
+	}
+}

@@ -1,0 +1,57 @@
+package gateway_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/proxyfleet/proxyfleet/discovery"
+	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
+	"github.com/proxyfleet/proxyfleet/discovery/gateway"
+)
+
+// TestGatewayWaitsForAPoolToGrow: a tunnel for proxies none of which exists yet is
+// refused at once while nobody sizes those proxies by demand; once their selector is
+// watched (a pool's autoscaler asked its demand), such a tunnel waits, counts as demand,
+// and is opened through the proxy the index gains.
+func TestGatewayWaitsForAPoolToGrow(t *testing.T) {
+	var first discovery.Proxy
+	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *gateway.Config, fleet []discovery.Proxy) {
+		first = fleet[0]
+		g.Wait, g.GrowWait = -1, 30*time.Second
+	})
+	host := strings.TrimPrefix(e.site.URL, "http://")
+	cold := map[string]string{"pool": "cold"}
+
+	// Refused at once: the gateway's own wait is off, and nothing says the pool grows.
+	assert.Equal(t, http.StatusServiceUnavailable, status(t, e.connectAsync(gwClient+";pool=cold", host), "unwatched"))
+
+	api := httptest.NewServer(e.srv.Handler())
+	defer api.Close()
+	c := dclient.New(api.URL, gwToken)
+	d, err := c.Demand(context.Background(), cold)
+	require.NoError(t, err)
+	assert.Zero(t, d.Proxies)
+
+	got := e.connectAsync(gwClient+";pool=cold", host)
+	require.Eventually(t, func() bool {
+		d, err := c.Demand(context.Background(), cold)
+		return err == nil && d.Waiting == 1
+	}, 10*time.Second, 5*time.Millisecond, "the tunnel waits, and is the pool's demand")
+
+	// The pool's first proxy arrives in the index.
+	grown := first
+	grown.Name, grown.Attributes = "cold-0", cold
+	e.store.Upsert(grown)
+	assert.Equal(t, http.StatusOK, status(t, got, "the tunnel, once the pool has a proxy"))
+	d, err = c.Demand(context.Background(), cold)
+	require.NoError(t, err)
+	assert.Equal(t, 1, d.Held)
+	assert.Zero(t, d.Waiting)
+}
