@@ -6,8 +6,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
 	"time"
 
+	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/internal/cmdline"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
 	"github.com/proxyfleet/proxyfleet/workflows/proxyinput"
@@ -25,6 +27,10 @@ func main() {
 	flag.DurationVar(&opts.ResyncInterval, "resync-interval", controller.DefaultResyncInterval,
 		"how often the leader starts again the workflows of live Proxies that stopped (terminated, failed); negative turns it off")
 	tuning := tuningFlags(flag.CommandLine)
+	discoveryURL := flag.String("discovery-url", cmdline.Env("DISCOVERY_URL", ""),
+		"base URL of discovery's API, where the autoscaler reads the demand on ProxyPools with spec.autoscale; empty leaves them at their size (env DISCOVERY_URL; the bearer token comes from env DISCOVERY_TOKEN)")
+	flag.DurationVar(&opts.AutoscaleInterval, "autoscale-interval", controller.DefaultAutoscaleInterval,
+		"how often the leader reads each autoscaled pool's demand: the most it adds to the first request of a pool scaled to zero")
 
 	cmdline.Main("operator", func(ctx context.Context, p *cmdline.Process) error {
 		opts.Tuning = *tuning
@@ -34,6 +40,10 @@ func main() {
 			return err
 		}
 		defer tc.Close()
+		if *discoveryURL != "" {
+			// From the environment only, so it never shows in a process listing.
+			opts.Demand = dclient.New(*discoveryURL, os.Getenv("DISCOVERY_TOKEN"))
+		}
 		p.Log.Info("operator starting", "temporal", temporal.Address, "taskQueue", opts.TaskQueue, "leaderElect", opts.LeaderElection)
 		return controller.Run(ctx, opts, tc, p.LogHandler)
 	})

@@ -41,7 +41,14 @@ type flakyTemporal struct {
 	real client.Client
 	mu   sync.Mutex
 	down bool
-	sent []proxyinput.SpecSignal
+	sent []sentSignal
+}
+
+// sentSignal is a spec signal and the workflow it went to: the manager reconciles every
+// namespace's Proxies, other tests' included, so a test reads its own Proxy's signals.
+type sentSignal struct {
+	id  string
+	sig proxyinput.SpecSignal
 }
 
 var _ controller.Temporal = (*flakyTemporal)(nil)
@@ -60,10 +67,17 @@ func (f *flakyTemporal) setDown(v bool) {
 	f.down = v
 }
 
-func (f *flakyTemporal) signals() []proxyinput.SpecSignal {
+// signals are those sent to workflow id, in order.
+func (f *flakyTemporal) signals(id string) []proxyinput.SpecSignal {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]proxyinput.SpecSignal(nil), f.sent...)
+	var out []proxyinput.SpecSignal
+	for _, s := range f.sent {
+		if s.id == id {
+			out = append(out, s.sig)
+		}
+	}
+	return out
 }
 
 func (f *flakyTemporal) SignalWithStartWorkflow(ctx context.Context, id, name string, arg any, opts client.StartWorkflowOptions, wf any, args ...any) (client.WorkflowRun, error) {
@@ -73,7 +87,7 @@ func (f *flakyTemporal) SignalWithStartWorkflow(ctx context.Context, id, name st
 	run, err := f.real.SignalWithStartWorkflow(ctx, id, name, arg, opts, wf, args...)
 	if sig, ok := arg.(proxyinput.SpecSignal); ok && err == nil {
 		f.mu.Lock()
-		f.sent = append(f.sent, sig)
+		f.sent = append(f.sent, sentSignal{id: id, sig: sig})
 		f.mu.Unlock()
 	}
 	return run, err
@@ -199,7 +213,7 @@ func TestTemporalOutageLosesNothing(t *testing.T) {
 		_, err := testenv.Temporal(t).Client.DescribeWorkflow(ctx, id, "")
 		return err == nil
 	}, time.Minute, 100*time.Millisecond, "the workflow was never started after Temporal came back")
-	sig := tc.signals()
+	sig := tc.signals(id)
 	require.NotEmpty(t, sig)
 	assert.Equal(t, string(p.UID), sig[0].UID)
 	assert.Equal(t, p.Generation, sig[0].Generation)
@@ -228,17 +242,18 @@ func TestSecretRotationSignalsAgain(t *testing.T) {
 	require.NoError(t, k.Client.Create(ctx, p))
 	// The first signal may carry "" when the Proxy is reconciled before the Secret reaches
 	// the cache; the workflow reads the Secret itself either way.
-	require.Eventually(t, func() bool { return len(tc.signals()) > 0 }, 30*time.Second, 50*time.Millisecond, "no signal sent")
+	id := contract.ProxyWorkflowID(ns, "rotating")
+	require.Eventually(t, func() bool { return len(tc.signals(id)) > 0 }, 30*time.Second, 50*time.Millisecond, "no signal sent")
 
 	secret.StringData = map[string]string{"script": "v2"}
 	require.NoError(t, k.Client.Update(ctx, secret))
 	require.Eventually(t, func() bool {
-		s := tc.signals()
+		s := tc.signals(id)
 		return len(s) > 0 && s[len(s)-1].SecretVersion == secret.ResourceVersion
 	}, 30*time.Second, 50*time.Millisecond, "rotation should re-send the spec")
-	last := tc.signals()[len(tc.signals())-1]
+	last := tc.signals(id)[len(tc.signals(id))-1]
 	assert.Equal(t, p.Generation, last.Generation, "same generation: only the Secret changed")
-	_ = testenv.Temporal(t).Client.TerminateWorkflow(ctx, contract.ProxyWorkflowID(ns, "rotating"), "", "test done")
+	_ = testenv.Temporal(t).Client.TerminateWorkflow(ctx, id, "", "test done")
 }
 
 // TestDeleteWithoutWorkflowReleases: a Proxy whose workflow never existed (nothing was ever

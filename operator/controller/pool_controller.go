@@ -250,10 +250,18 @@ func (r *PoolReconciler) writeStatus(ctx context.Context, pool *v1alpha1.ProxyPo
 	}
 	meta.SetStatusCondition(&st.Conditions, available)
 	meta.SetStatusCondition(&st.Conditions, progressing)
+	if pool.Spec.Autoscale == nil {
+		// The autoscaler's, from when the pool had spec.autoscale: stale now.
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.PoolConditionScalingActive)
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.PoolConditionScalingLimited)
+		st.Demand, st.LeasedReplicas = nil, nil
+	}
 	if equality.Semantic.DeepEqual(before.Status, pool.Status) {
 		return nil
 	}
-	return r.Client.Status().Patch(ctx, pool, ctrlclient.MergeFrom(before))
+	// With the resource version: the autoscaler writes conditions of the same list, and a
+	// patch from a stale copy would put back what it last wrote. A conflict requeues.
+	return r.Client.Status().Patch(ctx, pool, ctrlclient.MergeFromWithOptions(before, ctrlclient.MergeFromWithOptimisticLock{}))
 }
 
 // memberOf is what the plan needs of Proxy p.

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
@@ -28,7 +29,9 @@ import (
 // or workflow runs: the tests play the Proxies' workflows, writing the statuses a rollout
 // waits on, so each step of a rollout is theirs to hold or release.
 
-func startPoolController(t *testing.T) {
+// startPoolController runs the pool controller in a manager of its own, and returns that
+// manager (whose event recorder sends events while it runs).
+func startPoolController(t *testing.T) manager.Manager {
 	t.Helper()
 	mgr := testManager(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -37,6 +40,7 @@ func startPoolController(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	return mgr
 }
 
 func pool(ns, name string, replicas int32) *v1alpha1.ProxyPool {

@@ -35,10 +35,15 @@ type Options struct {
 	// stopped and starts it again (ProxyReconciler.Resync). 0 is DefaultResyncInterval; a
 	// negative value turns the resync off.
 	ResyncInterval time.Duration
+	// Demand reads pools' demand from discovery for the autoscaler (nil: pools with
+	// spec.autoscale keep their size, and say why); AutoscaleInterval is how often (0:
+	// DefaultAutoscaleInterval).
+	Demand            DemandSource
+	AutoscaleInterval time.Duration
 }
 
-// Setup adds the Proxy and ProxyPool controllers, and the periodic resync that restarts stopped workflows, to
-// mgr, talking to Temporal through tc. The operator process (Run) and the test stack both
+// Setup adds the Proxy and ProxyPool controllers, the pools' autoscaler, and the periodic
+// resync that restarts stopped workflows, to mgr, talking to Temporal through tc. The operator process (Run) and the test stack both
 // set it up here, in managers of their own.
 func Setup(ctx context.Context, mgr manager.Manager, tc Temporal, opts Options) error {
 	r := &ProxyReconciler{
@@ -51,6 +56,10 @@ func Setup(ctx context.Context, mgr manager.Manager, tc Temporal, opts Options) 
 	}
 	pools := &PoolReconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("proxyfleet-operator")}
 	if err := pools.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := mgr.Add(&Autoscaler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("proxyfleet-operator"),
+		Demand: opts.Demand, Interval: opts.AutoscaleInterval}); err != nil {
 		return err
 	}
 	interval := opts.ResyncInterval

@@ -115,7 +115,8 @@ type PoolAutoscale struct {
 	ScaleDownDelay Duration `json:"scaleDownDelay,omitempty"`
 }
 
-// ProxyPoolStatus is written only by the pool's workflow.
+// ProxyPoolStatus is written by the operator: the pool controller's counts and conditions,
+// and with spec.autoscale its autoscaler's demand and scaling conditions.
 type ProxyPoolStatus struct {
 	// Replicas is how many Proxies the pool has now (the scale subresource's status).
 	// +optional
@@ -126,10 +127,15 @@ type ProxyPoolStatus struct {
 	// UpdatedReplicas is how many run the current template.
 	// +optional
 	UpdatedReplicas int32 `json:"updatedReplicas"`
-	// LeasedReplicas is how many had a crawler lease at the last count; unset until
-	// something counts them (kubectl shows <none> rather than a 0 that would mislead).
+	// LeasedReplicas is how many had a crawler lease at the autoscaler's last look; unset
+	// without spec.autoscale, whose autoscaler alone asks discovery (kubectl then shows
+	// <none> rather than a 0 that would mislead).
 	// +optional
-	LeasedReplicas int32 `json:"leasedReplicas,omitempty"`
+	LeasedReplicas *int32 `json:"leasedReplicas,omitempty"`
+	// Demand is the leases crawlers wanted of the pool at the autoscaler's last look:
+	// held, waiting for a proxy, and refused one lately (discovery's GET /v1/demand).
+	// +optional
+	Demand *int32 `json:"demand,omitempty"`
 	// DesiredReplicas is the autoscaler's last decision (spec.replicas without autoscale).
 	// +optional
 	DesiredReplicas int32 `json:"desiredReplicas"`
@@ -146,8 +152,9 @@ type ProxyPoolStatus struct {
 	// +optional
 	WorkflowID string `json:"workflowID,omitempty"`
 	// Conditions: Available (at least replicas − maxUnavailable Proxies are Ready),
-	// Progressing (a rollout or a scale is under way, and why), ScalingLimited (the
-	// autoscaler wants more or fewer than its bounds allow).
+	// Progressing (a rollout or a scale is under way, and why), and with spec.autoscale
+	// ScalingActive (the autoscaler reads the pool's demand from discovery, or why not)
+	// and ScalingLimited (it wants more or fewer than its bounds allow).
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -158,6 +165,7 @@ type ProxyPoolStatus struct {
 const (
 	PoolConditionAvailable      = "Available"
 	PoolConditionProgressing    = "Progressing"
+	PoolConditionScalingActive  = "ScalingActive"
 	PoolConditionScalingLimited = "ScalingLimited"
 )
 
@@ -172,6 +180,7 @@ const (
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyReplicas`
 // +kubebuilder:printcolumn:name="Leased",type=integer,JSONPath=`.status.leasedReplicas`
 // +kubebuilder:printcolumn:name="Updated",type=integer,JSONPath=`.status.updatedReplicas`,priority=1
+// +kubebuilder:printcolumn:name="Demand",type=integer,JSONPath=`.status.demand`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ProxyPool struct {
 	metav1.TypeMeta   `json:",inline"`
