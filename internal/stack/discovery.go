@@ -9,8 +9,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
+	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/discovery/gateway"
 	"github.com/proxyfleet/proxyfleet/discovery/service"
+	"github.com/proxyfleet/proxyfleet/operator/controller"
 )
 
 // Discovery is a running discovery server of the stack.
@@ -65,4 +67,19 @@ func (s *Stack) StartDiscovery(t testing.TB, options ...func(*service.Config)) *
 	t.Cleanup(d.stop)
 	require.Eventually(t, svc.Store.Loaded, 30*time.Second, 20*time.Millisecond, "discovery did not load its index from Temporal")
 	return d
+}
+
+// StartAutoscaler runs the operator's pool autoscaler for the pools of namespace ns,
+// reading their demand from d as `operator --discovery-url` does, every interval, until
+// the test ends.
+func (s *Stack) StartAutoscaler(t testing.TB, d *Discovery, ns string, interval time.Duration) {
+	t.Helper()
+	a := &controller.Autoscaler{Client: s.Kube.Client, Demand: dclient.New(d.URL, d.Token), Interval: interval, Namespace: ns}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
 }

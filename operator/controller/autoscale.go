@@ -58,6 +58,9 @@ type Autoscaler struct {
 	// Demand reads discovery; nil marks every autoscaled pool ScalingActive=False.
 	Demand   DemandSource
 	Interval time.Duration
+	// Namespace, when set, limits it to that namespace's pools (an operator watching one
+	// namespace; tests that share a cluster).
+	Namespace string
 	// Now is the clock (tests move it); nil is time.Now.
 	Now func() time.Time
 
@@ -90,7 +93,7 @@ func (a *Autoscaler) Start(ctx context.Context) error {
 // logged and the others go on.
 func (a *Autoscaler) Scale(ctx context.Context) error {
 	var pools v1alpha1.ProxyPoolList
-	if err := a.Client.List(ctx, &pools); err != nil {
+	if err := a.Client.List(ctx, &pools, ctrlclient.InNamespace(a.Namespace)); err != nil {
 		return fmt.Errorf("list pools: %w", err)
 	}
 	seen := map[types.UID]bool{}

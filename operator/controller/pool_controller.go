@@ -152,7 +152,14 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		}
 	}
 	r.record(&pool, plan, desired, len(owned))
-	return reconcile.Result{}, r.writeStatus(ctx, &pool, in, plan, hash)
+	if err := r.writeStatus(ctx, &pool, in, plan, hash); apierrors.IsConflict(err) {
+		// The autoscaler wrote the pool since the cache saw it: not a failure, and the
+		// change that moved it brings this pool back soon; look again in any case.
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	} else if err != nil {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{}, nil
 }
 
 // reconcileDelete deletes the pool's Proxies and lets the pool go once none is left. Each
