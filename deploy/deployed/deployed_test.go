@@ -40,8 +40,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
@@ -236,15 +238,18 @@ spec:
 		assert.NotContains(t, string(items), `"name"`, "%T left behind: %s", list, items)
 	}
 
-	// A pool of one, as a user applies it: the operator's role creates its Proxy, writes
-	// the pool's status and holds its finalizer; deleting the pool deletes the Proxy and its
-	// pod before the pool goes.
+	// A pool autoscaled from zero, as a user applies it: idle, it has no Proxy; an acquire
+	// that waits for its attributes waits while the operator's autoscaler (reading the
+	// demand from discovery's Service with the token its manifest gives it) scales it to
+	// one and the operator's role creates the Proxy; released, it shrinks back to zero;
+	// deleting the pool then goes at once.
 	poolPort := freePort(t)
 	kubectl(t, c, fmt.Sprintf(`apiVersion: crawl.example.com/v1alpha1
 kind: ProxyPool
 metadata: {name: walkers, namespace: %s}
 spec:
-  replicas: 1
+  replicas: 0
+  autoscale: {minReplicas: 0, maxReplicas: 2, scaleDownDelay: 2s}
   template:
     spec:
       provider: kubernetes
@@ -257,24 +262,49 @@ spec:
       healthCheck: {url: "%s/", interval: 2s, timeout: 1s}
 `, crawlNS, poolPort, siteURL.Port(), site.URL), "apply", "--server-side", "-f", "-")
 	poolKey := types.NamespacedName{Namespace: crawlNS, Name: "walkers"}
-	c.eventually(t, "the pool creates its Proxy", func() bool {
-		return c.exists(t, &v1alpha1.Proxy{}, types.NamespacedName{Namespace: crawlNS, Name: "walkers-0"})
+	c.eventually(t, "the autoscaler reads the idle pool's demand", func() bool {
+		var pl v1alpha1.ProxyPool
+		return c.k.Client.Get(ctx, poolKey, &pl) == nil && pl.Status.Demand != nil &&
+			meta.IsStatusConditionTrue(pl.Status.Conditions, v1alpha1.PoolConditionScalingActive)
 	})
+	assert.False(t, c.exists(t, &v1alpha1.Proxy{}, types.NamespacedName{Namespace: crawlNS, Name: "walkers-0"}), "an idle pool of 0..2 has no Proxy")
+	asked := time.Now()
+	// The acquire waits on a goroutine of its own: the test's plays the kubelet meanwhile.
+	type answer struct {
+		l   *dclient.Lease
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		l, err := api(1).Acquire(ctx, dclient.AcquireRequest{Selector: map[string]string{"pool": "walkers"}, Wait: time.Minute})
+		got <- answer{l, err}
+	}()
+	var a answer
+	c.eventually(t, "the waiting acquire is answered", func() bool {
+		select {
+		case a = <-got:
+			return true
+		default:
+			return false
+		}
+	})
+	lease, err = a.l, a.err
+	require.NoError(t, err, "the acquire waited for the pool to grow")
+	t.Logf("the first lease of the pool scaled from zero came after %s", time.Since(asked).Round(time.Millisecond))
+	assert.Equal(t, "walkers-0", lease.Proxy.Name)
 	member := c.waitProxy(t, types.NamespacedName{Namespace: crawlNS, Name: "walkers-0"}, "the pool's Proxy Ready", func(px *v1alpha1.Proxy) bool {
 		return px.Status.Phase == v1alpha1.PhaseReady && px.Status.InstanceName != ""
 	})
-	c.eventually(t, "the pool counts its Proxy Ready", func() bool {
-		var pl v1alpha1.ProxyPool
-		return c.k.Client.Get(ctx, poolKey, &pl) == nil && pl.Status.ReadyReplicas == 1 && pl.Status.Selector != ""
-	})
-	lease = c.acquire(t, api(1), map[string]string{"pool": "walkers"})
 	assert.Equal(t, "hello from the site\n", fetchThrough(t, lease.Proxy.URL, site.URL))
 	require.NoError(t, api(1).Release(ctx, lease.ID))
-	require.NoError(t, c.k.Client.Delete(ctx, &v1alpha1.ProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: crawlNS, Name: "walkers"}}))
-	c.eventually(t, "the pool is gone, after its Proxy", func() bool {
-		return !c.exists(t, &v1alpha1.ProxyPool{}, poolKey) && !c.exists(t, &v1alpha1.Proxy{}, types.NamespacedName{Namespace: crawlNS, Name: "walkers-0"})
+	c.eventually(t, "the idle pool shrinks back to no Proxy", func() bool {
+		var pl v1alpha1.ProxyPool
+		return c.k.Client.Get(ctx, poolKey, &pl) == nil && ptr.Deref(pl.Spec.Replicas, -1) == 0 &&
+			!c.exists(t, &v1alpha1.Proxy{}, types.NamespacedName{Namespace: crawlNS, Name: "walkers-0"})
 	})
 	assert.False(t, c.exists(t, &corev1.Pod{}, types.NamespacedName{Namespace: crawlNS, Name: member.Status.InstanceName}), "the member's pod left behind")
+	require.NoError(t, c.k.Client.Delete(ctx, &v1alpha1.ProxyPool{ObjectMeta: metav1.ObjectMeta{Namespace: crawlNS, Name: "walkers"}}))
+	c.eventually(t, "the pool is gone", func() bool { return !c.exists(t, &v1alpha1.ProxyPool{}, poolKey) })
 
 	// Sweep: an instance of this installation whose Proxy never existed. Younger than the
 	// minimum age the manifest leaves at its default, it is found and spared; what counts

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
@@ -32,11 +33,11 @@ func TestPodEmulationRefusesWhatAPodCannotDo(t *testing.T) {
 	noFSGroup.SecurityContext.FSGroup = nil
 	assert.Error(t, secretVolumeReadable(noFSGroup, ctr, key), "without fsGroup the key is root's, mode 0440")
 	ownerOnly := key
-	ownerOnly.DefaultMode = ptr(int32(0o400))
+	ownerOnly.DefaultMode = ptr.To(int32(0o400))
 	assert.NoError(t, secretVolumeReadable(worker, ctr, ownerOnly), "the kubelet adds group read for fsGroup")
 	assert.Error(t, secretVolumeReadable(noFSGroup, ctr, ownerOnly))
 	asRoot := ctr.DeepCopy()
-	asRoot.SecurityContext.RunAsUser = ptr(int64(0))
+	asRoot.SecurityContext.RunAsUser = ptr.To(int64(0))
 	assert.NoError(t, secretVolumeReadable(noFSGroup, *asRoot, key))
 
 	env := map[string]string{"POD_NAMESPACE": "proxyfleet-system"}
@@ -63,5 +64,3 @@ func shippedPodSpec(t *testing.T, file string) corev1.PodSpec {
 	t.Fatalf("no workload in %s", file)
 	return corev1.PodSpec{}
 }
-
-func ptr[T any](v T) *T { return &v }

@@ -357,11 +357,14 @@ var (
 	listenValue = regexp.MustCompile(`^(=?)(?:0\.0\.0\.0|\[::\])?:(\d+)$`)
 	// podDNS is a URL or host:port that names a pod through its headless Service.
 	podDNS = regexp.MustCompile(`\b([a-z0-9][a-z0-9-]*)\.([a-z0-9][a-z0-9-]*)\.([a-z0-9][a-z0-9-]*)\.svc(?:\.cluster\.local)?:(\d+)\b`)
+	// serviceDNS is a URL or host:port that names a Service (a virtual address).
+	serviceDNS = regexp.MustCompile(`(^|[^a-z0-9.-])([a-z0-9][a-z0-9-]*)\.([a-z0-9][a-z0-9-]*)\.svc(?:\.cluster\.local)?:(\d+)\b`)
 )
 
 // network rewrites what the pod network decides: a listen address ":N" of a declared
-// container port becomes this pod's port of 127.0.0.1, and a pod's DNS name through its
-// headless Service becomes that pod's address for the Service port.
+// container port becomes this pod's port of 127.0.0.1, a pod's DNS name through its
+// headless Service becomes that pod's address for the Service port, and a Service's DNS
+// name becomes the address of a pod it selects.
 func (p *pod) network(t *testing.T, c *cluster, all []*pod, s string) string {
 	t.Helper()
 	name, value, hasFlag := strings.Cut(s, "=")
@@ -378,7 +381,7 @@ func (p *pod) network(t *testing.T, c *cluster, all []*pod, s string) string {
 		}
 		return addr
 	}
-	return podDNS.ReplaceAllStringFunc(s, func(host string) string {
+	s = podDNS.ReplaceAllStringFunc(s, func(host string) string {
 		m := podDNS.FindStringSubmatch(host)
 		podName, svcName, ns := m[1], m[2], m[3]
 		port, _ := strconv.Atoi(m[4])
@@ -403,6 +406,35 @@ func (p *pod) network(t *testing.T, c *cluster, all []*pod, s string) string {
 		hp, ok := target.ports[cport]
 		require.True(t, ok, "%s: %s: pod %s does not declare port %d", p.name, host, podName, cport)
 		return fmt.Sprintf("127.0.0.1:%d", hp)
+	})
+	// A Service's name is one of the pods it selects, as kube-proxy would pick one: the
+	// first by name, with the Service's port mapped to that pod's.
+	return serviceDNS.ReplaceAllStringFunc(s, func(match string) string {
+		m := serviceDNS.FindStringSubmatch(match)
+		lead, svcName, ns := m[1], m[2], m[3]
+		port, _ := strconv.Atoi(m[4])
+		var svc corev1.Service
+		require.NoError(t, c.k.Client.Get(c.ctx, types.NamespacedName{Namespace: ns, Name: svcName}, &svc), "%s: %s: Service %s", p.name, match, svcName)
+		sp := slices.IndexFunc(svc.Spec.Ports, func(sp corev1.ServicePort) bool { return int(sp.Port) == port })
+		require.GreaterOrEqual(t, sp, 0, "%s: %s: Service %s has no port %d", p.name, match, svcName, port)
+		var target *pod
+		for _, q := range all {
+			if q.namespace == ns && labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(q.labels)) &&
+				(target == nil || q.name < target.name) {
+				target = q
+			}
+		}
+		require.NotNil(t, target, "%s: %s: Service %s selects no pod", p.name, match, svcName)
+		tp := svc.Spec.Ports[sp].TargetPort
+		cport := int32(tp.IntValue())
+		if tp.StrVal != "" {
+			var ok bool
+			cport, ok = target.named[tp.StrVal]
+			require.True(t, ok, "%s: %s: pod %s has no port named %s", p.name, match, target.name, tp.StrVal)
+		}
+		hp, ok := target.ports[cport]
+		require.True(t, ok, "%s: %s: pod %s does not declare port %d", p.name, match, target.name, cport)
+		return fmt.Sprintf("%s127.0.0.1:%d", lead, hp)
 	})
 }
 
