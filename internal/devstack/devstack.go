@@ -190,15 +190,18 @@ func (s *stack) start(ctx context.Context) error {
 		return err
 	}
 	kenv := []string{"KUBECONFIG=" + s.kubecfg}
-	if err := s.spawn("operator", kenv, append(temporalFlags, "--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0")...); err != nil {
+	tok := make([]byte, 16)
+	_, _ = rand.Read(tok)
+	s.token = hex.EncodeToString(tok)
+	discoveryURL := fmt.Sprintf("http://127.0.0.1:%d", cfg.DiscoveryPort)
+	// The operator's autoscaler reads pools' demand from discovery, with the crawlers' token.
+	if err := s.spawn("operator", append(kenv, "DISCOVERY_TOKEN="+s.token), append(temporalFlags, "--metrics-bind-address", "127.0.0.1:0",
+		"--health-probe-bind-address", "127.0.0.1:0", "--discovery-url", discoveryURL)...); err != nil {
 		return err
 	}
 	if err := s.spawn("worker", kenv, append(temporalFlags, "--providers", "local,kubernetes", "--local-daemon", "http://"+daemonAddr, "--http-address", "127.0.0.1:0", "--fleet-key-path", keyPath)...); err != nil {
 		return err
 	}
-	tok := make([]byte, 16)
-	_, _ = rand.Read(tok)
-	s.token = hex.EncodeToString(tok)
 	if err := s.spawn("discovery", []string{"DISCOVERY_TOKEN=" + s.token}, "--temporal-address", s.temporal.FrontendHostPort(),
 		"--listen", fmt.Sprintf("127.0.0.1:%d", cfg.DiscoveryPort), "--gateway-listen", fmt.Sprintf("127.0.0.1:%d", cfg.GatewayPort),
 		"--fleet-key-path", keyPath); err != nil {
@@ -324,14 +327,17 @@ proxyfleet is running. Logs: %s
   Or via the gateway: curl -sS -i -x http://%s:%s@127.0.0.1:%d http://127.0.0.1:%d/healthz
   Crawl with Scrapy:  PYTHONPATH=discovery/client/python PROXYFLEET_TOKEN=%s /usr/bin/python3 -m scrapy runspider discovery/client/python/examples/tour_spider.py
   Replace local-1:    bin/temporal workflow signal --address 127.0.0.1:%d --workflow-id %s --name replace --input '{"reason":"manual"}'
+  A pool of 0..5:     bin/kubectl apply -f deploy/samples/pool-local.yaml
+  Crawl the pool:     seq 60 | xargs -P 8 -I{} curl -sS -o /dev/null -w '%%{http_code} ' -x 'http://%s;pool=tour:%s@127.0.0.1:%d' 'http://127.0.0.1:%d/slow?seconds=2'
 
 (The fetch line uses local-1's address and credentials, derived from the fleet key in
 .state; a lease answers with the proxy's url, credentials included. The gateway leases a
 proxy for each request itself; its answer names the proxy in Proxyfleet-Proxy. Local
-proxies reach loopback targets only.) Press Ctrl-C to stop everything.
+proxies reach loopback targets only. The pool has no proxy until it is crawled: watch it
+grow and, 30s after the crawl, shrink with bin/kubectl get proxypool tour -w.) Press Ctrl-C to stop everything.
 READY
 `, rel(s.logs), c.UIPort, rel(s.kubecfg), lease, s.firstURL, c.DaemonPort, "default", s.token, c.GatewayPort,
-		c.DaemonPort, s.token, c.TemporalPort, contract.ProxyWorkflowID("default", "local-1"))
+		c.DaemonPort, s.token, c.TemporalPort, contract.ProxyWorkflowID("default", "local-1"), "default", s.token, c.GatewayPort, c.DaemonPort)
 }
 
 // fleetKey returns the path of the dev stack's fleet key, generating it the first time. It

@@ -155,6 +155,27 @@ wait:
 	}, time.Minute, 500*time.Millisecond, "local-2 was not recreated within a minute of the kill")
 	t.Logf("local-2 recreated and Ready %s after its instance was killed", time.Since(at).Round(100*time.Millisecond))
 
+	// README tour step 9: a pool of 0..5 has no proxy until crawled; the printed crawl
+	// through the gateway waits while it grows and gets every page; idle again, it shrinks
+	// back to no proxy.
+	require.Contains(t, printed, "A pool of 0..5")
+	shell(printed["A pool of 0..5"])
+	poolSize := "bin/kubectl get proxypool tour -o jsonpath='{.spec.replicas}'"
+	require.Equal(t, "0", strings.TrimSpace(shell(poolSize)))
+	at = time.Now()
+	pages := strings.Fields(shell(printed["Crawl the pool"]))
+	t.Logf("60 pages of 2s through a pool scaled from zero in %s", time.Since(at).Round(100*time.Millisecond))
+	assert.Len(t, pages, 60)
+	for _, code := range pages {
+		require.Equal(t, "200", code, "every request through the pool, waiting while it grew: %v", pages)
+	}
+	assert.Equal(t, "5", strings.TrimSpace(shell(poolSize)), "eight crawlers at once over proxies of one lease each grow the pool to its maximum")
+	assert.Contains(t, shell("bin/kubectl describe proxypool tour"), "scaled from 0 to")
+	require.Eventually(t, func() bool {
+		return strings.TrimSpace(shell(poolSize)) == "0" &&
+			strings.TrimSpace(shell("bin/kubectl get proxies -l crawl.example.com/pool=tour -o name")) == ""
+	}, 3*time.Minute, time.Second, "the idle pool shrinks back to no proxy")
+
 	// Ctrl-C stops everything: nothing of the group is left, and the ports are free again.
 	stop()
 	assert.ErrorIs(t, syscall.Kill(-pgid, 0), syscall.ESRCH, "processes of make dev are still running")

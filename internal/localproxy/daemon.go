@@ -1,6 +1,7 @@
 package localproxy
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -352,10 +353,26 @@ func (d *Daemon) saveLocked() error {
 //	POST   /v1/instances/{name}/kill   stop the listener, keep the record (a crash)
 //	POST   /v1/instances/{name}/fault  {"fault":"auth|badgateway|hang|"} misbehave on purpose
 //	GET    /healthz                    200, also a handy local probe target
+//	GET    /slow?seconds=N             200 after N seconds (at most 30): a slow local site,
+//	                                   whose requests hold their proxies long enough to be demand
 func (d *Daemon) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /slow", func(w http.ResponseWriter, r *http.Request) {
+		secs, err := strconv.ParseFloat(cmp.Or(r.URL.Query().Get("seconds"), "1"), 64)
+		if err != nil || secs < 0 || secs > 30 {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "seconds must be a number from 0 to 30"})
+			return
+		}
+		t := time.NewTimer(time.Duration(secs * float64(time.Second)))
+		defer t.Stop()
+		select {
+		case <-t.C:
+			writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		case <-r.Context().Done():
+		}
 	})
 	mux.HandleFunc("PUT /v1/instances/{name}", func(w http.ResponseWriter, r *http.Request) {
 		var req local.CreateRequest

@@ -401,3 +401,26 @@ func TestForwardProxyRefusesAnUnaskedSwitch(t *testing.T) {
 	assert.Equal(t, http.StatusBadGateway, status, body)
 	assert.Contains(t, body, "switched protocols")
 }
+
+// TestSlowSite: /slow answers after the seconds asked, and refuses what it will not wait.
+func TestSlowSite(t *testing.T) {
+	d, err := localproxy.NewDaemon(localproxy.DaemonOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Close() })
+	api := httptest.NewServer(d.Handler())
+	defer api.Close()
+
+	start := time.Now()
+	resp, err := http.Get(api.URL + "/slow?seconds=0.2")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
+
+	for _, q := range []string{"seconds=31", "seconds=-1", "seconds=soon"} {
+		resp, err := http.Get(api.URL + "/slow?" + q)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, q)
+	}
+}
