@@ -42,7 +42,7 @@ func main() {
 		defer tc.Close()
 		if *discoveryURL != "" {
 			// From the environment only, so it never shows in a process listing.
-			opts.Demand = dclient.New(*discoveryURL, os.Getenv("DISCOVERY_TOKEN"))
+			opts.Discovery = dclient.New(*discoveryURL, os.Getenv("DISCOVERY_TOKEN"))
 		}
 		p.Log.Info("operator starting", "temporal", temporal.Address, "taskQueue", opts.TaskQueue, "leaderElect", opts.LeaderElection)
 		return controller.Run(ctx, opts, tc, p.LogHandler)

@@ -46,9 +46,12 @@ const (
 	ReasonWithinRange      = "DesiredWithinRange"
 )
 
-// DemandSource answers a selector's demand: discovery's client, or a test's stand-in.
-type DemandSource interface {
+// Discovery is what the operator reads of discovery: a pool's demand (the autoscaler), and
+// the leases and rests of its proxies (the order a pool gives them up in). Discovery's Go
+// client is one; tests stand in for it.
+type Discovery interface {
 	Demand(ctx context.Context, selector map[string]string) (*dclient.Demand, error)
+	ListProxies(ctx context.Context, selector map[string]string, healthy *bool) (*dclient.ProxyList, error)
 }
 
 // Autoscaler sizes each pool with spec.autoscale by its demand, every Interval.
@@ -56,7 +59,7 @@ type Autoscaler struct {
 	Client ctrlclient.Client
 	Events events.EventRecorder
 	// Demand reads discovery; nil marks every autoscaled pool ScalingActive=False.
-	Demand   DemandSource
+	Demand   Discovery
 	Interval time.Duration
 	// Namespace, when set, limits it to that namespace's pools (an operator watching one
 	// namespace; tests that share a cluster).

@@ -24,12 +24,23 @@ import (
 	"github.com/proxyfleet/proxyfleet/operator/controller"
 )
 
-// demandStub answers the demand the test sets, and remembers what it was asked.
+// demandStub answers the demand and the listing the test sets, and remembers what it was
+// asked.
 type demandStub struct {
-	mu     sync.Mutex
-	demand int
-	err    error
-	asked  []map[string]string
+	mu      sync.Mutex
+	demand  int
+	err     error
+	asked   []map[string]string
+	proxies []dclient.ListedProxy
+}
+
+func (d *demandStub) ListProxies(_ context.Context, sel map[string]string, _ *bool) (*dclient.ProxyList, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.err != nil {
+		return nil, d.err
+	}
+	return &dclient.ProxyList{Proxies: d.proxies, Count: len(d.proxies)}, nil
 }
 
 func (d *demandStub) set(n int, err error) {

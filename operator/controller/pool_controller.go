@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,8 +23,10 @@ import (
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
@@ -62,6 +65,9 @@ type PoolReconciler struct {
 	// Recheck is how soon a pool whose Proxies are still being deleted is looked at again
 	// besides their own events (default 10s).
 	Recheck time.Duration
+	// Discovery, when set, is asked the leases and rests of a shrinking pool's proxies, so
+	// that those crawlers use least go first.
+	Discovery Discovery
 }
 
 // SetupWithManager registers the controller: it follows the pools and every change of
@@ -123,9 +129,16 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	}
 	in := poolInput{desired: desired, surge: surge, unavailable: unavailable}
 	byName := map[string]*v1alpha1.Proxy{}
+	active := 0
 	for _, p := range owned {
 		byName[p.Name] = p
 		in.members = append(in.members, memberOf(&pool, p, hash))
+		if p.DeletionTimestamp == nil {
+			active++
+		}
+	}
+	if active > desired {
+		r.addUse(ctx, &pool, in.members)
 	}
 	plan := planPool(in)
 
@@ -160,6 +173,41 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{}, nil
+}
+
+// addUse gives members discovery's count of their leases and rests, for a scale-down to
+// give up those crawlers use least. Without an answer within a few seconds the pool
+// shrinks by what Kubernetes knows (ready, healthy, age): a scale-down is not held up by
+// discovery.
+func (r *PoolReconciler) addUse(ctx context.Context, pool *v1alpha1.ProxyPool, members []member) {
+	if r.Discovery == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	list, err := r.Discovery.ListProxies(ctx, poolSelector(pool), nil)
+	if err != nil {
+		log.FromContext(ctx).Info("discovery did not list the pool's proxies: shrinking without their leases", "error", err)
+		return
+	}
+	byName := map[string]dclient.ListedProxy{}
+	for _, p := range list.Proxies {
+		if p.Namespace == pool.Namespace {
+			byName[p.Name] = p
+		}
+	}
+	for i := range members {
+		p, ok := byName[members[i].name]
+		if !ok {
+			continue
+		}
+		members[i].leases = p.ActiveLeases
+		members[i].resting = len(p.Cooldowns)
+		if _, all := p.Cooldowns["*"]; all {
+			// Resting for every site: of no use to any crawler until it ends.
+			members[i].resting = math.MaxInt32
+		}
+	}
 }
 
 // reconcileDelete deletes the pool's Proxies and lets the pool go once none is left. Each

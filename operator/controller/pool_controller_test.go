@@ -2,6 +2,7 @@ package controller_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
+	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 	"github.com/proxyfleet/proxyfleet/operator/controller"
@@ -32,10 +34,16 @@ import (
 // startPoolController runs the pool controller in a manager of its own, and returns that
 // manager (whose event recorder sends events while it runs).
 func startPoolController(t *testing.T) manager.Manager {
+	return startPoolControllerWith(t, nil)
+}
+
+// startPoolControllerWith is startPoolController asking d of the proxies' leases.
+func startPoolControllerWith(t *testing.T, d controller.Discovery) manager.Manager {
 	t.Helper()
 	mgr := testManager(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &controller.PoolReconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("proxyfleet-operator"), Recheck: 200 * time.Millisecond}
+	r := &controller.PoolReconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("proxyfleet-operator"), Recheck: 200 * time.Millisecond,
+		Discovery: d}
 	require.NoError(t, r.SetupWithManager(mgr))
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
@@ -164,6 +172,49 @@ func TestPoolKeepsItsCount(t *testing.T) {
 
 	scale(t, ns, "eu", 0)
 	require.Eventually(t, func() bool { return len(members(t, ns, "eu")) == 0 }, 20*time.Second, 50*time.Millisecond)
+}
+
+// TestPoolShrinksWhereCrawlersAreFewest: asked for its proxies' use, a shrinking pool
+// gives up first the proxy resting for a site, then the one holding no lease, and keeps
+// the one crawlers hold most; a discovery that cannot answer holds nothing up.
+func TestPoolShrinksWhereCrawlersAreFewest(t *testing.T) {
+	k := testenv.Kube(t)
+	ctx := context.Background()
+	d := &demandStub{}
+	startPoolControllerWith(t, d)
+	ns := namespace(t)
+	pl := pool(ns, "eu", 4)
+	require.NoError(t, k.Client.Create(ctx, pl))
+	require.Eventually(t, func() bool { return len(members(t, ns, "eu")) == 4 }, 20*time.Second, 50*time.Millisecond)
+	for _, p := range members(t, ns, "eu") {
+		serve(t, &p, v1alpha1.PhaseReady)
+	}
+	listed := func(name string, leases int, rests ...string) dclient.ListedProxy {
+		p := dclient.ListedProxy{Proxy: dclient.Proxy{Name: name, Namespace: ns}, Healthy: true, ActiveLeases: leases, MaxLeases: 4}
+		for _, site := range rests {
+			if p.Cooldowns == nil {
+				p.Cooldowns = map[string]time.Time{}
+			}
+			p.Cooldowns[site] = time.Now().Add(time.Hour)
+		}
+		return p
+	}
+	d.mu.Lock()
+	d.proxies = []dclient.ListedProxy{
+		listed("eu-0", 1), listed("eu-1", 0), listed("eu-2", 4, "shop.example"), listed("eu-3", 3),
+		// Another namespace's proxy of the same name is not the pool's.
+		{Proxy: dclient.Proxy{Name: "eu-3", Namespace: "elsewhere"}, ActiveLeases: 0},
+	}
+	d.mu.Unlock()
+	scale(t, ns, "eu", 2)
+	require.Eventually(t, func() bool { return len(activeMembers(t, ns, "eu")) == 2 }, 20*time.Second, 50*time.Millisecond)
+	assert.Equal(t, []string{"eu-0", "eu-3"}, names(activeMembers(t, ns, "eu")), "the banned one and the idle one went")
+
+	d.set(0, errors.New("connection refused"))
+	scale(t, ns, "eu", 1)
+	require.Eventually(t, func() bool { return len(activeMembers(t, ns, "eu")) == 1 }, 20*time.Second, 50*time.Millisecond,
+		"without discovery the pool still shrinks, by age")
+	assert.Equal(t, []string{"eu-3"}, names(activeMembers(t, ns, "eu")))
 }
 
 // TestPoolRollsWithinItsSurge: a template change reaches the pool's Proxies at most

@@ -33,6 +33,10 @@ type member struct {
 	replacing bool
 	// deleting: it has a deletion time; it still exists until its instances are gone.
 	deleting bool
+	// leases and resting are discovery's: the crawler leases it holds, and the sites it
+	// rests for after bans or rate limits (every site counting as one more than any).
+	// Zero when discovery was not asked (the pool does not shrink) or did not answer.
+	leases, resting int
 }
 
 // poolInput is what the plan is made from.
@@ -132,11 +136,14 @@ func planPool(in poolInput) poolPlan {
 }
 
 // lessUseful orders members from the one to give up first: not ready, then unhealthy,
-// then the oldest. (Leases and cooldowns are discovery's and not yet counted here.)
+// then resting for the most sites (banned where crawlers go), then holding the fewest
+// leases (the fewest crawlers cut off), then the oldest.
 func lessUseful(a, b member) int {
 	return cmp.Or(
 		cmpBool(!a.ready, !b.ready),
 		cmpBool(a.unhealthy, b.unhealthy),
+		cmp.Compare(b.resting, a.resting),
+		cmp.Compare(a.leases, b.leases),
 		a.created.Compare(b.created),
 		strings.Compare(a.name, b.name),
 	)

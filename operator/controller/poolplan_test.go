@@ -58,6 +58,22 @@ func TestPlanPoolCounts(t *testing.T) {
 		assert.Equal(t, []string{"eu-6", "eu-5", "eu-0"}, planPool(poolInput{desired: 1, members: members}).remove,
 			"then the oldest")
 	})
+	t.Run("of the Ready ones, those resting for the most sites go first, then those with the fewest leases", func(t *testing.T) {
+		busy := readyMember(0)
+		busy.leases = 4
+		idle := readyMember(1)
+		banned := readyMember(2)
+		banned.leases, banned.resting = 4, 3
+		bannedOnce := readyMember(3)
+		bannedOnce.leases, bannedOnce.resting = 1, 1
+		lightly := readyMember(4)
+		lightly.leases = 1
+		notReady := readyMember(5)
+		notReady.ready, notReady.leases = false, 4
+		members := []member{busy, idle, banned, bannedOnce, lightly, notReady}
+		assert.Equal(t, []string{"eu-5", "eu-2", "eu-3", "eu-1", "eu-4"}, planPool(poolInput{desired: 1, members: members}).remove,
+			"not ready first whatever it holds; then resting for 3 sites, for 1; then 0 leases, 1 lease; the busiest stays")
+	})
 	t.Run("a scale-down waits for nothing and rolls nothing", func(t *testing.T) {
 		p := planPool(poolInput{desired: 1, surge: 5, members: []member{outdatedMember(0), outdatedMember(1)}})
 		assert.Equal(t, []string{"eu-0"}, p.remove)

@@ -35,10 +35,11 @@ type Options struct {
 	// stopped and starts it again (ProxyReconciler.Resync). 0 is DefaultResyncInterval; a
 	// negative value turns the resync off.
 	ResyncInterval time.Duration
-	// Demand reads pools' demand from discovery for the autoscaler (nil: pools with
-	// spec.autoscale keep their size, and say why); AutoscaleInterval is how often (0:
-	// DefaultAutoscaleInterval).
-	Demand            DemandSource
+	// Discovery is read for pools' demand by the autoscaler (nil: pools with
+	// spec.autoscale keep their size, and say why) and for their proxies' leases and rests
+	// when a pool shrinks (nil: the least useful go first without them);
+	// AutoscaleInterval is how often the autoscaler looks (0: DefaultAutoscaleInterval).
+	Discovery         Discovery
 	AutoscaleInterval time.Duration
 }
 
@@ -54,12 +55,12 @@ func Setup(ctx context.Context, mgr manager.Manager, tc Temporal, opts Options) 
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
-	pools := &PoolReconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("proxyfleet-operator")}
+	pools := &PoolReconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("proxyfleet-operator"), Discovery: opts.Discovery}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := mgr.Add(&Autoscaler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("proxyfleet-operator"),
-		Demand: opts.Demand, Interval: opts.AutoscaleInterval}); err != nil {
+		Demand: opts.Discovery, Interval: opts.AutoscaleInterval}); err != nil {
 		return err
 	}
 	interval := opts.ResyncInterval
