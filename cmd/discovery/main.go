@@ -50,7 +50,7 @@ func main() {
 	flag.IntVar(&cfg.Gateway.Attempts, "gateway-attempts", gateway.DefaultAttempts,
 		"fleet proxies one gateway request or tunnel tries when a proxy refuses before anything was sent")
 	flag.DurationVar(&cfg.Gateway.Wait, "gateway-wait", gateway.DefaultWait,
-		"how long a gateway request or tunnel waits for a slot when every proxy that could take it is full or resting (0: the default; negative: answer 503 at once)")
+		"how long a gateway request or tunnel waits for a proxy when none can take it now (every one full or resting, or none matching or healthy yet) (0: the default; negative: answer 503 at once)")
 	flag.DurationVar(&cfg.Gateway.GrowWait, "gateway-grow-wait", gateway.DefaultGrowWait,
 		"how long a gateway request or tunnel waits when no proxy matches it yet, or none is healthy, but a ProxyPool's autoscaler watches the proxies it asks for (a pool scaled to zero starting one)")
 	flag.DurationVar(&cfg.Gateway.LeaseTTL, "gateway-lease-ttl", gateway.DefaultLeaseTTL,

@@ -54,14 +54,16 @@ type Config struct {
 	// ResponseHeaderTimeout bounds the wait for a plain answer's headers, and any silence
 	// of the site in its body after them (default 1m).
 	ResponseHeaderTimeout time.Duration
-	// Wait is how long a request or tunnel waits for a proxy to free a slot when every
-	// one that could take it is at capacity or resting (default 10s; negative: not at
-	// all). A crawler's tool seldom honours Retry-After on a proxy's 503, and slots free
-	// up as other requests end, so a short wait here turns a refusal into a delay.
+	// Wait is how long a request or tunnel waits for a proxy when none can take it now:
+	// every one that could is at capacity or resting, or none matches yet or is healthy
+	// (default 10s; negative: not at all). A crawler's tool seldom honours Retry-After on a
+	// proxy's 503, and slots free up as other requests end, so a short wait here turns a
+	// refusal into a delay.
 	Wait time.Duration
 	// GrowWait is how long a request or tunnel waits instead, when no proxy can take it
 	// because none matches it yet or none is healthy, and the proxies it asks for may
-	// grow: their selector is watched (a ProxyPool's autoscaler asks its demand). A pool
+	// grow: their selector is watched (a ProxyPool's autoscaler asks its demand), now or
+	// by the end of Wait. A pool
 	// scaled to zero then serves its first request once it has started a proxy, rather
 	// than refusing it (default 2m; a crawler's own timeout, Scrapy's 3 minutes, is
 	// longer; negative: not at all).
@@ -527,26 +529,50 @@ func (g *Gateway) leaseFor(ctx context.Context, x *exchange) (*discovery.LeaseRe
 	return l, nil
 }
 
-// waitForSlot waits up to Wait for a lease the store refused with refusal, while every
-// proxy that could take it is full or resting (or the client holds its cap): slots free
-// up as requests and tunnels end. When none matches or none is healthy, it waits (up to
-// GrowWait) only for proxies that may grow (MayGrow): a pool the autoscaler is starting
-// one for. It waits as the API's acquires do, in their queue, passing over the proxies it
-// tried; freed is the store's count of freeing changes before the refused grant. It
-// returns the last refusal if none came free.
+// waitForSlot waits up to Wait for a lease the store refused with refusal: a proxy that
+// could take it may free a slot (every one full or resting, or the client at its cap) or
+// turn up (none matches yet, or none is healthy). When the proxies it asks for may grow
+// (MayGrow: a pool's autoscaler watches them), it waits up to GrowWait instead, counting as
+// that pool's demand meanwhile; a request that began waiting before the autoscaler first
+// looked at a new pool goes on waiting once it has. It waits as the API's acquires do, in
+// their queue, passing over the proxies it tried; freed is the store's count of freeing
+// changes before the refused grant. It returns the last refusal if none came.
 func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, freed uint64) (*discovery.LeaseResponse, error) {
 	want := x.want(g.cfg.LeaseTTL)
-	wait, worth := g.cfg.Wait, worthWaiting
-	if g.cfg.GrowWait > 0 && discovery.NoMatchOf(refusal) != nil && !worthWaiting(refusal) && g.ops.MayGrow(want.Selector) {
-		wait = max(wait, g.cfg.GrowWait)
-		worth = func(err error) bool { return discovery.NoMatchOf(err) != nil || worthWaiting(err) }
-	}
-	if wait < 0 || !worth(refusal) {
+	if !worthWaiting(refusal) && !mayAppear(refusal) {
 		return nil, refusal
 	}
-	g.metrics.waits.Inc()
-	return g.ops.WaitForProxy(ctx, want, wait, refusal, freed,
-		discovery.Waiting{Skip: x.skip, Worth: worth, Poll: g.waitPoll})
+	worth := func(err error) bool { return worthWaiting(err) || mayAppear(err) }
+	start, counted := time.Now(), false
+	for {
+		limit := g.cfg.Wait
+		grows := g.cfg.GrowWait > 0 && mayAppear(refusal) && g.ops.MayGrow(want.Selector)
+		if grows {
+			limit = max(limit, g.cfg.GrowWait)
+		}
+		left := limit - time.Since(start)
+		if limit < 0 || left <= 0 {
+			return nil, refusal
+		}
+		if !counted {
+			g.metrics.waits.Inc()
+			counted = true
+		}
+		l, err := g.ops.WaitForProxy(ctx, want, left, refusal, freed,
+			discovery.Waiting{Skip: x.skip, Worth: worth, Poll: g.waitPoll})
+		if err == nil || ctx.Err() != nil || grows || !mayAppear(err) || !g.ops.MayGrow(want.Selector) {
+			return l, err
+		}
+		// Watched since the wait began: wait on, up to GrowWait in all.
+		refusal, freed = err, g.ops.Freed()
+	}
+}
+
+// mayAppear says whether a refusal was for want of any proxy that could take the request
+// (none matches, or none is healthy): one may come, or heal, while the request waits.
+func mayAppear(err error) bool {
+	nm := discovery.NoMatchOf(err)
+	return nm != nil && nm.AtCapacity == 0 && nm.InCooldown == 0
 }
 
 // worthWaiting says whether a refused grant may succeed soon by itself: some matching

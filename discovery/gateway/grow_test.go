@@ -55,3 +55,38 @@ func TestGatewayWaitsForAPoolToGrow(t *testing.T) {
 	assert.Equal(t, 1, d.Held)
 	assert.Zero(t, d.Waiting)
 }
+
+// TestGatewayWaitsOnOnceAPoolIsWatched: a tunnel for proxies that do not exist waits the
+// gateway's short wait; when the selector becomes watched meanwhile (an autoscaler's first
+// look at a pool created a moment before the crawl), it waits on past that wait, and is
+// opened through the proxy the pool starts. Unwatched, it is refused after the short wait.
+func TestGatewayWaitsOnOnceAPoolIsWatched(t *testing.T) {
+	var first discovery.Proxy
+	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *gateway.Config, fleet []discovery.Proxy) {
+		first = fleet[0]
+		g.Wait, g.GrowWait = 300*time.Millisecond, 30*time.Second
+	})
+	host := strings.TrimPrefix(e.site.URL, "http://")
+	api := httptest.NewServer(e.srv.Handler())
+	defer api.Close()
+	c := dclient.New(api.URL, gwToken)
+	ctx := context.Background()
+
+	assert.Equal(t, http.StatusServiceUnavailable, status(t, e.connectAsync(gwClient+";pool=typo", host), "unwatched"),
+		"a selector nothing will grow is refused after the short wait")
+
+	got := e.connectAsync(gwClient+";pool=late", host)
+	require.Eventually(t, func() bool { return e.metric("proxyfleet_gateway_waits_total") == 2 }, 10*time.Second, 5*time.Millisecond)
+	// The autoscaler's first look: the selector is watched from now on.
+	_, err := c.Demand(ctx, map[string]string{"pool": "late"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		d, err := c.Demand(ctx, map[string]string{"pool": "late"})
+		return err == nil && d.Refused == 1 && d.Waiting == 1
+	}, 10*time.Second, 5*time.Millisecond, "the short wait ran out, and the tunnel waits on")
+
+	grown := first
+	grown.Name, grown.Attributes = "late-0", map[string]string{"pool": "late"}
+	e.store.Upsert(grown)
+	assert.Equal(t, http.StatusOK, status(t, got, "the tunnel, once the pool has a proxy"))
+}
