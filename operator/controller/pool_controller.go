@@ -364,6 +364,11 @@ func applyTemplate(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, hash string) {
 		maps.Copy(p.Annotations, t.Metadata.Annotations)
 	}
 	p.Spec = *t.Spec.DeepCopy()
+	if l := p.Spec.Lifecycle; l != nil && l.MaxAge != nil {
+		if age, err := l.MaxAge.ParseDuration(0); err == nil && age > 0 {
+			l.MaxAge = ptr.To(v1alpha1.Duration(staggeredMaxAge(age, memberIndex(pool.Name, p.Name)).String()))
+		}
+	}
 }
 
 // templateHash names a template: Proxies built from an older one are rolled.

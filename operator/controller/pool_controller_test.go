@@ -3,6 +3,8 @@ package controller_test
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"fmt"
 	"sort"
 	"testing"
@@ -215,6 +217,42 @@ func TestPoolShrinksWhereCrawlersAreFewest(t *testing.T) {
 	require.Eventually(t, func() bool { return len(activeMembers(t, ns, "eu")) == 1 }, 20*time.Second, 50*time.Millisecond,
 		"without discovery the pool still shrinks, by age")
 	assert.Equal(t, []string{"eu-3"}, names(activeMembers(t, ns, "eu")))
+}
+
+// TestPoolStaggersMaxAge: a template with lifecycle.maxAge gives each Proxy of the pool a
+// maxAge of its own, so instances created together do not come due together; a template
+// change keeps each one's.
+func TestPoolStaggersMaxAge(t *testing.T) {
+	k := testenv.Kube(t)
+	ctx := context.Background()
+	startPoolController(t)
+	ns := namespace(t)
+	pl := pool(ns, "eu", 3)
+	pl.Spec.Template.Spec.Lifecycle = &v1alpha1.Lifecycle{MaxAge: ptr.To(v1alpha1.Duration("24h"))}
+	require.NoError(t, k.Client.Create(ctx, pl))
+	require.Eventually(t, func() bool { return len(members(t, ns, "eu")) == 3 }, 20*time.Second, 50*time.Millisecond)
+	ages := map[string]string{}
+	for _, p := range members(t, ns, "eu") {
+		age, err := p.Spec.Lifecycle.MaxAge.ParseDuration(0)
+		require.NoError(t, err)
+		assert.LessOrEqual(t, age, 24*time.Hour)
+		assert.Greater(t, age, 19*time.Hour)
+		ages[p.Name] = string(*p.Spec.Lifecycle.MaxAge)
+	}
+	assert.Len(t, slices.Compact(slices.Sorted(maps.Values(ages))), 3, "three Proxies, three ages: %v", ages)
+
+	editPool(t, pl, func(p *v1alpha1.ProxyPool) { p.Spec.Template.Spec.MaxLeases = 7 })
+	var updated *v1alpha1.Proxy
+	require.Eventually(t, func() bool {
+		for _, p := range members(t, ns, "eu") {
+			if p.Spec.MaxLeases == 7 {
+				updated = &p
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second, 50*time.Millisecond, "the rollout gives a Proxy the new template")
+	assert.Equal(t, ages[updated.Name], string(*updated.Spec.Lifecycle.MaxAge), "with its own maxAge kept")
 }
 
 // TestPoolRollsWithinItsSurge: a template change reaches the pool's Proxies at most

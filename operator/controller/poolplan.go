@@ -2,6 +2,7 @@ package controller
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -184,4 +185,28 @@ func budget(v *intstr.IntOrString, desired int, roundUp bool) (int, error) {
 		v = ptr.To(intstr.FromString("25%"))
 	}
 	return intstr.GetScaledValueFromIntOrPercent(v, desired, roundUp)
+}
+
+// maxAgeSpread is the share of maxAge by which a pool's Proxies differ: a pool's instances
+// are created together, and with one maxAge they would all come due together, and be
+// replaced at once.
+const maxAgeSpread = 0.2
+
+// minMaxAge is the shortest maxAge the API admits.
+const minMaxAge = 10 * time.Minute
+
+// staggeredMaxAge is the maxAge the pool's n-th Proxy gets for the template's age: between
+// (1 − maxAgeSpread) × age and age, the n-th point of the golden-ratio sequence, which
+// spreads any number of consecutive indexes evenly over the range (a pool that grows
+// needs no other member changed), in whole seconds and never under the API's minimum.
+// Instances made at the same moment so come due apart; a Proxy's first replacement takes
+// its own period from then on.
+func staggeredMaxAge(age time.Duration, n int) time.Duration {
+	if n < 0 {
+		return age
+	}
+	const invPhi = 0.6180339887498949
+	frac := math.Mod(float64(n)*invPhi, 1)
+	d := time.Duration(float64(age) * (1 - maxAgeSpread*frac)).Truncate(time.Second)
+	return max(d, min(age, minMaxAge))
 }

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -205,4 +206,30 @@ func TestPlanPoolAtItsLargest(t *testing.T) {
 	}
 	p = planPool(poolInput{desired: 0, members: members})
 	assert.Len(t, p.remove, n/2)
+}
+
+// TestStaggeredMaxAge: a pool's Proxies get maxAges apart from each other, within the last
+// fifth of the template's, whole seconds, never above the template's nor under the API's
+// minimum; and growing the pool changes none of the ages already given.
+func TestStaggeredMaxAge(t *testing.T) {
+	day := 24 * time.Hour
+	var ages []time.Duration
+	for n := range 200 {
+		a := staggeredMaxAge(day, n)
+		assert.LessOrEqual(t, a, day)
+		assert.GreaterOrEqual(t, a, day*8/10)
+		assert.Zero(t, a%time.Second)
+		ages = append(ages, a)
+	}
+	assert.Equal(t, day, ages[0], "the first keeps the template's age")
+	// Of any ten consecutive members, no two come due within a minute of each other.
+	for start := 0; start+10 <= len(ages); start++ {
+		w := slices.Clone(ages[start : start+10])
+		slices.Sort(w)
+		for i := 1; i < len(w); i++ {
+			require.Greater(t, w[i]-w[i-1], time.Minute, "members %d..%d", start, start+9)
+		}
+	}
+	assert.Equal(t, minMaxAge, staggeredMaxAge(11*time.Minute, 1), "never under the API's minimum")
+	assert.Equal(t, day, staggeredMaxAge(day, -1), "a name the pool would not give keeps the template's")
 }
