@@ -136,6 +136,8 @@ func (s *Server) waitForSlot(ctx context.Context, w Want, wait time.Duration, re
 	defer poll.Stop()
 	me := s.waiters.Join(w.Selector)
 	defer s.waiters.Leave(me)
+	// Waiting now, and counted as such: a refusal of its client's is demand no more.
+	s.forgetRefusal(w)
 	// A change between the refusal and join woke nobody for this acquire: look again.
 	again := s.store.Freed() != freed
 	// The store's count at the last look, and when the refusal said a proxy frees up by

@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,13 +25,18 @@ const (
 	// RefusalWindow is how long a client refused a lease still counts as demand: a
 	// crawler that does not wait retries, and may be refused again, within it.
 	RefusalWindow = 30 * time.Second
-	// maxRefusals bounds the refusals remembered (one per client and selector).
-	maxRefusals = 4096
+	// maxRefusals bounds the refusals remembered (one per client and selector), and
+	// maxRefusalsPerClient one client's share, so that no client's retry loop pushes the
+	// others' refusals out.
+	maxRefusals          = 4096
+	maxRefusalsPerClient = 64
 	// watchFor is how long a selector stays watched after its demand was last asked:
 	// several of an autoscaler's periods, so a slow one does not drop out between looks.
 	watchFor = 10 * time.Minute
-	// maxWatched bounds the selectors watched, and so the demand metrics' series.
-	maxWatched = 128
+	// maxWatched bounds the selectors watched, and so the demand metrics' series. When it
+	// is full, the selector watched the shortest while makes room: pools an autoscaler has
+	// asked about for hours are not pushed out by a burst of new selectors.
+	maxWatched = 1024
 )
 
 // Demand is the demand on the proxies a selector describes, as GET /v1/demand answers it.
@@ -78,23 +84,33 @@ func (d *Demand) Add(p DemandPart) {
 type demandBook struct {
 	mu       sync.Mutex
 	refusals *lru[string, refusal]
-	watched  map[string]watched
+	// perClient counts each client's refusals in refusals.
+	perClient map[string]int
+	// held is len(refusals), read without the lock by grants, which forget a refusal
+	// only when there may be one.
+	held    atomic.Int64
+	watched map[string]watched
 }
 
 type refusal struct {
-	want Selector
-	at   time.Time
+	client string
+	want   Selector
+	at     time.Time
 }
 
 type watched struct {
-	sel   Selector
-	until time.Time
+	sel Selector
+	// since is when the selector was first asked; until is when it stops being watched.
+	since, until time.Time
 }
 
+func refusalKey(w Want) string { return w.Client + "\x00" + w.Selector.Key() }
+
 // noteRefusal remembers that w's client was refused a lease no proxy could take (a
-// NoMatch): demand a pool that could serve it may grow for.
+// NoMatch), when the proxies it asked for may grow (MayGrow): demand for a pool. Refusals
+// for what nothing sizes are nobody's demand and are not kept.
 func (s *Server) noteRefusal(w Want, err error) {
-	if NoMatchOf(err) == nil {
+	if NoMatchOf(err) == nil || !s.MayGrow(w.Selector) {
 		return
 	}
 	b := &s.demand
@@ -102,12 +118,53 @@ func (s *Server) noteRefusal(w Want, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.refusals == nil {
-		b.refusals = newLRU[string, refusal]()
+		b.refusals, b.perClient = newLRU[string, refusal](), map[string]int{}
 	}
-	b.refusals.put(w.Client+"\x00"+w.Selector.Key(), refusal{want: w.Selector, at: now})
+	b.pruneLocked(now.Add(-RefusalWindow))
+	key := refusalKey(w)
+	if _, ok := b.refusals.get(key); !ok {
+		if b.perClient[w.Client] >= maxRefusalsPerClient {
+			return
+		}
+		b.perClient[w.Client]++
+	}
+	b.refusals.put(key, refusal{client: w.Client, want: w.Selector, at: now})
 	for b.refusals.len() > maxRefusals {
-		b.refusals.remove(b.refusals.oldest())
+		b.removeLocked(b.refusals.oldest())
 	}
+	b.held.Store(int64(b.refusals.len()))
+}
+
+// NoteRefusal is noteRefusal for the gateway's refusals that did not wait.
+func (s *Server) NoteRefusal(w Want, err error) { s.noteRefusal(w, err) }
+
+// forgetRefusal drops w's client's refusal for w's selector: it is served now, or waits,
+// and counts as held or waiting instead.
+func (s *Server) forgetRefusal(w Want) {
+	b := &s.demand
+	if b.held.Load() == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if it, ok := b.refusals.get(refusalKey(w)); ok {
+		b.removeLocked(it)
+		b.held.Store(int64(b.refusals.len()))
+	}
+}
+
+// pruneLocked drops the refusals older than cutoff: the least recently refused are last.
+func (b *demandBook) pruneLocked(cutoff time.Time) {
+	for it := b.refusals.oldest(); it != nil && !it.val.at.After(cutoff); it = b.refusals.oldest() {
+		b.removeLocked(it)
+	}
+}
+
+func (b *demandBook) removeLocked(it *lruItem[string, refusal]) {
+	if b.perClient[it.val.client]--; b.perClient[it.val.client] <= 0 {
+		delete(b.perClient, it.val.client)
+	}
+	b.refusals.remove(it)
 }
 
 // DemandPart is this replica's own part of sel's demand; asking watches sel.
@@ -153,10 +210,10 @@ func (s *Store) supply(sel Selector, d *Demand) {
 	d.Held, d.LeasedProxies = v.leases, v.leased
 }
 
-// watch keeps sel watched for watchFor from now. When the book is full, the selector
-// watched the shortest while from now makes room.
+// watch keeps sel watched for watchFor from now. When the book is full, one that has ended
+// or else the selector watched the shortest while (first asked last) makes room.
 func (s *Server) watch(sel Selector) {
-	until := s.store.Now().Add(watchFor)
+	now := s.store.Now()
 	b := &s.demand
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -164,16 +221,25 @@ func (s *Server) watch(sel Selector) {
 		b.watched = map[string]watched{}
 	}
 	key := sel.Key()
-	if _, ok := b.watched[key]; !ok && len(b.watched) >= maxWatched {
-		first := ""
-		for k, w := range b.watched {
-			if first == "" || w.until.Before(b.watched[first].until) {
-				first = k
+	w, ok := b.watched[key]
+	if !ok {
+		if len(b.watched) >= maxWatched {
+			newest := ""
+			for k, x := range b.watched {
+				if !x.until.After(now) {
+					newest = k // ended already: room at no one's cost
+					break
+				}
+				if newest == "" || x.since.After(b.watched[newest].since) {
+					newest = k
+				}
 			}
+			delete(b.watched, newest)
 		}
-		delete(b.watched, first)
+		w = watched{sel: sel, since: now}
 	}
-	b.watched[key] = watched{sel: sel, until: until}
+	w.until = now.Add(watchFor)
+	b.watched[key] = w
 }
 
 // watchedNow are the selectors watched now.

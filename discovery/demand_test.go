@@ -84,14 +84,15 @@ func TestDemandCountsWhatAPoolCouldServe(t *testing.T) {
 
 // TestDemandWatchesAreBounded: a selector asked about is exported for ten minutes after
 // the last ask, and no more than a bounded number of selectors are, however many are
-// asked about: the metric's series stay bounded.
+// asked about: the metric's series stay bounded, and the selectors watched longest stay.
 func TestDemandWatchesAreBounded(t *testing.T) {
 	h := newWaitHarness(t, defaultConfig(), poolFleet()...)
 	c := h.client()
 	ctx := context.Background()
-	for i := range 500 {
+	for i := range 1500 {
 		_, err := c.Demand(ctx, map[string]string{"pool": fmt.Sprintf("p%d", i)})
 		require.NoError(t, err)
+		h.clock.Advance(100 * time.Millisecond)
 	}
 	series := func() int {
 		mfs, err := h.reg.Gather()
@@ -105,10 +106,12 @@ func TestDemandWatchesAreBounded(t *testing.T) {
 	}
 	n := series()
 	assert.Positive(t, n)
-	assert.LessOrEqual(t, n, 128)
-	// The last asked is among them.
-	assert.Equal(t, 0.0, metricValue(t, h.reg, "proxyfleet_discovery_demand_capacity_leases", "selector", "pool=p499"))
-	assert.Contains(t, selectorsExported(t, h), "pool=p499")
+	assert.LessOrEqual(t, n, 1024)
+	// The first asked (watched the longest) are kept; the last asked took the place of
+	// the one before it.
+	assert.Contains(t, selectorsExported(t, h), "pool=p0")
+	assert.Contains(t, selectorsExported(t, h), "pool=p1499")
+	assert.NotContains(t, selectorsExported(t, h), "pool=p1498")
 
 	h.clock.Advance(11 * time.Minute)
 	assert.Zero(t, series(), "watches end ten minutes after the last ask")
@@ -146,11 +149,14 @@ func TestDemandAcrossReplicas(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return rs.Nodes[1].Store.Stats().Leases == 4 && rs.Nodes[2].Store.Stats().Leases == 4 },
 		10*time.Second, 5*time.Millisecond)
+	// The autoscaler's look watches the pool on every replica: refusals count from then.
+	_, err := rs.Client(0).Demand(ctx, euPool)
+	require.NoError(t, err)
 	waitCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	w := acquireAsync(waitCtx, rs.Client(1), dclient.AcquireRequest{Selector: euPool, Wait: 30 * time.Second})
 	require.Eventually(t, func() bool { return rs.Nodes[1].API.Waiting() == 1 }, 10*time.Second, 5*time.Millisecond)
-	_, err := rs.Client(2).Acquire(ctx, dclient.AcquireRequest{Selector: euPool})
+	_, err = rs.Client(2).Acquire(ctx, dclient.AcquireRequest{Selector: euPool})
 	require.True(t, dclient.IsNoMatch(err), "%v", err)
 
 	d, err := rs.Client(0).Demand(ctx, euPool)

@@ -23,6 +23,15 @@ import (
 
 // Grant leases a proxy for w, passing over the proxies except names (when not nil).
 func (s *Server) Grant(ctx context.Context, w Want, except func(string) bool) (*LeaseResponse, error) {
+	resp, err := s.grant(ctx, w, except)
+	if err == nil {
+		// Served now: a refusal of its client's for the same proxies is demand no more.
+		s.forgetRefusal(w)
+	}
+	return resp, err
+}
+
+func (s *Server) grant(ctx context.Context, w Want, except func(string) bool) (*LeaseResponse, error) {
 	if s.peers != nil {
 		return s.acquireReplicated(ctx, w, except)
 	}

@@ -224,8 +224,10 @@ type leaseOps interface {
 	// WaitForProxy waits for a lease Grant refused, in the queue the API's waiting
 	// acquires share (discovery.Server.WaitForProxy).
 	WaitForProxy(ctx context.Context, w discovery.Want, wait time.Duration, refusal error, freed uint64, how discovery.Waiting) (*discovery.LeaseResponse, error)
-	// MayGrow says whether the proxies a selector asks for may grow (discovery's demand).
+	// MayGrow says whether the proxies a selector asks for may grow (discovery's demand);
+	// NoteRefusal counts a refusal answered without a wait as demand for them.
 	MayGrow(want discovery.Selector) bool
+	NoteRefusal(w discovery.Want, err error)
 }
 
 var _ leaseOps = (*discovery.Server)(nil)
@@ -542,6 +544,12 @@ func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, f
 	if !worthWaiting(refusal) && !mayAppear(refusal) {
 		return nil, refusal
 	}
+	// A refusal answered without a wait is demand, as an acquire's is (a wait that runs
+	// out is noted where it ends).
+	refuse := func(err error) (*discovery.LeaseResponse, error) {
+		g.ops.NoteRefusal(want, err)
+		return nil, err
+	}
 	worth := func(err error) bool { return worthWaiting(err) || mayAppear(err) }
 	start, counted := time.Now(), false
 	for {
@@ -552,7 +560,7 @@ func (g *Gateway) waitForSlot(ctx context.Context, x *exchange, refusal error, f
 		}
 		left := limit - time.Since(start)
 		if limit < 0 || left <= 0 {
-			return nil, refusal
+			return refuse(refusal)
 		}
 		if !counted {
 			g.metrics.waits.Inc()

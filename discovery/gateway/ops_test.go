@@ -68,6 +68,8 @@ func (m *leaseOpsMock) WaitForProxy(_ context.Context, _ discovery.Want, _ time.
 
 func (m *leaseOpsMock) MayGrow(discovery.Selector) bool { return false }
 
+func (m *leaseOpsMock) NoteRefusal(discovery.Want, error) {}
+
 func (m *leaseOpsMock) releasedIDs() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
