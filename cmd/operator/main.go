@@ -5,7 +5,9 @@ package main
 import (
 	"context"
 	"flag"
+	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"time"
 
@@ -41,6 +43,9 @@ func main() {
 		}
 		defer tc.Close()
 		if *discoveryURL != "" {
+			if err := checkDiscoveryURL(*discoveryURL); err != nil {
+				return err
+			}
 			// From the environment only, so it never shows in a process listing.
 			opts.Discovery = dclient.New(*discoveryURL, os.Getenv("DISCOVERY_TOKEN"))
 		}
@@ -73,4 +78,21 @@ func tuningFlags(fs *flag.FlagSet) *proxyinput.Tuning {
 		fs.DurationVar(f.v, f.name, 0, fmt.Sprintf("%s (0: %s)", f.help, f.d))
 	}
 	return t
+}
+
+// checkDiscoveryURL refuses a --discovery-url the autoscaler could never use, at start
+// rather than in every pool's condition, and one with credentials in it: the token goes in
+// DISCOVERY_TOKEN, never on a command line a process listing shows.
+func checkDiscoveryURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("--discovery-url is not a URL (%v): use http://host:port", errors.Unwrap(err))
+	}
+	if u.User != nil {
+		return fmt.Errorf("--discovery-url %s carries credentials: give the token in DISCOVERY_TOKEN instead", u.Redacted())
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("--discovery-url %s: use http://host:port or https://host:port", u.Redacted())
+	}
+	return nil
 }

@@ -31,3 +31,22 @@ func TestTuningFlags(t *testing.T) {
 	assert.Equal(t, 2*time.Minute, tuning.WithDefaults().DriftInterval, "an unset timing keeps its default")
 	assert.Contains(t, fs.Lookup("tuning-drift-interval").Usage, "(0: 2m0s)", "the help names the default")
 }
+
+// TestDiscoveryURL: a --discovery-url the autoscaler cannot use is refused at start, and
+// the refusal never shows a password put in it.
+func TestDiscoveryURL(t *testing.T) {
+	require.NoError(t, checkDiscoveryURL("http://proxyfleet-discovery.proxyfleet-system.svc:8090"))
+	require.NoError(t, checkDiscoveryURL("https://discovery.example:443/"))
+	for _, bad := range []string{
+		"http://operator:hunter2-secret@discovery:8090",
+		"http://operator:hunter2-secret@discovery:80g90",
+		"discovery:8090",
+		"ftp://discovery:8090",
+		"http://",
+	} {
+		err := checkDiscoveryURL(bad)
+		require.Error(t, err, bad)
+		assert.NotContains(t, err.Error(), "hunter2", bad)
+		assert.Contains(t, err.Error(), "--discovery-url", bad)
+	}
+}

@@ -480,6 +480,10 @@ func (c *Client) doWith(ctx context.Context, hc *http.Client, method, path strin
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {
+		// A URL that does not parse is quoted whole by its error, userinfo and all.
+		if ue, ok := errors.AsType[*url.Error](err); ok {
+			return fmt.Errorf("discovery: %s %s: %v", method, redactURL(ue.URL), ue.Err)
+		}
 		return fmt.Errorf("discovery: %w", err)
 	}
 	req.Header.Set("Accept", "application/json")

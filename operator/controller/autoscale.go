@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -34,6 +35,15 @@ import (
 // DefaultAutoscaleInterval is how often the autoscaler looks at each pool's demand: the
 // most a pool scaled to zero adds to its first request's wait, besides starting a proxy.
 const DefaultAutoscaleInterval = 5 * time.Second
+
+// demandTimeout bounds one pool's demand call: a discovery that does not answer is an
+// unread demand (DemandUnreadable), not a pass that never ends. parallelLooks is how many
+// pools are asked at once, so that one slow answer (a replica set waiting out a hung
+// peer) delays no other pool's look.
+const (
+	demandTimeout = 4 * time.Second
+	parallelLooks = 16
+)
 
 // Reasons of the autoscaler's events and conditions.
 const (
@@ -100,16 +110,22 @@ func (a *Autoscaler) Scale(ctx context.Context) error {
 		return fmt.Errorf("list pools: %w", err)
 	}
 	seen := map[types.UID]bool{}
+	var g errgroup.Group
+	g.SetLimit(parallelLooks)
 	for i := range pools.Items {
 		p := &pools.Items[i]
 		if p.Spec.Autoscale == nil || p.DeletionTimestamp != nil {
 			continue
 		}
 		seen[p.UID] = true
-		if err := a.scaleOne(ctx, p); err != nil && ctx.Err() == nil {
-			log.FromContext(ctx).Error(err, "autoscaling a pool", "pool", p.Namespace+"/"+p.Name)
-		}
+		g.Go(func() error {
+			if err := a.scaleOne(ctx, p); err != nil && ctx.Err() == nil {
+				log.FromContext(ctx).Error(err, "autoscaling a pool", "pool", p.Namespace+"/"+p.Name)
+			}
+			return nil
+		})
 	}
+	_ = g.Wait()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for uid := range a.history {
@@ -147,8 +163,20 @@ func (a *Autoscaler) scaleOne(ctx context.Context, p *v1alpha1.ProxyPool) error 
 		active.Message = "the operator has no --discovery-url: it cannot read the pool's demand, and keeps spec.replicas as it is"
 		return a.writeStatus(ctx, p, active, nil, nil)
 	}
-	d, err := a.Demand.Demand(ctx, poolSelector(p))
+	demandCtx, cancel := context.WithTimeout(ctx, demandTimeout)
+	d, err := a.Demand.Demand(demandCtx, poolSelector(p))
+	cancel()
 	if err != nil {
+		// Unread demand is no demand: the size stays, and counts as wanted now, so that
+		// the first low reading after an outage longer than the delay shrinks nothing
+		// before demand has stayed low for a whole delay.
+		delay, _ := as.ScaleDownDelay.ParseDuration(5 * time.Minute)
+		a.mu.Lock()
+		if a.history == nil {
+			a.history = map[types.UID][]recommendation{}
+		}
+		a.history[p.UID] = remember(a.history[p.UID], a.now(), delay, int(ptr.Deref(p.Spec.Replicas, 1)))
+		a.mu.Unlock()
 		active.Status, active.Reason = metav1.ConditionFalse, ReasonDemandUnreadable
 		active.Message = fmt.Sprintf("discovery did not answer the pool's demand, so spec.replicas stays as it is: %v", err)
 		return errors.Join(err, a.writeStatus(ctx, p, active, nil, nil))

@@ -3,9 +3,9 @@ package controller_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
-	"fmt"
 	"sort"
 	"testing"
 	"time"

@@ -1,6 +1,9 @@
 package controller
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // A pool's autoscaling decision is a pure function of the demand discovery reports, the
 // pool's bounds and what it recommended lately, so that each rule (how many for a demand,
@@ -53,7 +56,11 @@ type scaleDecision struct {
 func decideScale(in scaleInput) scaleDecision {
 	perProxy := max(in.perProxy, 1)
 	target := min(max(in.target, 1), 100)
-	d := scaleDecision{wanted: ceilDiv(max(in.demand, 0)*100, perProxy*target)}
+	// Clamped before the arithmetic: a demand read from discovery is a sum of replicas'
+	// numbers, and one past any pool (MaxPoolReplicas of the most leases a proxy takes)
+	// must hold the pool at its maximum, not overflow into no demand at all.
+	demand := min(max(in.demand, 0), 1<<30)
+	d := scaleDecision{wanted: ceilDiv(demand*100, perProxy*target)}
 	rec := d.wanted
 	switch {
 	case rec > in.max:
@@ -61,23 +68,12 @@ func decideScale(in scaleInput) scaleDecision {
 	case rec < in.min:
 		rec, d.limit = in.min, "min"
 	}
-	cutoff := in.now.Add(-in.delay)
 	if len(in.history) == 0 {
-		d.history = []recommendation{{at: in.now, replicas: min(max(in.current, in.min), in.max)}}
+		d.history = remember(nil, in.now, in.delay, min(max(in.current, in.min), in.max))
 	} else {
-		for _, r := range in.history {
-			if r.at.After(cutoff) {
-				d.history = append(d.history, r)
-			}
-		}
+		d.history = slices.Clone(in.history)
 	}
-	// Only the highest of the window matters: an earlier recommendation no higher than
-	// this one never will again, so the history is a falling staircase, as long as the
-	// distinct sizes recommended in one delay, however long the delay.
-	for len(d.history) > 0 && d.history[len(d.history)-1].replicas <= rec {
-		d.history = d.history[:len(d.history)-1]
-	}
-	d.history = append(d.history, recommendation{at: in.now, replicas: rec})
+	d.history = remember(d.history, in.now, in.delay, rec)
 	d.desired = rec
 	if rec < in.current {
 		highest := d.history[0].replicas
@@ -92,3 +88,21 @@ func decideScale(in scaleInput) scaleDecision {
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// remember adds a recommendation of replicas at now to history, dropping those older than
+// delay. Only the highest of the window matters: an earlier recommendation no higher than
+// this one never will again, so the history is a falling staircase, as long as the
+// distinct sizes recommended in one delay, however long the delay.
+func remember(history []recommendation, now time.Time, delay time.Duration, replicas int) []recommendation {
+	cutoff := now.Add(-delay)
+	kept := history[:0]
+	for _, r := range history {
+		if r.at.After(cutoff) {
+			kept = append(kept, r)
+		}
+	}
+	for len(kept) > 0 && kept[len(kept)-1].replicas <= replicas {
+		kept = kept[:len(kept)-1]
+	}
+	return append(kept, recommendation{at: now, replicas: replicas})
+}
