@@ -79,6 +79,37 @@ type Autoscaler struct {
 
 	mu      sync.Mutex
 	history map[types.UID][]recommendation
+	// written is when each pool's status was last written, and what its conditions said.
+	written map[types.UID]statusWrite
+}
+
+// statusWrite is what statusDue compares.
+type statusWrite struct {
+	at    time.Time
+	shape string
+}
+
+// statusEvery is how often a pool's demand and leased counts are written while nothing
+// else about its scaling changes: every look would be a status write (and a reconcile of
+// the pool) every 5 s for every busy pool.
+const statusEvery = 30 * time.Second
+
+// statusDue says whether this look's status is worth a write: the pool was resized, a
+// condition changed status or reason, or the counts are statusEvery old.
+func (a *Autoscaler) statusDue(p *v1alpha1.ProxyPool, resized bool, active, limited metav1.Condition) bool {
+	shape := string(active.Status) + active.Reason + string(limited.Status) + limited.Reason
+	now := a.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.written == nil {
+		a.written = map[types.UID]statusWrite{}
+	}
+	last, ok := a.written[p.UID]
+	if ok && !resized && last.shape == shape && now.Sub(last.at) < statusEvery && p.Status.Demand != nil {
+		return false
+	}
+	a.written[p.UID] = statusWrite{at: now, shape: shape}
+	return true
 }
 
 // Start looks at every autoscaled pool each Interval until ctx ends. The manager runs it
@@ -131,6 +162,11 @@ func (a *Autoscaler) Scale(ctx context.Context) error {
 	for uid := range a.history {
 		if !seen[uid] {
 			delete(a.history, uid)
+		}
+	}
+	for uid := range a.written {
+		if !seen[uid] {
+			delete(a.written, uid)
 		}
 	}
 	return nil
@@ -243,6 +279,9 @@ func (a *Autoscaler) scaleOne(ctx context.Context, p *v1alpha1.ProxyPool) error 
 		}
 	}
 	demand, leased := int32(min(d.Demand, 1<<30)), int32(min(d.LeasedProxies, 1<<30))
+	if !a.statusDue(p, dec.desired != in.current, active, limited) {
+		return nil
+	}
 	return a.writeStatus(ctx, p, active, &limited, &statusCounts{demand: demand, leased: leased})
 }
 

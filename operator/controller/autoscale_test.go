@@ -233,3 +233,41 @@ func TestAutoscalerWithoutDemandKeepsTheSize(t *testing.T) {
 		return poolCondition(t, ns, "eu", v1alpha1.PoolConditionScalingActive) == nil
 	}, 20*time.Second, 50*time.Millisecond, "the pool controller clears the autoscaler's conditions")
 }
+
+// TestAutoscalerWritesStatusSparingly: while the pool's size and conditions stay as they
+// are, a change of its demand alone is written at most every 30 seconds: every look a
+// status write (and a reconcile of the pool) would cost the API server for every busy pool.
+func TestAutoscalerWritesStatusSparingly(t *testing.T) {
+	k := testenv.Kube(t)
+	ctx := context.Background()
+	ns := namespace(t)
+	require.NoError(t, k.Client.Create(ctx, autoscaled(ns, "eu")))
+	demand := &demandStub{}
+	clock := &stepClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	a := &controller.Autoscaler{Client: k.Client, Demand: demand, Now: clock.Now, Namespace: ns}
+	statusDemand := func() int32 {
+		var p v1alpha1.ProxyPool
+		require.NoError(t, k.Client.Get(ctx, ctrlclient.ObjectKey{Namespace: ns, Name: "eu"}, &p))
+		return ptr.Deref(p.Status.Demand, -1)
+	}
+
+	demand.set(3, nil)
+	require.NoError(t, a.Scale(ctx))
+	assert.EqualValues(t, 2, replicasOf(t, ns, "eu"))
+	assert.EqualValues(t, 3, statusDemand())
+
+	demand.set(4, nil) // still two proxies of two leases
+	clock.Advance(5 * time.Second)
+	require.NoError(t, a.Scale(ctx))
+	assert.EqualValues(t, 3, statusDemand(), "the same size and conditions: not written again so soon")
+
+	clock.Advance(30 * time.Second)
+	require.NoError(t, a.Scale(ctx))
+	assert.EqualValues(t, 4, statusDemand(), "written once 30 s have passed")
+
+	demand.set(5, nil) // three proxies now: written at once
+	clock.Advance(5 * time.Second)
+	require.NoError(t, a.Scale(ctx))
+	assert.EqualValues(t, 3, replicasOf(t, ns, "eu"))
+	assert.EqualValues(t, 5, statusDemand())
+}
