@@ -59,23 +59,6 @@ func (d *demandStub) Demand(_ context.Context, sel map[string]string) (*dclient.
 	return &dclient.Demand{Selector: sel, Demand: d.demand, Held: d.demand, LeasedProxies: min(d.demand, 1), Replicas: 1}, nil
 }
 
-type stepClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *stepClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *stepClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 func autoscaled(ns, name string) *v1alpha1.ProxyPool {
 	p := pool(ns, name, 0)
 	p.Spec.Template.Spec.MaxLeases = 2
@@ -111,7 +94,7 @@ func TestAutoscalerFollowsDemand(t *testing.T) {
 	ns := namespace(t)
 	require.NoError(t, k.Client.Create(ctx, autoscaled(ns, "eu")))
 	demand := &demandStub{}
-	clock := &stepClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clock := testenv.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	a := &controller.Autoscaler{Client: k.Client, Events: mgr.GetEventRecorder("proxyfleet-operator"),
 		Demand: demand, Now: clock.Now}
 
@@ -243,7 +226,7 @@ func TestAutoscalerWritesStatusSparingly(t *testing.T) {
 	ns := namespace(t)
 	require.NoError(t, k.Client.Create(ctx, autoscaled(ns, "eu")))
 	demand := &demandStub{}
-	clock := &stepClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clock := testenv.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	a := &controller.Autoscaler{Client: k.Client, Demand: demand, Now: clock.Now, Namespace: ns}
 	statusDemand := func() int32 {
 		var p v1alpha1.ProxyPool

@@ -78,7 +78,7 @@ func TestReview32OutageDoesNotShrinkAtOnce(t *testing.T) {
 	ns := namespace(t)
 	require.NoError(t, k.Client.Create(ctx, autoscaled(ns, "eu"))) // 2 leases a proxy, 100%, delay 1m, 0..5
 	demand := &demandStub{}
-	clock := &stepClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clock := testenv.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	a := &controller.Autoscaler{Client: k.Client, Demand: demand, Now: clock.Now, Namespace: ns}
 
 	demand.set(8, nil)
