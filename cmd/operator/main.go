@@ -4,8 +4,8 @@ package main
 
 import (
 	"context"
-	"flag"
 	"errors"
+	"flag"
 	"fmt"
 	"net/url"
 	"os"
