@@ -338,6 +338,41 @@ func (q *waitQueue) waitingFor(attrs Selector) int {
 	return n
 }
 
+// wants counts the waiters by the selector they want: what a metrics scrape matches every
+// watched selector against, once the queue's lock (which the store's wakes take) is
+// released. Crawlers ask for few distinct selectors, so this is small however many wait.
+func (q *waitQueue) wants() map[string]*wantCount {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := map[string]*wantCount{}
+	for _, w := range q.queue {
+		key := w.want.Key()
+		if c := out[key]; c != nil {
+			c.n++
+			continue
+		}
+		out[key] = &wantCount{want: w.want, n: 1}
+	}
+	return out
+}
+
+// wantCount is how many requests want one selector.
+type wantCount struct {
+	want Selector
+	n    int
+}
+
+// servedBy sums the counts a proxy with attributes attrs could serve.
+func servedBy(counts map[string]*wantCount, attrs Selector) int {
+	n := 0
+	for _, c := range counts {
+		if c.want.Matches(attrs) {
+			n += c.n
+		}
+	}
+	return n
+}
+
 // signalLocked wakes the first waiter from index from on that has no wake pending. When
 // every one has, the wake is dropped: each of them will look at the store anyway.
 func (q *waitQueue) signalLocked(from int) {

@@ -174,21 +174,29 @@ func (s *Server) DemandPart(sel Selector) DemandPart {
 }
 
 func (s *Server) localDemand(sel Selector) DemandPart {
-	p := DemandPart{Waiting: s.waiters.waitingFor(sel)}
+	return DemandPart{Waiting: s.waiters.waitingFor(sel), Refused: servedBy(s.refusedWants(), sel)}
+}
+
+// refusedWants counts the refusals within RefusalWindow by the selector refused.
+func (s *Server) refusedWants() map[string]*wantCount {
+	out := map[string]*wantCount{}
 	cutoff := s.store.Now().Add(-RefusalWindow)
 	b := &s.demand
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.refusals == nil {
-		return p
+		return out
 	}
 	// Newest first: the first one too old ends the count.
 	for it := b.refusals.head; it != nil && it.val.at.After(cutoff); it = it.next {
-		if it.val.want.Matches(sel) {
-			p.Refused++
+		key := it.val.want.Key()
+		if c := out[key]; c != nil {
+			c.n++
+			continue
 		}
+		out[key] = &wantCount{want: it.val.want, n: 1}
 	}
-	return p
+	return out
 }
 
 // Demand is sel's demand as this replica sees it: every lease (copies included) and its
@@ -300,15 +308,22 @@ func (c demandCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.capacity
 }
 
+// Collect reads the waiters and the refusals once, by the selector they want, and matches
+// each watched selector against those outside every lock: a scrape holds the queue's lock
+// (which the store's wakes take) only to copy it.
 func (c demandCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, sel := range c.s.watchedNow() {
+	watched := c.s.watchedNow()
+	if len(watched) == 0 {
+		return
+	}
+	waiting, refused := c.s.waiters.wants(), c.s.refusedWants()
+	for _, sel := range watched {
 		d := Demand{Selector: sel}
 		c.s.store.supply(sel, &d)
-		p := c.s.localDemand(sel)
 		key := sel.Key()
 		ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(d.Held), key, "held")
-		ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(p.Waiting), key, "waiting")
-		ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(p.Refused), key, "refused")
+		ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(servedBy(waiting, sel)), key, "waiting")
+		ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(servedBy(refused, sel)), key, "refused")
 		ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(d.Capacity), key)
 	}
 }
