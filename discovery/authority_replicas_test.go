@@ -14,6 +14,7 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
 )
 
 // The invariant "one authority per lease" (docs/architecture.md, Replicas) over three
@@ -55,7 +56,7 @@ func TestReplicasRenewalRacingAPeerSweepSurvivesOwnerRestart(t *testing.T) {
 
 	// B's clock reaches the lease's expiry (not the end of its report window) while A's
 	// and C's do not, and B sweeps.
-	clk := &testClock{t: rs.Nodes[b].Store.Now().Add(ttl + time.Minute)}
+	clk := testenv.NewClock(rs.Nodes[b].Store.Now().Add(ttl + time.Minute))
 	rs.Nodes[b].Store.SetClock(clk.Now)
 	rs.Nodes[b].Store.Sweep()
 	swept, ok := rs.Nodes[b].Store.Record(l.ID)
@@ -110,7 +111,7 @@ func TestReplicasRenewalRacingAPeerSweepSurvivesOwnerRestart(t *testing.T) {
 // after the grant and answered 404 unknown_session.
 func TestReplicasKeepSessionsKnownWhileRenewed(t *testing.T) {
 	rs := newReplicaSet(t, 3, replicaFleet(6, 2))
-	clk := &testClock{t: time.Now()}
+	clk := testenv.NewClock(time.Now())
 	for i := range 3 {
 		rs.Nodes[i].Store.SetClock(clk.Now)
 	}

@@ -31,22 +31,7 @@ const (
 )
 
 // testClock is the store's clock: it moves only when a test advances it.
-type testClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
+type testClock = testenv.Clock
 
 // fakeSignaler stands in for Temporal.
 type fakeSignaler struct {
@@ -91,7 +76,7 @@ func newLoadingHarness(t *testing.T, cfg discovery.Config) *harness {
 	h := &harness{
 		t:       t,
 		store:   discovery.NewStore(keepExpired),
-		clock:   &testClock{t: time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)},
+		clock:   testenv.NewClock(time.Date(2030, 6, 1, 12, 0, 0, 0, time.UTC)),
 		logs:    &testenv.LogBuffer{},
 		signals: make(chan forwarded, 16),
 		reg:     prometheus.NewRegistry(),
