@@ -121,6 +121,7 @@ func (s *Server) noteRefusal(w Want, err error) {
 		b.refusals, b.perClient = newLRU[string, refusal](), map[string]int{}
 	}
 	b.pruneLocked(now.Add(-RefusalWindow))
+	defer b.countLocked()
 	key := refusalKey(w)
 	if _, ok := b.refusals.get(key); !ok {
 		if b.perClient[w.Client] >= maxRefusalsPerClient {
@@ -132,7 +133,6 @@ func (s *Server) noteRefusal(w Want, err error) {
 	for b.refusals.len() > maxRefusals {
 		b.removeLocked(b.refusals.oldest())
 	}
-	b.held.Store(int64(b.refusals.len()))
 }
 
 // NoteRefusal is noteRefusal for the gateway's refusals that did not wait.
@@ -147,10 +147,13 @@ func (s *Server) forgetRefusal(w Want) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	// Refusals past the window go here too: once nobody is refused any more, the first
+	// grant after the window empties the book and later grants skip its lock.
+	b.pruneLocked(s.store.Now().Add(-RefusalWindow))
 	if it, ok := b.refusals.get(refusalKey(w)); ok {
 		b.removeLocked(it)
-		b.held.Store(int64(b.refusals.len()))
 	}
+	b.countLocked()
 }
 
 // pruneLocked drops the refusals older than cutoff: the least recently refused are last.
@@ -159,6 +162,10 @@ func (b *demandBook) pruneLocked(cutoff time.Time) {
 		b.removeLocked(it)
 	}
 }
+
+// countLocked publishes how many refusals the book holds to the grants that read held
+// without the lock; every path that changes the book ends here.
+func (b *demandBook) countLocked() { b.held.Store(int64(b.refusals.len())) }
 
 func (b *demandBook) removeLocked(it *lruItem[string, refusal]) {
 	if b.perClient[it.val.client]--; b.perClient[it.val.client] <= 0 {
@@ -187,6 +194,8 @@ func (s *Server) refusedWants() map[string]*wantCount {
 	if b.refusals == nil {
 		return out
 	}
+	b.pruneLocked(cutoff)
+	b.countLocked()
 	// Newest first: the first one too old ends the count.
 	for it := b.refusals.head; it != nil && it.val.at.After(cutoff); it = it.next {
 		key := it.val.want.Key()

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/proxyfleet/proxyfleet/activities/provider/local"
 	"github.com/proxyfleet/proxyfleet/discovery"
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/discovery/gateway"
@@ -90,4 +91,37 @@ func TestGatewayWaitsOnOnceAPoolIsWatched(t *testing.T) {
 	grown.Name, grown.Attributes = "late-0", map[string]string{"pool": "late"}
 	e.store.Upsert(grown)
 	assert.Equal(t, http.StatusOK, status(t, got, "the tunnel, once the pool has a proxy"))
+}
+
+// TestGatewayRetryDoesNotWaitForAPoolToGrow: a request every proxy of a watched pool
+// failed (down, or refusing its credentials) is answered with the failures, not held for
+// the grow wait as if the pool had no proxy yet: the pool has its proxies, they failed,
+// and waiting for one more would hold the crawler for minutes.
+func TestGatewayRetryDoesNotWaitForAPoolToGrow(t *testing.T) {
+	for _, fault := range []struct {
+		name   string
+		inject func(p *fleetProxy)
+	}{
+		{"down", func(p *fleetProxy) { p.ln.Close() }},
+		{"refuses its credentials", func(p *fleetProxy) { p.fp.SetFault(local.FaultAuth) }},
+	} {
+		t.Run(fault.name, func(t *testing.T) {
+			e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *gateway.Config, _ []discovery.Proxy) {
+				g.Wait, g.GrowWait = -1, time.Hour
+			})
+			api := httptest.NewServer(e.srv.Handler())
+			defer api.Close()
+			_, err := dclient.New(api.URL, gwToken).Demand(context.Background(), map[string]string{"region": "eu"})
+			require.NoError(t, err) // the pool's autoscaler looks: region=eu is watched
+			fault.inject(e.proxies[0])
+
+			c := e.client(gwClient+";region=eu", gwToken)
+			c.Timeout = 30 * time.Second
+			resp, body := get(t, c, e.site.URL+"/plain")
+			require.Equal(t, http.StatusBadGateway, resp.StatusCode, body)
+			assert.Equal(t, "upstream_failed", gatewayError(t, resp, body).Code)
+			assert.Zero(t, e.metric("proxyfleet_gateway_waits_total"), "the retry waited for a pool that has its proxies")
+			e.waitNoLeases()
+		})
+	}
 }

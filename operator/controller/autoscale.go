@@ -79,14 +79,8 @@ type Autoscaler struct {
 
 	mu      sync.Mutex
 	history map[types.UID][]recommendation
-	// written is when each pool's status was last written, and what its conditions said.
-	written map[types.UID]statusWrite
-}
-
-// statusWrite is what statusDue compares.
-type statusWrite struct {
-	at    time.Time
-	shape string
+	// written is when each pool's counts were last written.
+	written map[types.UID]time.Time
 }
 
 // statusEvery is how often a pool's demand and leased counts are written while nothing
@@ -94,22 +88,34 @@ type statusWrite struct {
 // the pool) every 5 s for every busy pool.
 const statusEvery = 30 * time.Second
 
-// statusDue says whether this look's status is worth a write: the pool was resized, a
-// condition changed status or reason, or the counts are statusEvery old.
-func (a *Autoscaler) statusDue(p *v1alpha1.ProxyPool, resized bool, active, limited metav1.Condition) bool {
-	shape := string(active.Status) + active.Reason + string(limited.Status) + limited.Reason
-	now := a.now()
+// statusDue says whether this look's status is worth a write: the pool was resized, its
+// conditions (as the pool says them, not as this autoscaler last meant them: a write
+// can fail, and another path may have set them) differ in status or reason, or its counts
+// are statusEvery old.
+func (a *Autoscaler) statusDue(p *v1alpha1.ProxyPool, resized bool, conds ...metav1.Condition) bool {
+	if resized || p.Status.Demand == nil {
+		return true
+	}
+	for _, c := range conds {
+		have := meta.FindStatusCondition(p.Status.Conditions, c.Type)
+		if have == nil || have.Status != c.Status || have.Reason != c.Reason {
+			return true
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	last, ok := a.written[p.UID]
+	return !ok || a.now().Sub(last) >= statusEvery
+}
+
+// countsWritten remembers when p's counts were last written, once the write succeeded.
+func (a *Autoscaler) countsWritten(p *v1alpha1.ProxyPool, at time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.written == nil {
-		a.written = map[types.UID]statusWrite{}
+		a.written = map[types.UID]time.Time{}
 	}
-	last, ok := a.written[p.UID]
-	if ok && !resized && last.shape == shape && now.Sub(last.at) < statusEvery && p.Status.Demand != nil {
-		return false
-	}
-	a.written[p.UID] = statusWrite{at: now, shape: shape}
-	return true
+	a.written[p.UID] = at
 }
 
 // Start looks at every autoscaled pool each Interval until ctx ends. The manager runs it
@@ -150,7 +156,13 @@ func (a *Autoscaler) Scale(ctx context.Context) error {
 		}
 		seen[p.UID] = true
 		g.Go(func() error {
-			if err := a.scaleOne(ctx, p); err != nil && ctx.Err() == nil {
+			err := a.scaleOne(ctx, p)
+			switch {
+			case err == nil || ctx.Err() != nil:
+			case errors.Is(err, errSpecMoved):
+				// Someone changed the pool meanwhile: the next look decides from that.
+				log.FromContext(ctx).V(1).Info("the pool changed during a decision; deciding again at the next look", "pool", p.Namespace+"/"+p.Name)
+			default:
 				log.FromContext(ctx).Error(err, "autoscaling a pool", "pool", p.Namespace+"/"+p.Name)
 			}
 			return nil
@@ -282,7 +294,12 @@ func (a *Autoscaler) scaleOne(ctx context.Context, p *v1alpha1.ProxyPool) error 
 	if !a.statusDue(p, dec.desired != in.current, active, limited) {
 		return nil
 	}
-	return a.writeStatus(ctx, p, active, &limited, &statusCounts{demand: demand, leased: leased})
+	at := a.now()
+	if err := a.writeStatus(ctx, p, active, &limited, &statusCounts{demand: demand, leased: leased}); err != nil {
+		return err
+	}
+	a.countsWritten(p, at)
+	return nil
 }
 
 // resize writes spec.replicas, read fresh and written with its resource version: the pool
