@@ -44,6 +44,9 @@ func (w *proxyWorkflow) steadyReason(wake time.Time, why string) string {
 	default:
 		text = "waiting for the first health verdict"
 	}
+	if s.Asked != nil {
+		text += "; replacement wanted (" + s.Asked.Reason + "), waiting for pool " + s.Pool + " to allow it within maxSurge"
+	}
 	switch why {
 	case wakeMaxAge:
 		text += "; replaced at maxAge " + wake.UTC().Format(time.RFC3339)

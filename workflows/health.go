@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/proxyfleet/proxyfleet/activities"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
 // The monitor's verdicts, and the times a steady run wakes at (maxAge, the unhealthy
@@ -19,6 +20,12 @@ const LostPreempted = "preempted"
 func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time) effect {
 	prev := s.Health
 	s.Health = res.Health
+	var healed effect
+	if s.Asked != nil && s.Asked.Cause == v1alpha1.ReasonUnhealthyGrace && res.Health.Known && res.Health.Healthy {
+		// What asked is over: a healthy proxy is not worth a surge instance.
+		s.Asked = nil
+		healed = effect{note: "healthy again: the replacement that waited for the pool is no longer wanted"}
+	}
 	if res.Reason == activities.MonitorVerdict && (prev.Known != res.Health.Known || prev.Healthy != res.Health.Healthy) {
 		// Grace periods count in workflow time, which replays exactly.
 		s.Health.Since = now
@@ -41,6 +48,8 @@ func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time
 			}
 			s.Instance.Lost, s.Instance.LostReason = true, why
 			s.retire(name)
+			// Whatever a replacement was wanted for, the instance it concerned is gone.
+			s.Asked = nil
 			s.Health = activities.Health{Known: true, Healthy: false, Since: now, LastFailure: "instance " + why}
 			if s.policy.serveWhileReplacing && s.Next != nil {
 				// Its replacement is already being built: it takes over (a report can now
@@ -60,7 +69,7 @@ func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time
 			return effect{note: "instance lost; recreating: " + name + " (" + why + ")", warn: true}
 		}
 	}
-	return effect{}
+	return healed
 }
 
 // monitorFailed records a monitor that could not run (a bug or a config the schema should
@@ -91,8 +100,8 @@ func (s *ProxyState) nextWake() (time.Time, string) {
 	}
 	set(s.RetryAt, wakeRetry)
 	set(s.DeleteRetryAt, wakeRetryDelete)
-	if s.Instance.Running() && s.ReplaceReason == "" {
-		// Once a replacement is asked for, neither is news: a wake for a time already
+	if s.Instance.Running() && s.ReplaceReason == "" && s.Asked == nil {
+		// Once a replacement is asked for (or waits for its pool), neither is news: a wake for a time already
 		// past (a replacement held while a delete waits for its retry) would fire at once,
 		// again and again, without the run ever yielding.
 		if age := s.maxAge(); age > 0 {
@@ -107,14 +116,33 @@ func (s *ProxyState) nextWake() (time.Time, string) {
 
 // woke records that the steady step's timer fired: maxAge and a lasting unhealthy verdict
 // call for a replacement.
-func (s *ProxyState) woke(why string) {
-	if s.ReplaceReason != "" {
+func (s *ProxyState) woke(why string, now time.Time) {
+	if s.ReplaceReason != "" || s.Asked != nil {
 		return
 	}
 	switch why {
 	case wakeMaxAge:
-		s.ReplaceReason = "maxAge"
+		s.askReplace(v1alpha1.ReasonMaxAge, "maxAge", now)
 	case wakeUnhealthy:
-		s.ReplaceReason = fmt.Sprintf("unhealthy for %s", s.unhealthyGrace())
+		s.askReplace(v1alpha1.ReasonUnhealthyGrace, fmt.Sprintf("unhealthy for %s", s.unhealthyGrace()), now)
 	}
 }
+
+// askReplace starts a replacement the run wants on its own account (maxAge, the unhealthy
+// grace, bans), and reports whether it started. A pool member's waits for its pool's
+// grant instead (Asked, shown as condition ReplacementPending): the pool lets at most
+// maxSurge of its Proxies replace at once whatever asks, so a site that bans the whole
+// pool, or a batch that comes due together, does not rebuild it all at the same moment.
+func (s *ProxyState) askReplace(cause, reason string, now time.Time) bool {
+	if s.gated() {
+		if s.Asked == nil {
+			s.Asked = &AskedReplace{Cause: cause, Reason: reason, Since: now}
+		}
+		return false
+	}
+	s.ReplaceReason = reason
+	return true
+}
+
+// gated says the run's own replacements wait for its pool's grant.
+func (s *ProxyState) gated() bool { return s.policy.poolGrants && s.Pool != "" }

@@ -29,7 +29,11 @@ const (
 	// shard's report is applied in whatever step it arrives (creating, verifying or
 	// deleting an instance, backing off), not only while steady, and published at once.
 	versionServeWhileReplacing workflow.Version = 5
-	versionLatest                               = versionServeWhileReplacing
+	// versionPoolGrants: a pool member's own replacements (maxAge, the unhealthy grace,
+	// bans) wait for its pool's grant (ReplaceSignal.Grant), so that a pool replaces at
+	// most maxSurge at once whatever asks.
+	versionPoolGrants workflow.Version = 6
+	versionLatest                      = versionPoolGrants
 )
 
 // LatestVersion is the version new runs start with. `make record-histories` writes the
@@ -63,6 +67,10 @@ type runPolicy struct {
 	// runs; a replacement lost mid-step hands over to the one under way (nextOnLoss);
 	// live instances go on while a failed delete waits for its retry (liveWhileDeleting).
 	serveWhileReplacing bool
+	// poolGrants (versionPoolGrants): a pool member's own replacements wait for its pool's
+	// grant (see askReplace). Older runs ignore the pool named in a spec signal: their
+	// histories were written replacing at once.
+	poolGrants bool
 }
 
 // policyFor is the policy of a run that started with version v.
@@ -73,6 +81,7 @@ func policyFor(v workflow.Version) runPolicy {
 		createFirst:         v >= versionLostFirst,
 		shardWatched:        v >= versionShardMonitor,
 		serveWhileReplacing: v >= versionServeWhileReplacing,
+		poolGrants:          v >= versionPoolGrants,
 	}
 }
 

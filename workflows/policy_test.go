@@ -21,7 +21,8 @@ func TestPolicyFor(t *testing.T) {
 	assert.Equal(t, runPolicy{requireAuth: true, createFirst: true}, policyFor(versionLostFirst))
 	assert.Equal(t, runPolicy{requireAuth: true, createFirst: true, shardWatched: true}, policyFor(versionShardMonitor))
 	assert.Equal(t, runPolicy{requireAuth: true, createFirst: true, shardWatched: true, serveWhileReplacing: true}, policyFor(versionServeWhileReplacing))
-	assert.Equal(t, policyFor(versionServeWhileReplacing), policyFor(versionLatest))
+	assert.Equal(t, runPolicy{requireAuth: true, createFirst: true, shardWatched: true, serveWhileReplacing: true, poolGrants: true}, policyFor(versionPoolGrants))
+	assert.Equal(t, policyFor(versionPoolGrants), policyFor(versionLatest))
 }
 
 // TestOnlyThePolicyReadsTheVersion: the version a run started with is read once, by
@@ -29,7 +30,7 @@ func TestPolicyFor(t *testing.T) {
 // decision says which behaviour it follows, not which number.
 func TestOnlyThePolicyReadsTheVersion(t *testing.T) {
 	versions := map[string]bool{"versionLongLived": true, "versionCredentials": true, "versionLostFirst": true,
-		"versionShardMonitor": true, "versionServeWhileReplacing": true, "versionLatest": true, "versionChangeID": true}
+		"versionShardMonitor": true, "versionServeWhileReplacing": true, "versionPoolGrants": true, "versionLatest": true, "versionChangeID": true}
 	files, err := filepath.Glob("*.go")
 	require.NoError(t, err)
 	fset := token.NewFileSet()

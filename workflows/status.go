@@ -76,7 +76,23 @@ func status(s *ProxyState, workflowID string) v1alpha1.ProxyStatus {
 	healthy := healthyCondition(s.Health)
 	st.Conditions = []metav1.Condition{provisioned, healthy, quotaCondition(s.Quota),
 		readyCondition(ph, provisioned, healthy, s.Health, s.Deleting)}
+	if s.gated() {
+		st.Conditions = append(st.Conditions, replacementPendingCondition(s))
+	}
 	return st
+}
+
+// replacementPendingCondition is a pool member's: whether a replacement it wants on its
+// own account waits for the pool's grant, and what asked for it. The pool reads it to
+// grant within maxSurge; an operator reads it to see why a banned or aged proxy has not
+// been replaced yet.
+func replacementPendingCondition(s *ProxyState) metav1.Condition {
+	if s.Asked == nil || s.Deleting {
+		return metav1Condition(v1alpha1.ConditionReplacementPending, "False", v1alpha1.ReasonNoneWanted,
+			"no replacement waits for the pool")
+	}
+	return metav1Condition(v1alpha1.ConditionReplacementPending, "True", s.Asked.Cause,
+		fmt.Sprintf("%s: the replacement waits for pool %s to allow it within maxSurge", s.Asked.Reason, s.Pool))
 }
 
 // provisionedCondition says whether an instance (or an External endpoint) is there to

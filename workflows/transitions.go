@@ -79,6 +79,17 @@ func (s *ProxyState) applySpec(sig SpecSignal) effect {
 		*s = ProxyState{Retiring: s.Retiring, policy: s.policy}
 		e = effect{note: "spec for a different object UID; retiring the old object's instances", warn: true}
 	}
+	if s.policy.poolGrants && (s.UID == "" || sig.UID == s.UID) && sig.Pool != s.Pool {
+		// Membership is not part of the spec's generation: a duplicate spec (every
+		// reconcile sends one) carries it to runs whose Proxy joined or left a pool, or
+		// was a member before runs took the pool's grants.
+		s.Pool = sig.Pool
+		if s.Pool == "" && s.Asked != nil {
+			// No pool to grant it any more: what waited starts now.
+			s.ReplaceReason, s.Asked = s.Asked.Reason, nil
+			e.replan = true
+		}
+	}
 	if sig.Generation < s.Generation || sig.Generation == s.Generation && sig.SecretVersion == s.SecretVersion {
 		return e // stale or duplicate: retries and restarts of the controller are harmless
 	}
@@ -127,9 +138,18 @@ func (s *ProxyState) requestReplace(sig contract.ReplaceSignal) effect {
 	if s.Deleting || s.Spec == nil || s.Spec.EffectiveMode() == v1alpha1.ModeExternal {
 		return effect{note: "replace signal ignored: nothing to replace (" + sig.Reason + ")"}
 	}
+	if sig.Grant {
+		// A pool's grant: the replacement its member waits for, if one still does.
+		if s.Asked == nil || s.ReplaceReason != "" {
+			return effect{note: "grant ignored: no replacement waits for one"}
+		}
+		sig.Reason = s.Asked.Reason + " (granted by pool " + s.Pool + ")"
+	}
 	if sig.Reason == "" {
 		sig.Reason = "manual"
 	}
+	// Whatever waited for the pool is served by this replacement.
+	s.Asked = nil
 	s.ReplaceReason = sig.Reason
 	// An explicit request deserves an attempt now.
 	s.RetryAt, s.Attempt = time.Time{}, 0
@@ -165,10 +185,9 @@ func (s *ProxyState) report(sig contract.ReportSignal, now time.Time) effect {
 	}
 	s.pruneReports(now, s.banWindow())
 	e := effect{publish: true}
-	if n, limit := len(s.Bans), s.banLimit(); limit > 0 && n >= limit && s.ReplaceReason == "" &&
+	if n, limit := len(s.Bans), s.banLimit(); limit > 0 && n >= limit && s.ReplaceReason == "" && s.Asked == nil &&
 		s.Spec.EffectiveMode() == v1alpha1.ModeManaged {
-		s.ReplaceReason = fmt.Sprintf("banned on %d targets within %s", n, s.banWindow())
-		e.replan = true
+		e.replan = s.askReplace(v1alpha1.ReasonBanned, fmt.Sprintf("banned on %d targets within %s", n, s.banWindow()), now)
 	}
 	return e
 }
@@ -446,7 +465,7 @@ func (s *ProxyState) promote(now time.Time) effect {
 	s.Retiring = append(s.Retiring, old)
 	s.Replacements++
 	// Bans and cooldowns were earned by the old address.
-	s.Cooldowns, s.Bans = nil, nil
+	s.Cooldowns, s.Bans, s.Asked = nil, nil, nil
 	reason := s.ReplaceReason
 	if reason == "" {
 		reason = "spec changed"

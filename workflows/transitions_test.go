@@ -587,14 +587,14 @@ func TestNextWakeAndWoke(t *testing.T) {
 			wake, why := s.nextWake()
 			assert.Equal(t, tc.wake, wake)
 			assert.Equal(t, tc.why, why)
-			s.woke(why)
+			s.woke(why, wake)
 			assert.Equal(t, tc.replace, s.ReplaceReason)
 		})
 	}
 	t.Run("a pending replacement keeps its reason", func(t *testing.T) {
 		s := steadyState()
 		s.ReplaceReason = "manual"
-		s.woke(wakeMaxAge)
+		s.woke(wakeMaxAge, t0)
 		assert.Equal(t, "manual", s.ReplaceReason)
 	})
 }

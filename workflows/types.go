@@ -128,6 +128,14 @@ type Failure struct {
 	Message    string `json:"message"`
 }
 
+// AskedReplace is a replacement a pool member's run wants and its pool has not granted
+// yet: why (Cause is a ReplacementPending reason), and since when.
+type AskedReplace struct {
+	Cause  string    `json:"cause"`
+	Reason string    `json:"reason"`
+	Since  time.Time `json:"since"`
+}
+
 // ProxyState is everything the workflow knows. It is the query "state" result and what
 // continue-as-new carries.
 type ProxyState struct {
@@ -151,6 +159,11 @@ type ProxyState struct {
 	Replacements int32 `json:"replacements"`
 	// ReplaceReason is set while a replacement not caused by a spec change is pending.
 	ReplaceReason string `json:"replaceReason,omitempty"`
+	// Pool is the ProxyPool that controls the Proxy (from the spec signal), if any.
+	Pool string `json:"pool,omitempty"`
+	// Asked is a replacement the run wants on its own account and waits to be granted by
+	// its pool (see askReplace); nil when none waits.
+	Asked *AskedReplace `json:"asked,omitempty"`
 
 	Deleting bool     `json:"deleting,omitempty"`
 	Failure  *Failure `json:"failure,omitempty"`

@@ -209,7 +209,7 @@ func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 			}
 		case ev.deadline:
 			w.wake = pendingWake{}
-			s.woke(wakeReason)
+			s.woke(wakeReason, workflow.Now(ctx))
 			return nil
 		case ev.monitor:
 			var res activities.MonitorResult

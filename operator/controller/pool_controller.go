@@ -5,11 +5,14 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
+	"slices"
 	"time"
 
+	"go.temporal.io/api/serviceerror"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,6 +31,7 @@ import (
 
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // A ProxyPool is Kubernetes objects managing Kubernetes objects, as a ReplicaSet is: its
@@ -44,6 +48,12 @@ const (
 	// pool deletes them itself rather than leave it to a garbage collector, so deleting a
 	// pool ends the same way wherever it runs.
 	PoolFinalizer = "crawl.example.com/pool-members"
+	// AnnotationReplaceGranted is on a member the pool allowed to replace its instance
+	// (RFC 3339 time of the grant) until its replacement has started: written before the
+	// grant is sent, it keeps the grant counted against maxSurge across the moment
+	// between the signal and the member's status saying Replacing, and across a restart
+	// of the operator.
+	AnnotationReplaceGranted = "crawl.example.com/replace-granted"
 )
 
 // Reasons of the pool's events and conditions.
@@ -51,6 +61,7 @@ const (
 	EventPoolScaled      = "Scaled"
 	EventPoolRolling     = "RollingUpdate"
 	EventPoolDeleting    = "DeletingProxies"
+	EventPoolGranted     = "ReplacementGranted"
 	ReasonPoolSteady     = "Steady"
 	ReasonPoolScaling    = "Scaling"
 	ReasonPoolRolling    = "RollingUpdate"
@@ -68,6 +79,16 @@ type PoolReconciler struct {
 	// Discovery, when set, is asked the leases and rests of a shrinking pool's proxies, so
 	// that those crawlers use least go first.
 	Discovery Discovery
+	// Temporal carries the pool's grants to its members' workflows. Without it a member's
+	// own replacement (maxAge, ill health, bans) waits for ever: the operator always has it.
+	Temporal Signaler
+	// Now is the clock (tests move it); nil is time.Now.
+	Now func() time.Time
+}
+
+// Signaler is the part of the Temporal client the pool uses.
+type Signaler interface {
+	SignalWorkflow(ctx context.Context, workflowID string, runID string, signalName string, arg any) error
 }
 
 // SetupWithManager registers the controller: it follows the pools and every change of
@@ -127,7 +148,11 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		// one at a time rather than never.
 		unavailable = 1
 	}
-	in := poolInput{desired: desired, surge: surge, unavailable: unavailable}
+	now := time.Now()
+	if r.Now != nil {
+		now = r.Now()
+	}
+	in := poolInput{desired: desired, surge: surge, unavailable: unavailable, now: now}
 	byName := map[string]*v1alpha1.Proxy{}
 	active := 0
 	for _, p := range owned {
@@ -164,6 +189,24 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 			return reconcile.Result{}, fmt.Errorf("update %s: %w", name, err)
 		}
 	}
+	for _, name := range plan.ungrant {
+		if err := r.setGrant(ctx, byName[name], time.Time{}); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	var result reconcile.Result
+	if r.Temporal != nil {
+		for _, name := range append(plan.grant, plan.regrant...) {
+			if err := r.grant(ctx, byName[name], now); err != nil {
+				return reconcile.Result{}, err
+			}
+		}
+		if len(plan.grant)+len(plan.regrant) > 0 || hasGrants(in.members, plan.ungrant) {
+			// A grant whose replacement does not start is sent again (regrant); nothing
+			// else may wake the pool meanwhile.
+			result.RequeueAfter = regrantAfter
+		}
+	}
 	r.record(&pool, plan, desired, len(owned))
 	if err := r.writeStatus(ctx, &pool, in, plan, hash); apierrors.IsConflict(err) {
 		// The autoscaler wrote the pool since the cache saw it: not a failure, and the
@@ -172,7 +215,53 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	} else if err != nil {
 		return reconcile.Result{}, err
 	}
-	return reconcile.Result{}, nil
+	return result, nil
+}
+
+// grant lets member p start the replacement its workflow waits for: the annotation first,
+// so the grant counts against maxSurge from now on whatever happens next, then the
+// signal. A workflow that no longer waits ignores it.
+func (r *PoolReconciler) grant(ctx context.Context, p *v1alpha1.Proxy, now time.Time) error {
+	if err := r.setGrant(ctx, p, now); err != nil {
+		return err
+	}
+	sig := contract.ReplaceSignal{Reason: "granted by its pool", Grant: true}
+	if err := r.Temporal.SignalWorkflow(ctx, contract.ProxyWorkflowID(p.Namespace, p.Name), "", contract.SignalReplace, sig); err != nil {
+		var notFound *serviceerror.NotFound
+		if errors.As(err, &notFound) {
+			// No run: the Proxy's own controller starts one, which asks again if it must.
+			return nil
+		}
+		return fmt.Errorf("grant %s its replacement: %w", p.Name, err)
+	}
+	return nil
+}
+
+// setGrant writes member p's grant time, or removes it for a zero time.
+func (r *PoolReconciler) setGrant(ctx context.Context, p *v1alpha1.Proxy, at time.Time) error {
+	before := p.DeepCopy()
+	if at.IsZero() {
+		delete(p.Annotations, AnnotationReplaceGranted)
+	} else {
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		p.Annotations[AnnotationReplaceGranted] = at.UTC().Format(time.RFC3339)
+	}
+	if err := r.Client.Patch(ctx, p, ctrlclient.MergeFromWithOptions(before, ctrlclient.MergeFromWithOptimisticLock{})); ctrlclient.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("grant annotation of %s: %w", p.Name, err)
+	}
+	return nil
+}
+
+// hasGrants says whether a member holds a grant that stays after this step.
+func hasGrants(members []member, ungranted []string) bool {
+	for _, m := range members {
+		if m.granted && !slices.Contains(ungranted, m.name) {
+			return true
+		}
+	}
+	return false
 }
 
 // addUse gives members discovery's count of their leases and rests, for a scale-down to
@@ -261,7 +350,11 @@ func (r *PoolReconciler) record(pool *v1alpha1.ProxyPool, plan poolPlan, desired
 			"giving %v the new template; each is replaced make-before-break", plan.update)
 	case len(plan.replace) > 0:
 		r.Events.Eventf(pool, nil, corev1.EventTypeNormal, EventPoolRolling, "Replace",
-			"deleting %v to make room for the new template (maxSurge 0)", plan.replace)
+			"deleting %v to make room for their replacements (maxSurge 0)", plan.replace)
+	}
+	if len(plan.grant) > 0 && r.Temporal != nil {
+		r.Events.Eventf(pool, nil, corev1.EventTypeNormal, EventPoolGranted, "Grant",
+			"allowing %v to replace their instances as they asked (within maxSurge)", plan.grant)
 	}
 }
 
@@ -332,6 +425,12 @@ func memberOf(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, hash string) member {
 	m.ready = meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionReady)
 	m.unhealthy = meta.IsStatusConditionFalse(p.Status.Conditions, v1alpha1.ConditionHealthy)
 	m.replacing = p.Status.Phase == v1alpha1.PhaseReplacing
+	m.pending = meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionReplacementPending)
+	if at, ok := p.Annotations[AnnotationReplaceGranted]; ok {
+		// An unreadable time (written by hand) is an old grant: sent again at once.
+		m.granted = true
+		m.grantedAt, _ = time.Parse(time.RFC3339, at)
+	}
 	return m
 }
 

@@ -34,6 +34,13 @@ type member struct {
 	replacing bool
 	// deleting: it has a deletion time; it still exists until its instances are gone.
 	deleting bool
+	// pending: its workflow wants to replace its instance on its own account (maxAge,
+	// the unhealthy grace, bans) and waits for the pool's grant (ReplacementPending).
+	pending bool
+	// granted: the pool granted it (annotation AnnotationReplaceGranted) and has not yet
+	// seen the replacement start; grantedAt is when.
+	granted   bool
+	grantedAt time.Time
 	// leases and resting are discovery's: the crawler leases it holds, and the sites it
 	// rests for after bans or rate limits (every site counting as one more than any).
 	// Zero when discovery was not asked (the pool does not shrink) or did not answer.
@@ -46,6 +53,8 @@ type poolInput struct {
 	// surge and unavailable are the rolling budget, resolved against desired.
 	surge, unavailable int
 	members            []member
+	// now is when the plan is made: grants older than regrantAfter are sent again.
+	now time.Time
 }
 
 // poolPlan is what one reconcile does. A scale-down is planned alone; creating missing
@@ -58,10 +67,22 @@ type poolPlan struct {
 	// update are outdated Proxies to give the current template in place: each is replaced
 	// make-before-break by its own workflow, one surge instance while it lasts.
 	update []string
-	// replace are outdated Proxies to delete so that new ones take their place
-	// (maxSurge 0: delete-first, within maxUnavailable).
+	// replace are outdated Proxies, or ones that want a replacement, to delete so that new
+	// ones take their place (maxSurge 0: delete-first, within maxUnavailable).
 	replace []string
+	// grant are Proxies whose own replacement may start now, within maxSurge.
+	grant []string
+	// regrant are granted Proxies whose replacement has not started regrantAfter after the
+	// grant (the signal was lost with an operator that stopped): granted again.
+	regrant []string
+	// ungrant are granted Proxies whose replacement started (or is no longer wanted):
+	// their grant annotation goes.
+	ungrant []string
 }
+
+// regrantAfter is how long a grant may go unanswered before it is sent again. A grant its
+// workflow has already taken is ignored there, so sending one twice costs no instance.
+const regrantAfter = 30 * time.Second
 
 // planPool decides one reconcile of a pool.
 func planPool(in poolInput) poolPlan {
@@ -92,15 +113,26 @@ func planPool(in poolInput) poolPlan {
 		}
 	}
 
-	var outdated []member
+	// Due are the members to replace: outdated ones (a new template), and those whose
+	// workflow asks to replace its instance (maxAge, ill health, bans). Both count
+	// against one budget, so nothing that asks can rebuild the pool at once.
+	var due []member
 	inFlight, ready := 0, 0
 	for _, m := range active {
 		switch {
-		case m.replacing:
-			// An instance beside the serving one, whatever asked for it.
+		case m.granted && !m.pending:
+			// Its replacement started (and counts as replacing below) or is no longer
+			// wanted: the grant has done its work.
+			p.ungrant = append(p.ungrant, m.name)
+		case m.granted && in.now.Sub(m.grantedAt) >= regrantAfter:
+			p.regrant = append(p.regrant, m.name)
+		}
+		switch {
+		case m.replacing || m.granted:
+			// An instance beside the serving one, whatever asked for it, or about to be.
 			inFlight++
-		case !m.current:
-			outdated = append(outdated, m)
+		case !m.current || m.pending:
+			due = append(due, m)
 		case !m.settled || !m.ready:
 			// Updated or new, and not Ready yet: a rollout step under way.
 			inFlight++
@@ -109,20 +141,25 @@ func planPool(in poolInput) poolPlan {
 			ready++
 		}
 	}
-	slices.SortStableFunc(outdated, lessUseful)
+	slices.SortStableFunc(due, lessUseful)
 	switch {
-	case len(outdated) == 0:
+	case len(due) == 0:
 	case in.surge > 0:
-		n := min(len(outdated), in.surge-inFlight)
-		for _, m := range outdated[:max(n, 0)] {
-			p.update = append(p.update, m.name)
+		n := min(len(due), in.surge-inFlight)
+		for _, m := range due[:max(n, 0)] {
+			if m.current {
+				p.grant = append(p.grant, m.name)
+			} else {
+				// The new template replaces it, which serves what it asked for too.
+				p.update = append(p.update, m.name)
+			}
 		}
 	default:
 		// Delete-first: one that is not Ready serves nobody and may always go; of the
 		// others, as many as leaves at least desired − maxUnavailable Ready (those being
 		// deleted or not yet back are not Ready, so they count as gone already).
 		free := in.unavailable - (in.desired - ready)
-		for _, m := range outdated {
+		for _, m := range due {
 			switch {
 			case !m.ready:
 			case free > 0:

@@ -233,3 +233,91 @@ func TestStaggeredMaxAge(t *testing.T) {
 	assert.Equal(t, minMaxAge, staggeredMaxAge(11*time.Minute, 1), "never under the API's minimum")
 	assert.Equal(t, day, staggeredMaxAge(day, -1), "a name the pool would not give keeps the template's")
 }
+
+// TestPlanPoolGrantsReplacementsWithinTheSurge: members whose workflows ask to replace
+// their instances (bans, maxAge, ill health) are let go within maxSurge, the least useful
+// first, together with a rollout's updates; a grant counts as in flight until the member
+// says Replacing (and then as replacing), is sent again when it goes unanswered, and its
+// annotation goes once the replacement started or is no longer wanted. With maxSurge 0
+// such members are replaced delete-first within maxUnavailable, as outdated ones are.
+func TestPlanPoolGrantsReplacementsWithinTheSurge(t *testing.T) {
+	now := poolT0.Add(time.Hour)
+	banned := func(mut func(i int, m *member)) []member {
+		var ms []member
+		for i := range 10 {
+			m := readyMember(i)
+			m.pending = true
+			if mut != nil {
+				mut(i, &m)
+			}
+			ms = append(ms, m)
+		}
+		return ms
+	}
+	t.Run("every member banned: maxSurge granted", func(t *testing.T) {
+		p := planPool(poolInput{desired: 10, surge: 2, members: banned(nil), now: now})
+		assert.Equal(t, []string{"eu-0", "eu-1"}, p.grant)
+		assert.Empty(t, p.update)
+		assert.Empty(t, p.replace)
+	})
+	t.Run("granted ones count until their replacement is done", func(t *testing.T) {
+		members := banned(func(i int, m *member) {
+			if i < 2 {
+				m.granted, m.grantedAt = true, now.Add(-time.Second)
+			}
+		})
+		p := planPool(poolInput{desired: 10, surge: 2, members: members, now: now})
+		assert.Empty(t, p.grant, "the grants not yet answered fill the budget")
+		assert.Empty(t, p.regrant)
+
+		members[0].pending, members[0].replacing = false, true // eu-0's replacement started
+		p = planPool(poolInput{desired: 10, surge: 2, members: members, now: now})
+		assert.Empty(t, p.grant, "replacing counts as the grant did")
+		assert.Equal(t, []string{"eu-0"}, p.ungrant)
+
+		members[0].granted, members[0].replacing = false, false // promoted
+		p = planPool(poolInput{desired: 10, surge: 2, members: members, now: now})
+		assert.Equal(t, []string{"eu-2"}, p.grant)
+	})
+	t.Run("a grant unanswered is sent again", func(t *testing.T) {
+		members := banned(func(i int, m *member) {
+			if i == 0 {
+				m.granted, m.grantedAt = true, now.Add(-regrantAfter)
+			}
+		})
+		p := planPool(poolInput{desired: 10, surge: 1, members: members, now: now})
+		assert.Equal(t, []string{"eu-0"}, p.regrant)
+		assert.Empty(t, p.grant)
+	})
+	t.Run("a rollout and the asked share one budget, the least useful first", func(t *testing.T) {
+		members := banned(func(i int, m *member) {
+			m.current = i >= 5
+			m.pending = i == 8
+			m.ready = i != 8
+		})
+		p := planPool(poolInput{desired: 10, surge: 2, members: members, now: now})
+		assert.Equal(t, []string{"eu-8"}, p.grant, "not Ready: first")
+		assert.Equal(t, []string{"eu-0"}, p.update)
+	})
+	t.Run("an outdated member that asks is updated, not granted", func(t *testing.T) {
+		members := banned(func(i int, m *member) { m.current = false })
+		p := planPool(poolInput{desired: 10, surge: 1, members: members, now: now})
+		assert.Equal(t, []string{"eu-0"}, p.update)
+		assert.Empty(t, p.grant)
+	})
+	t.Run("maxSurge 0: delete-first within maxUnavailable", func(t *testing.T) {
+		p := planPool(poolInput{desired: 10, unavailable: 1, members: banned(nil), now: now})
+		assert.Equal(t, []string{"eu-0"}, p.replace)
+		assert.Empty(t, p.grant)
+	})
+	t.Run("a grant no longer wanted goes", func(t *testing.T) {
+		members := banned(func(i int, m *member) {
+			m.pending = false
+			if i == 3 {
+				m.granted, m.grantedAt = true, now
+			}
+		})
+		p := planPool(poolInput{desired: 10, surge: 2, members: members, now: now})
+		assert.Equal(t, []string{"eu-3"}, p.ungrant)
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -16,6 +17,7 @@ import (
 	"go.temporal.io/sdk/client"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -191,6 +193,7 @@ func (r *ProxyReconciler) signalSpec(ctx context.Context, p *v1alpha1.Proxy) err
 		Generation:    p.Generation,
 		SecretVersion: r.secretVersion(ctx, p),
 		Spec:          p.Spec,
+		Pool:          poolOf(p),
 	}
 	id, opts, in := r.startArgs(p)
 	if _, err := r.Temporal.SignalWithStartWorkflow(ctx, id, contract.SignalSpec, sig, opts, contract.ProxyWorkflowType, in); err != nil {
@@ -310,4 +313,14 @@ func (r *ProxyReconciler) warn(p *v1alpha1.Proxy, action, format string, args ..
 	if r.Events != nil {
 		r.Events.Eventf(p, nil, corev1.EventTypeWarning, EventTemporalUnavailable, action, format, args...)
 	}
+}
+
+// poolOf is the name of the ProxyPool that controls p, or "": its workflow then waits for
+// the pool's grant before a replacement of its own (see PoolReconciler).
+func poolOf(p *v1alpha1.Proxy) string {
+	if ref := metav1.GetControllerOf(p); ref != nil && ref.Kind == "ProxyPool" &&
+		strings.HasPrefix(ref.APIVersion, v1alpha1.GroupVersion.Group+"/") {
+		return ref.Name
+	}
+	return ""
 }

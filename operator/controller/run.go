@@ -55,7 +55,7 @@ func Setup(ctx context.Context, mgr manager.Manager, tc Temporal, opts Options) 
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
-	pools := &PoolReconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("proxyfleet-operator"), Discovery: opts.Discovery}
+	pools := &PoolReconciler{Client: mgr.GetClient(), Events: mgr.GetEventRecorder("proxyfleet-operator"), Discovery: opts.Discovery, Temporal: tc}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return err
 	}

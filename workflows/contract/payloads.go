@@ -11,6 +11,10 @@ type DeleteSignal struct {
 // --name replace --input '{"reason":"manual"}'.
 type ReplaceSignal struct {
 	Reason string `json:"reason"`
+	// Grant is set by a pool allowing the replacement its member waits for (status
+	// condition ReplacementPending): it replaces nothing when none waits, so a grant that
+	// arrives late, or twice, costs no instance.
+	Grant bool `json:"grant,omitempty"`
 }
 
 // ReportSignal is a crawler's verdict on a proxy for one target site, forwarded by

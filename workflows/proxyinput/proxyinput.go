@@ -34,6 +34,10 @@ type SpecSignal struct {
 	// data: a change makes the workflow re-hash the Secret in an activity.
 	SecretVersion string             `json:"secretVersion,omitempty"`
 	Spec          v1alpha1.ProxySpec `json:"spec"`
+	// Pool is the ProxyPool that controls the Proxy, if one does: such a Proxy's own
+	// replacements (maxAge, the unhealthy grace, bans) wait for the pool to allow them
+	// within its surge budget, which it does with a ReplaceSignal that grants.
+	Pool string `json:"pool,omitempty"`
 }
 
 // Tuning holds the workflow's timings. Defaults suit production; tests shorten them.

@@ -431,6 +431,10 @@ const (
 	ConditionQuotaExceeded = "QuotaExceeded"
 	// ConditionReady is True when the proxy is provisioned and healthy: it can be leased.
 	ConditionReady = "Ready"
+	// ConditionReplacementPending is a pool member's only: True while its workflow wants to
+	// replace its instance on its own account (maxAge, the unhealthy grace, bans) and
+	// waits for its pool to allow it within maxSurge. The reason says what asked.
+	ConditionReplacementPending = "ReplacementPending"
 )
 
 // Condition reasons.
@@ -456,6 +460,13 @@ const (
 	ReasonNotProbed = "NotProbed"
 	ReasonReady     = "Ready"
 	ReasonNotReady  = "NotReady"
+
+	// Reasons of ConditionReplacementPending: what asked for the replacement that waits,
+	// or (False) that none does.
+	ReasonMaxAge         = "MaxAge"
+	ReasonUnhealthyGrace = "UnhealthyGrace"
+	ReasonBanned         = "Banned"
+	ReasonNoneWanted     = "NoneWanted"
 
 	// ReasonHealthCheckTargetDown: the health check's URL fails through most of the
 	// proxies probing it at once, so its failures say nothing about this proxy. The last

@@ -1,0 +1,141 @@
+package workflows
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
+
+	"github.com/proxyfleet/proxyfleet/activities"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
+)
+
+// pooledState is a steady pool member of a run that takes its pool's grants.
+func pooledState(mut ...func(*v1alpha1.ProxySpec)) ProxyState {
+	s := steadyState(mut...)
+	s.policy = policyFor(versionPoolGrants)
+	s.Pool = "eu"
+	s.Instance.KeyID = "k1" // built with credentials: nothing else calls for a replacement
+	return s
+}
+
+func pendingCondition(t *testing.T, s *ProxyState) (string, string) {
+	t.Helper()
+	c := meta.FindStatusCondition(status(s, "wf").Conditions, v1alpha1.ConditionReplacementPending)
+	require.NotNil(t, c, "a pool member's status says whether a replacement waits")
+	return string(c.Status), c.Reason
+}
+
+// TestPoolMemberAsksBeforeReplacing: a pool member's own replacements (bans, maxAge, the
+// unhealthy grace) wait for its pool's grant, shown as ReplacementPending; the grant
+// starts it; a grant with nothing waiting, or a second one, replaces nothing; runs of
+// older versions, and Proxies of no pool, replace at once as before.
+func TestPoolMemberAsksBeforeReplacing(t *testing.T) {
+	banning := func(p *v1alpha1.ProxySpec) {
+		p.Lifecycle = &v1alpha1.Lifecycle{BanReplaceTargets: ptr(int32(1))}
+	}
+	ban := contract.ReportSignal{Target: "shop.example", Result: contract.ReportBanned}
+
+	t.Run("a ban waits for the grant, which starts it once", func(t *testing.T) {
+		s := pooledState(banning)
+		st, reason := pendingCondition(t, &s)
+		assert.Equal(t, "False", st)
+		assert.Equal(t, v1alpha1.ReasonNoneWanted, reason)
+
+		e := s.report(ban, t0)
+		assert.False(t, e.replan)
+		assert.True(t, e.publish, "the status says it waits")
+		assert.Empty(t, s.ReplaceReason)
+		require.NotNil(t, s.Asked)
+		assert.Equal(t, stepSteady, plan(&s, t0))
+		assert.Equal(t, v1alpha1.PhaseReady, phase(&s), "it serves while it waits")
+		st, reason = pendingCondition(t, &s)
+		assert.Equal(t, "True", st)
+		assert.Equal(t, v1alpha1.ReasonBanned, reason)
+
+		e = s.requestReplace(contract.ReplaceSignal{Grant: true})
+		assert.True(t, e.replan)
+		assert.Nil(t, s.Asked)
+		assert.Equal(t, "banned on 1 targets within 1h0m0s (granted by pool eu)", s.ReplaceReason)
+		assert.Equal(t, stepCreateNext, plan(&s, t0))
+		st, _ = pendingCondition(t, &s)
+		assert.Equal(t, "False", st)
+
+		e = s.requestReplace(contract.ReplaceSignal{Grant: true})
+		assert.False(t, e.replan, "a second grant is ignored")
+	})
+	t.Run("maxAge waits, and stops waking the run", func(t *testing.T) {
+		s := pooledState(func(p *v1alpha1.ProxySpec) {
+			p.Lifecycle = &v1alpha1.Lifecycle{MaxAge: ptr(v1alpha1.Duration("1h"))}
+		})
+		wake, why := s.nextWake()
+		require.Equal(t, wakeMaxAge, why)
+		s.woke(why, wake)
+		assert.Empty(t, s.ReplaceReason)
+		require.NotNil(t, s.Asked)
+		assert.Equal(t, v1alpha1.ReasonMaxAge, s.Asked.Cause)
+		wake, _ = s.nextWake()
+		assert.True(t, wake.IsZero(), "a run that waits for its pool is woken by the grant, not by a timer already past")
+	})
+	t.Run("the unhealthy grace waits, and is withdrawn when the proxy heals", func(t *testing.T) {
+		s := pooledState(func(p *v1alpha1.ProxySpec) {
+			p.Lifecycle = &v1alpha1.Lifecycle{UnhealthyReplaceAfter: ptr(v1alpha1.Duration("5m"))}
+		})
+		s.Health = activities.Health{Known: true, Healthy: false, Since: t0}
+		wake, why := s.nextWake()
+		require.Equal(t, wakeUnhealthy, why)
+		s.woke(why, wake)
+		require.NotNil(t, s.Asked)
+		assert.Equal(t, v1alpha1.ReasonUnhealthyGrace, s.Asked.Cause)
+		s.monitorReturned(activities.MonitorResult{Reason: activities.MonitorVerdict, Health: activities.Health{Known: true, Healthy: true}}, wake)
+		assert.Nil(t, s.Asked, "healthy again: no replacement is wanted")
+		assert.False(t, s.requestReplace(contract.ReplaceSignal{Grant: true}).replan, "a grant that arrives now replaces nothing")
+	})
+	t.Run("a promoted replacement serves what waited", func(t *testing.T) {
+		s := pooledState(banning)
+		s.report(ban, t0)
+		s.Next = runningRef("b", s.Spec)
+		s.Next.Health = &activities.Health{Known: true, Healthy: true}
+		s.promote(t0)
+		assert.Nil(t, s.Asked)
+	})
+	t.Run("a manual replace is not held", func(t *testing.T) {
+		s := pooledState(banning)
+		s.report(ban, t0)
+		assert.True(t, s.requestReplace(contract.ReplaceSignal{Reason: "manual"}).replan)
+		assert.Equal(t, "manual", s.ReplaceReason)
+		assert.Nil(t, s.Asked)
+	})
+	t.Run("a Proxy that leaves its pool replaces what waited at once", func(t *testing.T) {
+		s := pooledState(banning)
+		s.report(ban, t0)
+		e := s.applySpec(SpecSignal{UID: s.UID, Generation: s.Generation, Spec: *s.Spec})
+		assert.True(t, e.replan)
+		assert.Equal(t, "banned on 1 targets within 1h0m0s", s.ReplaceReason)
+		assert.Nil(t, s.Asked)
+	})
+	t.Run("membership arrives with a duplicate spec", func(t *testing.T) {
+		s := steadyState(banning)
+		s.policy = policyFor(versionPoolGrants)
+		s.Instance.KeyID = "k1"
+		s.applySpec(SpecSignal{UID: s.UID, Generation: s.Generation, Spec: *s.Spec, Pool: "eu"})
+		assert.Equal(t, "eu", s.Pool)
+		assert.False(t, s.report(ban, t0).replan)
+		assert.NotNil(t, s.Asked)
+	})
+	t.Run("runs of version 5 and Proxies of no pool replace at once", func(t *testing.T) {
+		old := steadyState(banning)
+		old.policy = policyFor(versionServeWhileReplacing)
+		old.Pool = "eu"
+		assert.True(t, old.report(ban, t0).replan)
+		assert.Nil(t, old.Asked)
+		assert.Nil(t, meta.FindStatusCondition(status(&old, "wf").Conditions, v1alpha1.ConditionReplacementPending))
+
+		alone := steadyState(banning)
+		alone.policy = policyFor(versionPoolGrants)
+		assert.True(t, alone.report(ban, t0).replan)
+		assert.Nil(t, meta.FindStatusCondition(status(&alone, "wf").Conditions, v1alpha1.ConditionReplacementPending))
+	})
+}
