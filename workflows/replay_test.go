@@ -92,6 +92,7 @@ func TestCorpusCoversEveryPath(t *testing.T) {
 		"local activity PublishStatus", "local activity ReleaseFinalizer", "local activity HashCloudInit",
 		"timer " + wakeMaxAge, "timer " + wakeUnhealthy, "timer " + wakeRetry, "timer " + wakeRunAge,
 		"signal " + contract.SignalSpec, "signal " + contract.SignalDelete, "signal " + contract.SignalReport,
+		"signal " + contract.SignalReplace,
 		"continued as new", "started from continued state",
 	} {
 		assert.True(t, seen[want], "no recorded history of version %d has %q", LatestVersion, want)

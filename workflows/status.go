@@ -2,6 +2,7 @@ package workflows
 
 import (
 	"fmt"
+	"math"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -56,6 +57,7 @@ func status(s *ProxyState, workflowID string) v1alpha1.ProxyStatus {
 	st := v1alpha1.ProxyStatus{
 		Phase:              ph,
 		Replacements:       s.Replacements,
+		RetiringInstances:  int32(min(len(s.Retiring), math.MaxInt32)),
 		ObservedGeneration: s.Generation,
 		WorkflowID:         workflowID,
 	}

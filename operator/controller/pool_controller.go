@@ -424,7 +424,8 @@ func memberOf(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, hash string) member {
 	}
 	m.ready = meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionReady)
 	m.unhealthy = meta.IsStatusConditionFalse(p.Status.Conditions, v1alpha1.ConditionHealthy)
-	m.replacing = p.Status.Phase == v1alpha1.PhaseReplacing
+	// An instance given up and still being deleted is an extra instance too.
+	m.replacing = p.Status.Phase == v1alpha1.PhaseReplacing || p.Status.RetiringInstances > 0
 	m.pending = meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionReplacementPending)
 	if at, ok := p.Annotations[AnnotationReplaceGranted]; ok {
 		// An unreadable time (written by hand) is an old grant: sent again at once.

@@ -29,8 +29,8 @@ type member struct {
 	ready bool
 	// unhealthy: condition Healthy is False.
 	unhealthy bool
-	// replacing: phase Replacing, its replacement instance under way (a surge instance
-	// whatever started it).
+	// replacing: phase Replacing, its replacement instance under way, or an instance it
+	// gave up still being deleted (a surge instance whatever started it).
 	replacing bool
 	// deleting: it has a deletion time; it still exists until its instances are gone.
 	deleting bool

@@ -495,6 +495,10 @@ type ProxyStatus struct {
 	// Replacements counts instances replaced over the Proxy's life.
 	// +optional
 	Replacements int32 `json:"replacements,omitempty"`
+	// RetiringInstances counts the instances given up and not deleted yet: they cost
+	// money until they are, and a pool counts them against its maxSurge.
+	// +optional
+	RetiringInstances int32 `json:"retiringInstances,omitempty"`
 	// LatencyMillis is the median latency of the last 5 successful probes, as last
 	// recorded (latency alone is recorded at most every 10 minutes).
 	// +optional

@@ -1,0 +1,125 @@
+package life
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/internal/e2e"
+	"github.com/proxyfleet/proxyfleet/internal/stack"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
+)
+
+// TestPoolBannedEverywhereReplacesWithinTheSurge: a site that answers 403 to everyone is
+// crawled through the gateway, which reports each 403 as a ban, and every proxy of a pool
+// of 6 (banReplaceTargets 1, maxSurge 2) asks for a replacement at once. The pool lets
+// them replace two at a time: at every look no more than 2 of its Proxies are replacing
+// and the provider holds no more than 8 instances, until every member has a new one.
+func TestPoolBannedEverywhereReplacesWithinTheSurge(t *testing.T) {
+	const n, surge = 6, 2
+	s := stack.Start(t, stack.Options{})
+	ctx := context.Background()
+	ns := s.Namespace(t)
+	d := s.StartDiscovery(t)
+
+	hostile := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "go away", http.StatusForbidden)
+	}))
+	defer hostile.Close()
+
+	spec := stack.Tagged(s.LocalProxy(ns, "template"), ns).Spec
+	spec.Lifecycle = &v1alpha1.Lifecycle{BanReplaceTargets: ptr.To(int32(1))}
+	pool := &v1alpha1.ProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "banned"},
+		Spec: v1alpha1.ProxyPoolSpec{
+			Replicas: ptr.To(int32(n)),
+			Template: v1alpha1.ProxyTemplate{Spec: spec},
+			Strategy: v1alpha1.PoolStrategy{MaxSurge: ptr.To(intstr.FromInt32(surge)), MaxUnavailable: ptr.To(intstr.FromInt32(0))},
+		},
+	}
+	require.NoError(t, s.Kube.Client.Create(ctx, pool))
+	yes := true
+	require.Eventually(t, func() bool { return len(d.Store.List(discovery.Selector{"run": ns}, &yes)) == n },
+		3*time.Minute, 100*time.Millisecond, "six healthy proxies in discovery")
+
+	members := func() []v1alpha1.Proxy {
+		var list v1alpha1.ProxyList
+		require.NoError(t, s.Kube.Client.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelPool: pool.Name}))
+		return list.Items
+	}
+	first := map[string]string{}
+	for _, m := range members() {
+		first[m.Name] = m.Status.InstanceName
+	}
+
+	// The crawl: through the gateway, again and again; the site bans every proxy it sees.
+	gw := &url.URL{Scheme: "http", User: url.UserPassword(discovery.DefaultClientName+";run="+ns, d.Token), Host: d.GatewayAddr}
+	hc := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(gw)}, Timeout: time.Minute}
+	crawlCtx, stopCrawl := context.WithCancel(ctx)
+	var crawl sync.WaitGroup
+	for range 4 {
+		crawl.Go(func() {
+			for crawlCtx.Err() == nil {
+				req, _ := http.NewRequestWithContext(crawlCtx, http.MethodGet, hostile.URL+"/", nil)
+				if resp, err := hc.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}
+		})
+	}
+	defer func() { stopCrawl(); crawl.Wait() }()
+
+	deadline := time.Now().Add(5 * time.Minute)
+	most, mostInstances, asked := 0, 0, 0
+	for {
+		ms := members()
+		replacing, instances, done := 0, 0, len(ms) == n
+		for i := range ms {
+			m := &ms[i]
+			if m.Status.Phase == v1alpha1.PhaseReplacing || m.Status.RetiringInstances > 0 {
+				replacing++
+			}
+			if c := findCondition(m.Status.Conditions, v1alpha1.ConditionReplacementPending); c != nil && c.Status == metav1.ConditionTrue {
+				asked++
+			}
+			instances += len(s.InstancesOf(m.UID))
+			done = done && m.Status.InstanceName != first[m.Name] && m.Status.InstanceName != ""
+		}
+		most, mostInstances = max(most, replacing), max(mostInstances, instances)
+		require.LessOrEqual(t, replacing, surge, "more Proxies replacing at once than maxSurge allows")
+		require.LessOrEqual(t, instances, n+surge, "more instances than replicas + maxSurge")
+		if done {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "not every banned member was replaced")
+		time.Sleep(100 * time.Millisecond) // polling the stack, not synchronising
+	}
+	stopCrawl()
+	crawl.Wait()
+	t.Logf("every member of %d banned: at most %d replacing and %d instances at once; %d looks saw a member waiting for the pool",
+		n, most, mostInstances, asked)
+	assert.Positive(t, asked, "no member ever waited for the pool: the budget was never needed")
+	e2e.RecordHistory(t, s, contract.ProxyWorkflowID(ns, pool.Name+"-0"), "pool-grant.json")
+}
+
+func findCondition(conds []metav1.Condition, typ string) *metav1.Condition {
+	for i := range conds {
+		if conds[i].Type == typ {
+			return &conds[i]
+		}
+	}
+	return nil
+}
