@@ -57,9 +57,13 @@ func status(s *ProxyState, workflowID string) v1alpha1.ProxyStatus {
 	st := v1alpha1.ProxyStatus{
 		Phase:              ph,
 		Replacements:       s.Replacements,
-		RetiringInstances:  int32(min(len(s.Retiring), math.MaxInt32)),
 		ObservedGeneration: s.Generation,
 		WorkflowID:         workflowID,
+	}
+	if s.policy.poolGrants {
+		// Older runs wrote the status without it: a status that differs is one more
+		// write, a command their histories do not have.
+		st.RetiringInstances = int32(min(len(s.Retiring), math.MaxInt32))
 	}
 	switch {
 	case s.Spec != nil && s.Spec.EffectiveMode() == v1alpha1.ModeExternal:
