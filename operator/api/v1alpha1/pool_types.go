@@ -58,7 +58,9 @@ type TemplateMetadata struct {
 	// +kubebuilder:validation:MaxProperties=32
 	// +optional
 	Labels map[string]string `json:"labels,omitempty"`
+	// Keys under crawl.example.com/ are the operator's (a pool's grants live there).
 	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('crawl.example.com/'))",message="spec.template.metadata.annotations: keys under crawl.example.com/ are the operator's"
 	// +optional
 	Annotations map[string]string `json:"annotations,omitempty"`
 }

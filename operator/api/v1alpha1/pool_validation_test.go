@@ -85,6 +85,8 @@ func TestInvalidPoolsAreRejected(t *testing.T) {
 		{"negative surge", poolTemplate + "strategy: {maxSurge: -1}\n", "spec.strategy.maxSurge must be a non-negative count or a percentage"},
 		{"surge not a percentage", poolTemplate + "strategy: {maxSurge: 'lots'}\n", "spec.strategy.maxSurge must be a non-negative count or a percentage"},
 		{"unavailable not a percentage", poolTemplate + "strategy: {maxUnavailable: '5'}\n", "spec.strategy.maxUnavailable must be a non-negative count or a percentage"},
+		{"the operator's annotation", "template:\n  metadata: {annotations: {crawl.example.com/replace-granted: '2030-01-01T00:00:00Z'}}\n" + poolTemplate[len("template:\n"):],
+			"spec.template.metadata.annotations: keys under crawl.example.com/ are the operator's"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
