@@ -64,6 +64,9 @@ func status(s *ProxyState, workflowID string) v1alpha1.ProxyStatus {
 		// Older runs wrote the status without it: a status that differs is one more
 		// write, a command their histories do not have.
 		st.RetiringInstances = int32(min(len(s.Retiring), math.MaxInt32))
+		if s.Spec != nil && s.Spec.CloudInit != nil {
+			st.CloudInitVersion = s.HashedVersion
+		}
 	}
 	switch {
 	case s.Spec != nil && s.Spec.EffectiveMode() == v1alpha1.ModeExternal:

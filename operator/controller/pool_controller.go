@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
@@ -26,6 +27,7 @@ import (
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -98,6 +100,7 @@ func (r *PoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("proxypool").
 		For(&v1alpha1.ProxyPool{}).
 		Owns(&v1alpha1.Proxy{}).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.poolsForSecret)).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: 4,
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](500*time.Millisecond, 30*time.Second),
@@ -133,7 +136,8 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		}
 	}
 
-	hash := templateHash(pool.Spec.Template)
+	from := r.builtFrom(ctx, &pool)
+	hash := from.hash
 	desired := int(ptr.Deref(pool.Spec.Replicas, 1))
 	surge, err := budget(pool.Spec.Strategy.MaxSurge, desired, true)
 	if err != nil {
@@ -157,7 +161,7 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	active := 0
 	for _, p := range owned {
 		byName[p.Name] = p
-		in.members = append(in.members, memberOf(&pool, p, hash))
+		in.members = append(in.members, memberOf(&pool, p, from))
 		if p.DeletionTimestamp == nil {
 			active++
 		}
@@ -168,7 +172,7 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	plan := planPool(in)
 
 	for _, n := range plan.create {
-		p, err := newMember(&pool, n, hash, r.Client.Scheme())
+		p, err := newMember(&pool, n, from, r.Client.Scheme())
 		if err != nil {
 			return reconcile.Result{}, err
 		}
@@ -184,7 +188,7 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	for _, name := range plan.update {
 		p := byName[name]
 		before := p.DeepCopy()
-		applyTemplate(&pool, p, hash)
+		applyTemplate(&pool, p, from)
 		if err := r.Client.Patch(ctx, p, ctrlclient.MergeFromWithOptions(before, ctrlclient.MergeFromWithOptimisticLock{})); err != nil {
 			return reconcile.Result{}, fmt.Errorf("update %s: %w", name, err)
 		}
@@ -413,14 +417,20 @@ func (r *PoolReconciler) writeStatus(ctx context.Context, pool *v1alpha1.ProxyPo
 }
 
 // memberOf is what the plan needs of Proxy p.
-func memberOf(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, hash string) member {
+func memberOf(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, from builtFrom) member {
 	m := member{
 		name:     p.Name,
 		index:    memberIndex(pool.Name, p.Name),
 		created:  p.CreationTimestamp.Time,
-		current:  p.Labels[LabelPoolTemplate] == hash,
+		current:  p.Labels[LabelPoolTemplate] == from.hash,
 		settled:  p.Status.ObservedGeneration == p.Generation,
 		deleting: p.DeletionTimestamp != nil,
+	}
+	if pinned, ok := p.Annotations[v1alpha1.AnnotationCloudInitVersion]; ok && p.Status.CloudInitVersion != "" && p.Status.CloudInitVersion != pinned {
+		// A rotation given to it that its workflow has not taken and hashed yet: a step
+		// under way, which the generation does not show (the annotation is not spec).
+		// (Runs before version 6 do not say which version they took.)
+		m.settled = false
 	}
 	m.ready = meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionReady)
 	m.unhealthy = meta.IsStatusConditionFalse(p.Status.Conditions, v1alpha1.ConditionHealthy)
@@ -436,9 +446,9 @@ func memberOf(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, hash string) member {
 }
 
 // newMember is the pool's n-th Proxy, built from its template.
-func newMember(pool *v1alpha1.ProxyPool, n int, hash string, s *runtime.Scheme) (*v1alpha1.Proxy, error) {
+func newMember(pool *v1alpha1.ProxyPool, n int, from builtFrom, s *runtime.Scheme) (*v1alpha1.Proxy, error) {
 	p := &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: memberName(pool.Name, n)}}
-	applyTemplate(pool, p, hash)
+	applyTemplate(pool, p, from)
 	// The pool controls it: Owns() routes its changes here, and a cluster's garbage
 	// collector deletes it with the pool even if the pool's finalizer were removed by hand.
 	if err := controllerutil.SetControllerReference(pool, p, s); err != nil {
@@ -448,20 +458,23 @@ func newMember(pool *v1alpha1.ProxyPool, n int, hash string, s *runtime.Scheme) 
 }
 
 // applyTemplate gives p the pool's template: its labels and annotations (beside what p has
-// of its own), the pool's labels, and the spec.
-func applyTemplate(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, hash string) {
+// of its own), the pool's labels, the spec, and the cloud-init version it is built from.
+func applyTemplate(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, from builtFrom) {
 	t := pool.Spec.Template
 	if p.Labels == nil {
 		p.Labels = map[string]string{}
 	}
 	maps.Copy(p.Labels, t.Metadata.Labels)
 	p.Labels[v1alpha1.LabelPool] = pool.Name
-	p.Labels[LabelPoolTemplate] = hash
-	if len(t.Metadata.Annotations) > 0 {
-		if p.Annotations == nil {
-			p.Annotations = map[string]string{}
-		}
-		maps.Copy(p.Annotations, t.Metadata.Annotations)
+	p.Labels[LabelPoolTemplate] = from.hash
+	if p.Annotations == nil {
+		p.Annotations = map[string]string{}
+	}
+	maps.Copy(p.Annotations, t.Metadata.Annotations)
+	if from.cloudInit != nil {
+		p.Annotations[v1alpha1.AnnotationCloudInitVersion] = *from.cloudInit
+	} else {
+		delete(p.Annotations, v1alpha1.AnnotationCloudInitVersion)
 	}
 	p.Spec = *t.Spec.DeepCopy()
 	if l := p.Spec.Lifecycle; l != nil && l.MaxAge != nil {
@@ -471,13 +484,56 @@ func applyTemplate(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, hash string) {
 	}
 }
 
-// templateHash names a template: Proxies built from an older one are rolled.
-func templateHash(t v1alpha1.ProxyTemplate) string {
+// builtFrom is what a pool's members are built from now: the template's hash, and for a
+// template that boots from a cloud-init Secret, that Secret's version ("" while it cannot
+// be read: the members then say why in their own status).
+type builtFrom struct {
+	hash      string
+	cloudInit *string
+}
+
+func (r *PoolReconciler) builtFrom(ctx context.Context, pool *v1alpha1.ProxyPool) builtFrom {
+	t := pool.Spec.Template
+	if t.Spec.CloudInit == nil {
+		return builtFrom{hash: templateHash(t, nil)}
+	}
+	var secret corev1.Secret
+	version := ""
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: t.Spec.CloudInit.SecretRef.Name}, &secret); err == nil {
+		version = secret.ResourceVersion
+	}
+	return builtFrom{hash: templateHash(t, &version), cloudInit: &version}
+}
+
+// templateHash names a template and, when it boots from a cloud-init Secret, that
+// Secret's version: Proxies built from an older one are rolled, so a rotation of the
+// Secret is rolled out within the pool's budget like a template change.
+func templateHash(t v1alpha1.ProxyTemplate, cloudInit *string) string {
 	b, err := json.Marshal(t)
 	if err != nil {
 		// Plain API data always encodes.
 		panic(err)
 	}
+	if cloudInit != nil {
+		b = append(append(b, 0), *cloudInit...)
+	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:5])
+}
+
+// poolsForSecret are the pools whose template boots from Secret o: its rotation is theirs
+// to roll out.
+func (r *PoolReconciler) poolsForSecret(ctx context.Context, o ctrlclient.Object) []reconcile.Request {
+	var pools v1alpha1.ProxyPoolList
+	if err := r.Client.List(ctx, &pools, ctrlclient.InNamespace(o.GetNamespace())); err != nil {
+		log.FromContext(ctx).Error(err, "list pools for a cloud-init Secret", "secret", o.GetName())
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, p := range pools.Items {
+		if ci := p.Spec.Template.Spec.CloudInit; ci != nil && ci.SecretRef.Name == o.GetName() {
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}})
+		}
+	}
+	return reqs
 }
