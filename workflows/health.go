@@ -50,6 +50,12 @@ func (s *ProxyState) monitorReturned(res activities.MonitorResult, now time.Time
 			s.retire(name)
 			// Whatever a replacement was wanted for, the instance it concerned is gone.
 			s.Asked = nil
+			if s.policy.poolGrants {
+				// So are the bans and rests its address earned: the next instance has an
+				// address of its own, and must not ask the pool on its first ban for what
+				// the lost one was banned for. (Older runs' histories kept them.)
+				s.Cooldowns, s.Bans = nil, nil
+			}
 			s.Health = activities.Health{Known: true, Healthy: false, Since: now, LastFailure: "instance " + why}
 			if s.policy.serveWhileReplacing && s.Next != nil {
 				// Its replacement is already being built: it takes over (a report can now

@@ -139,3 +139,24 @@ func TestPoolMemberAsksBeforeReplacing(t *testing.T) {
 		assert.Nil(t, meta.FindStatusCondition(status(&alone, "wf").Conditions, v1alpha1.ConditionReplacementPending))
 	})
 }
+
+// TestAskEndsWithItsCause: an edit of the lifecycle that asked drops the ask (a maxAge
+// or unhealthy timer asks again if still due), and bans still over the limit keep it.
+func TestAskEndsWithItsCause(t *testing.T) {
+	ban := contract.ReportSignal{Target: "shop.example", Result: contract.ReportBanned}
+	s := pooledState(func(p *v1alpha1.ProxySpec) {
+		p.Lifecycle = &v1alpha1.Lifecycle{BanReplaceTargets: ptr(int32(1))}
+	})
+	s.report(ban, t0)
+	require.NotNil(t, s.Asked)
+	respec := func(gen int64, mut func(*v1alpha1.ProxySpec)) {
+		spec := *s.Spec
+		mut(&spec)
+		s.applySpec(SpecSignal{UID: s.UID, Generation: gen, Spec: spec, Pool: s.Pool})
+	}
+	respec(2, func(p *v1alpha1.ProxySpec) { p.Attributes = map[string]v1alpha1.AttributeValue{"tier": "b"} })
+	assert.NotNil(t, s.Asked, "still banned on as many sites as the limit")
+	respec(3, func(p *v1alpha1.ProxySpec) { p.Lifecycle = nil })
+	assert.Nil(t, s.Asked, "no ban limit any more: nothing to replace for")
+	assert.Empty(t, s.ReplaceReason)
+}

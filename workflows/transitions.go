@@ -79,10 +79,11 @@ func (s *ProxyState) applySpec(sig SpecSignal) effect {
 		*s = ProxyState{Retiring: s.Retiring, policy: s.policy}
 		e = effect{note: "spec for a different object UID; retiring the old object's instances", warn: true}
 	}
-	if s.policy.poolGrants && (s.UID == "" || sig.UID == s.UID) && sig.Pool != s.Pool {
-		// Membership is not part of the spec's generation: a duplicate spec (every
-		// reconcile sends one) carries it to runs whose Proxy joined or left a pool, or
-		// was a member before runs took the pool's grants.
+	if (s.UID == "" || sig.UID == s.UID) && sig.Pool != s.Pool {
+		// Membership is not part of the spec's generation: the controller sends a
+		// duplicate spec when it changes. Runs of every version keep it (only version 6
+		// acts on it), so a member's run that started before version 6 carries it into the
+		// run it continues as.
 		s.Pool = sig.Pool
 		if s.Pool == "" && s.Asked != nil {
 			// No pool to grant it any more: what waited starts now.
@@ -101,6 +102,10 @@ func (s *ProxyState) applySpec(sig SpecSignal) effect {
 		s.SecretHash = ""
 	}
 	s.CloudInitError = ""
+	if s.Asked != nil && !s.stillAsks() {
+		// The lifecycle that asked changed: a timer asks again if it is still due.
+		s.Asked = nil
+	}
 	// A newer spec deserves a fresh attempt now, not after the last failure's backoff.
 	s.Failure, s.RetryAt, s.Attempt, s.LastError, s.Quota = nil, time.Time{}, 0, "", ""
 	e.replan = true
@@ -546,4 +551,16 @@ func portOr(p int32, spec *v1alpha1.ProxySpec) int32 {
 		return p
 	}
 	return spec.EffectivePort()
+}
+
+// stillAsks says whether the replacement a member asked for is still wanted under the
+// spec it has now: bans still at the limit. An ask of maxAge or of the unhealthy grace is
+// dropped, and asked again at once by the steady step's timer when still due under the
+// new lifecycle.
+func (s *ProxyState) stillAsks() bool {
+	if s.Asked.Cause != v1alpha1.ReasonBanned || s.Spec == nil || s.Spec.EffectiveMode() != v1alpha1.ModeManaged {
+		return false
+	}
+	limit := s.banLimit()
+	return limit > 0 && len(s.Bans) >= limit
 }

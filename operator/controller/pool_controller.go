@@ -10,6 +10,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
 	"go.temporal.io/api/serviceerror"
@@ -86,6 +87,77 @@ type PoolReconciler struct {
 	Temporal Signaler
 	// Now is the clock (tests move it); nil is time.Now.
 	Now func() time.Time
+
+	mu sync.Mutex
+	// expected is what this reconciler wrote on members and its cache may not show yet
+	// (a ReplicaSet's expectations): a reconcile that follows at once, planning from a
+	// cache without the write, would otherwise hand the same budget out again.
+	expected map[types.UID]expectation
+}
+
+// expectation is a write on a member the cache has not shown yet.
+type expectation struct {
+	// grantedAt is a grant written; hash a template given. Zero when none.
+	grantedAt time.Time
+	hash      string
+	// until is when it is forgotten: a cache a minute behind is a broken one, and the
+	// objects as listed win.
+	until time.Time
+}
+
+// expectationTTL bounds how long a write is expected: informers deliver in milliseconds.
+const expectationTTL = time.Minute
+
+// expect records writes on member uid.
+func (r *PoolReconciler) expect(uid types.UID, now time.Time, change func(*expectation)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.expected == nil {
+		r.expected = map[types.UID]expectation{}
+	}
+	e := r.expected[uid]
+	change(&e)
+	e.until = now.Add(expectationTTL)
+	r.expected[uid] = e
+}
+
+// applyExpected makes members as this reconciler last wrote them where the cache does not
+// show it yet, and forgets what the cache shows or what is too old.
+func (r *PoolReconciler) applyExpected(members []member, byName map[string]*v1alpha1.Proxy, hash string, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := range members {
+		m := &members[i]
+		p := byName[m.name]
+		e, ok := r.expected[p.UID]
+		if !ok {
+			continue
+		}
+		if now.After(e.until) {
+			delete(r.expected, p.UID)
+			continue
+		}
+		if !e.grantedAt.IsZero() {
+			if m.granted {
+				e.grantedAt = time.Time{}
+			} else {
+				m.granted, m.grantedAt = true, e.grantedAt
+			}
+		}
+		if e.hash != "" {
+			if m.current || e.hash != hash {
+				e.hash = ""
+			} else {
+				// Given the template: a step under way until its run takes it.
+				m.current, m.settled = true, false
+			}
+		}
+		if e.grantedAt.IsZero() && e.hash == "" {
+			delete(r.expected, p.UID)
+		} else {
+			r.expected[p.UID] = e
+		}
+	}
 }
 
 // Signaler is the part of the Temporal client the pool uses.
@@ -169,6 +241,7 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	if active > desired {
 		r.addUse(ctx, &pool, in.members)
 	}
+	r.applyExpected(in.members, byName, from.hash, now)
 	plan := planPool(in)
 
 	for _, n := range plan.create {
@@ -192,20 +265,27 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		if err := r.Client.Patch(ctx, p, ctrlclient.MergeFromWithOptions(before, ctrlclient.MergeFromWithOptimisticLock{})); err != nil {
 			return reconcile.Result{}, fmt.Errorf("update %s: %w", name, err)
 		}
+		r.expect(p.UID, now, func(e *expectation) { e.hash = from.hash })
 	}
+	var result reconcile.Result
 	for _, name := range plan.ungrant {
-		if err := r.setGrant(ctx, byName[name], time.Time{}); err != nil {
+		if err := r.setGrant(ctx, byName[name], time.Time{}); apierrors.IsConflict(err) {
+			// The member moved since the cache saw it; its change brings the pool back.
+			result.RequeueAfter = time.Second
+		} else if err != nil {
 			return reconcile.Result{}, err
 		}
 	}
-	var result reconcile.Result
 	if r.Temporal != nil {
 		for _, name := range append(plan.grant, plan.regrant...) {
-			if err := r.grant(ctx, byName[name], now); err != nil {
+			if err := r.grant(ctx, byName[name], now); apierrors.IsConflict(err) {
+				// Not granted: the next reconcile plans from the member as it is now.
+				result.RequeueAfter = time.Second
+			} else if err != nil {
 				return reconcile.Result{}, err
 			}
 		}
-		if len(plan.grant)+len(plan.regrant) > 0 || hasGrants(in.members, plan.ungrant) {
+		if (len(plan.grant)+len(plan.regrant) > 0 || hasGrants(in.members, plan.ungrant)) && result.RequeueAfter == 0 {
 			// A grant whose replacement does not start is sent again (regrant); nothing
 			// else may wake the pool meanwhile.
 			result.RequeueAfter = regrantAfter
@@ -229,6 +309,7 @@ func (r *PoolReconciler) grant(ctx context.Context, p *v1alpha1.Proxy, now time.
 	if err := r.setGrant(ctx, p, now); err != nil {
 		return err
 	}
+	r.expect(p.UID, now, func(e *expectation) { e.grantedAt = now })
 	sig := contract.ReplaceSignal{Reason: "granted by its pool", Grant: true}
 	if err := r.Temporal.SignalWorkflow(ctx, contract.ProxyWorkflowID(p.Namespace, p.Name), "", contract.SignalReplace, sig); err != nil {
 		var notFound *serviceerror.NotFound
@@ -254,6 +335,9 @@ func (r *PoolReconciler) setGrant(ctx context.Context, p *v1alpha1.Proxy, at tim
 	}
 	if err := r.Client.Patch(ctx, p, ctrlclient.MergeFromWithOptions(before, ctrlclient.MergeFromWithOptimisticLock{})); ctrlclient.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("grant annotation of %s: %w", p.Name, err)
+	}
+	if at.IsZero() {
+		r.expect(p.UID, time.Now(), func(e *expectation) { e.grantedAt = time.Time{} })
 	}
 	return nil
 }
@@ -436,7 +520,10 @@ func memberOf(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, from builtFrom) membe
 	m.unhealthy = meta.IsStatusConditionFalse(p.Status.Conditions, v1alpha1.ConditionHealthy)
 	// An instance given up and still being deleted is an extra instance too.
 	m.replacing = p.Status.Phase == v1alpha1.PhaseReplacing || p.Status.RetiringInstances > 0
-	m.pending = meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionReplacementPending)
+	if c := meta.FindStatusCondition(p.Status.Conditions, v1alpha1.ConditionReplacementPending); c != nil && c.Status == metav1.ConditionTrue {
+		m.pending, m.askedAt = true, c.LastTransitionTime.Time
+	}
+	m.provisioned = meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionProvisioned)
 	if at, ok := p.Annotations[AnnotationReplaceGranted]; ok {
 		// An unreadable time (written by hand) is an old grant: sent again at once.
 		m.granted = true

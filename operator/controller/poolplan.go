@@ -37,6 +37,10 @@ type member struct {
 	// pending: its workflow wants to replace its instance on its own account (maxAge,
 	// the unhealthy grace, bans) and waits for the pool's grant (ReplacementPending).
 	pending bool
+	// askedAt is when it began to ask (the condition's transition time).
+	askedAt time.Time
+	// provisioned: it has an instance (condition Provisioned is True).
+	provisioned bool
 	// granted: the pool granted it (annotation AnnotationReplaceGranted) and has not yet
 	// seen the replacement start; grantedAt is when.
 	granted   bool
@@ -113,29 +117,39 @@ func planPool(in poolInput) poolPlan {
 		}
 	}
 
-	// Due are the members to replace: outdated ones (a new template), and those whose
-	// workflow asks to replace its instance (maxAge, ill health, bans). Both count
-	// against one budget, so nothing that asks can rebuild the pool at once.
+	// Due are the members to replace: outdated ones (a new template or cloud-init
+	// version), and those whose workflow asks to replace its instance (maxAge, ill
+	// health, bans). Both count against one budget, so nothing that asks can rebuild the
+	// pool at once. Extras are the members with a second instance, or about to have one:
+	// what maxSurge bounds. Members not Ready on the current template (new, or updated
+	// and not back) have none, but hold back further updates, as a Deployment's rollout
+	// waits for its new pods; they do not hold back what members ask for.
 	var due []member
-	inFlight, ready := 0, 0
+	extras, unreadyCurrent, ready := 0, 0, 0
 	for _, m := range active {
+		granted := m.granted
 		switch {
-		case m.granted && !m.pending:
-			// Its replacement started (and counts as replacing below) or is no longer
-			// wanted: the grant has done its work.
+		case granted && (!m.pending || in.surge == 0):
+			// Its replacement started (and counts as replacing below), is no longer
+			// wanted, or the budget is now delete-first: the grant has done its work.
 			p.ungrant = append(p.ungrant, m.name)
-		case m.granted && in.now.Sub(m.grantedAt) >= regrantAfter:
+			granted = false
+		case granted && (in.now.Sub(m.grantedAt) >= regrantAfter || m.grantedAt.After(in.now.Add(regrantAfter))):
+			// Unanswered for regrantAfter, or dated ahead of this clock by more than
+			// that (written by hand, or by a leader whose clock ran ahead).
 			p.regrant = append(p.regrant, m.name)
 		}
 		switch {
-		case m.replacing || m.granted:
-			// An instance beside the serving one, whatever asked for it, or about to be.
-			inFlight++
+		case m.replacing || granted:
+			extras++
+		case m.current && !m.settled && (m.ready || m.provisioned):
+			// Given a new spec or cloud-init version its run has not taken yet: its
+			// replacement is about to start (its status may still show an old ask).
+			extras++
 		case !m.current || m.pending:
 			due = append(due, m)
 		case !m.settled || !m.ready:
-			// Updated or new, and not Ready yet: a rollout step under way.
-			inFlight++
+			unreadyCurrent++
 		}
 		if m.ready {
 			ready++
@@ -145,14 +159,22 @@ func planPool(in poolInput) poolPlan {
 	switch {
 	case len(due) == 0:
 	case in.surge > 0:
-		n := min(len(due), in.surge-inFlight)
-		for _, m := range due[:max(n, 0)] {
+		free := in.surge - extras
+		pace := free - unreadyCurrent
+		for _, m := range due {
+			if free <= 0 {
+				break
+			}
 			if m.current {
 				p.grant = append(p.grant, m.name)
-			} else {
+			} else if pace > 0 {
 				// The new template replaces it, which serves what it asked for too.
 				p.update = append(p.update, m.name)
+			} else {
+				continue
 			}
+			free--
+			pace--
 		}
 	default:
 		// Delete-first: one that is not Ready serves nobody and may always go; of the
@@ -175,13 +197,17 @@ func planPool(in poolInput) poolPlan {
 
 // lessUseful orders members from the one to give up first: not ready, then unhealthy,
 // then resting for the most sites (banned where crawlers go), then holding the fewest
-// leases (the fewest crawlers cut off), then the oldest.
+// leases (the fewest crawlers cut off), then the one that has asked to be replaced
+// longest (so a member banned again and again cannot keep the budget from one whose
+// maxAge came due long ago), then the oldest.
 func lessUseful(a, b member) int {
 	return cmp.Or(
 		cmpBool(!a.ready, !b.ready),
 		cmpBool(a.unhealthy, b.unhealthy),
 		cmp.Compare(b.resting, a.resting),
 		cmp.Compare(a.leases, b.leases),
+		cmpBool(a.pending, b.pending),
+		a.askedAt.Compare(b.askedAt),
 		a.created.Compare(b.created),
 		strings.Compare(a.name, b.name),
 	)

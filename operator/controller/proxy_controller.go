@@ -108,12 +108,13 @@ func (r *ProxyReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager
 	}
 	// Status patches (the workflow's) do not bump the generation; reacting to them would
 	// echo a duplicate signal for every status change.
-	// The cloud-init version a pool pins is metadata, not spec: a change of it is a rotation
-	// reaching this member.
+	// The cloud-init version a pool pins, and the pool that controls the Proxy, are
+	// metadata, not spec: a change of either is news for the workflow.
 	onSpecOrDelete := predicate.Or(predicate.GenerationChangedPredicate{}, predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			return e.ObjectNew.GetDeletionTimestamp() != nil ||
-				e.ObjectOld.GetAnnotations()[v1alpha1.AnnotationCloudInitVersion] != e.ObjectNew.GetAnnotations()[v1alpha1.AnnotationCloudInitVersion]
+				e.ObjectOld.GetAnnotations()[v1alpha1.AnnotationCloudInitVersion] != e.ObjectNew.GetAnnotations()[v1alpha1.AnnotationCloudInitVersion] ||
+				poolOf(e.ObjectOld) != poolOf(e.ObjectNew)
 		},
 	})
 	return ctrl.NewControllerManagedBy(mgr).
@@ -329,7 +330,7 @@ func (r *ProxyReconciler) warn(p *v1alpha1.Proxy, action, format string, args ..
 
 // poolOf is the name of the ProxyPool that controls p, or "": its workflow then waits for
 // the pool's grant before a replacement of its own (see PoolReconciler).
-func poolOf(p *v1alpha1.Proxy) string {
+func poolOf(p metav1.Object) string {
 	if ref := metav1.GetControllerOf(p); ref != nil && ref.Kind == "ProxyPool" &&
 		strings.HasPrefix(ref.APIVersion, v1alpha1.GroupVersion.Group+"/") {
 		return ref.Name
