@@ -152,3 +152,36 @@ func (s *ProxyState) askReplace(cause, reason string, now time.Time) bool {
 
 // gated says the run's own replacements wait for its pool's grant.
 func (s *ProxyState) gated() bool { return s.policy.poolGrants && s.Pool != "" }
+
+// rotated says the serving instance differs from the one wanted now by its cloud-init
+// Secret's data alone: the spec it was built from shapes the same instance as today's.
+func (s *ProxyState) rotated() bool {
+	cur := s.Instance
+	if !cur.Running() || s.NeedHash || s.Spec == nil || s.Spec.CloudInit == nil {
+		return false
+	}
+	desired := DesiredHash(s.Spec, s.SecretHash)
+	return cur.Hash != desired && DesiredHash(&cur.Spec, s.SecretHash) == desired
+}
+
+// heldForPool says a pool member's instance is due only for a rotation of its cloud-init
+// Secret, and waits for its pool's grant to be replaced: the Secret changes for every
+// member at once, and the pool rolls it out within maxSurge, as a template change.
+func (s *ProxyState) heldForPool() bool {
+	return s.gated() && s.ReplaceReason == "" && s.Next == nil && !s.lacksCredentials(s.Instance) && s.rotated()
+}
+
+// askRotation keeps a pool member's ask for a rotation in step with its instance: asked
+// while heldForPool, withdrawn once the instance no longer differs by the Secret alone (it
+// was rotated back, or a replacement is under way for another reason).
+func (s *ProxyState) askRotation(now time.Time) {
+	if !s.gated() {
+		return
+	}
+	switch held := s.heldForPool(); {
+	case held && s.Asked == nil:
+		s.Asked = &AskedReplace{Cause: v1alpha1.ReasonCloudInit, Reason: "the cloud-init Secret changed", Since: now}
+	case !held && s.Asked != nil && s.Asked.Cause == v1alpha1.ReasonCloudInit:
+		s.Asked = nil
+	}
+}

@@ -133,6 +133,10 @@ func planLive(s *ProxyState, now time.Time) step {
 	if !cur.Running() {
 		return stepWaitRunning
 	}
+	if s.heldForPool() {
+		// A rotation of the cloud-init Secret, which waits for the pool's grant (Asked).
+		return stepSteady
+	}
 	if cur.Hash != desired || s.ReplaceReason != "" || s.lacksCredentials(cur) {
 		next := s.Next
 		switch {

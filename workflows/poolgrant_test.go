@@ -160,3 +160,72 @@ func TestAskEndsWithItsCause(t *testing.T) {
 	assert.Nil(t, s.Asked, "no ban limit any more: nothing to replace for")
 	assert.Empty(t, s.ReplaceReason)
 }
+
+// TestPoolMemberAsksBeforeARotation: a rotation of the cloud-init Secret reaches every
+// member at once; a pool member's run asks (CloudInitRotated) and keeps serving, not
+// Replacing, until its pool grants; the ask goes when the Secret is rotated back or a
+// spec change replaces the instance anyway; a lone Proxy replaces at once as before.
+func TestPoolMemberAsksBeforeARotation(t *testing.T) {
+	booted := func(p *v1alpha1.ProxySpec) {
+		p.CloudInit = &v1alpha1.CloudInit{SecretRef: v1alpha1.SecretKeyRef{Name: "boot", Key: "startup-script"}}
+	}
+	member := func() ProxyState {
+		s := pooledState(booted)
+		s.SecretVersion, s.SecretHash = "100", "h1"
+		s.Instance.Hash = DesiredHash(s.Spec, "h1")
+		return s
+	}
+	rotate := func(s *ProxyState, version, hash string) {
+		s.applySpec(SpecSignal{UID: s.UID, Generation: s.Generation, SecretVersion: version, Spec: *s.Spec, Pool: s.Pool})
+		require.Equal(t, stepHash, plan(s, t0))
+		s.hashed(hash)
+		s.askRotation(t0)
+	}
+
+	t.Run("asks, serves, and replaces once granted", func(t *testing.T) {
+		s := member()
+		s.askRotation(t0)
+		require.Nil(t, s.Asked, "nothing rotated yet")
+		rotate(&s, "101", "h2")
+		require.NotNil(t, s.Asked)
+		assert.Equal(t, v1alpha1.ReasonCloudInit, s.Asked.Cause)
+		assert.Equal(t, stepSteady, plan(&s, t0))
+		assert.Equal(t, v1alpha1.PhaseReady, phase(&s), "it serves, and is not counted as replacing")
+		st, reason := pendingCondition(t, &s)
+		assert.Equal(t, "True", st)
+		assert.Equal(t, v1alpha1.ReasonCloudInit, reason)
+
+		require.True(t, s.requestReplace(contract.ReplaceSignal{Grant: true}).replan)
+		s.askRotation(t0)
+		assert.Nil(t, s.Asked)
+		assert.Equal(t, stepCreateNext, plan(&s, t0))
+		assert.Equal(t, v1alpha1.PhaseReplacing, phase(&s))
+	})
+	t.Run("rotated back: no longer asks", func(t *testing.T) {
+		s := member()
+		rotate(&s, "101", "h2")
+		require.NotNil(t, s.Asked)
+		rotate(&s, "102", "h1")
+		assert.Nil(t, s.Asked)
+		assert.Equal(t, stepSteady, plan(&s, t0))
+	})
+	t.Run("a spec change replaces it anyway: the ask goes", func(t *testing.T) {
+		s := member()
+		rotate(&s, "101", "h2")
+		require.NotNil(t, s.Asked)
+		spec := *s.Spec
+		spec.Port = 8080
+		s.applySpec(SpecSignal{UID: s.UID, Generation: s.Generation + 1, SecretVersion: "101", Spec: spec, Pool: s.Pool})
+		s.hashed("h2")
+		s.askRotation(t0)
+		assert.Nil(t, s.Asked)
+		assert.Equal(t, stepCreateNext, plan(&s, t0), "a template change the pool gave it, within its budget")
+	})
+	t.Run("a lone Proxy replaces at once", func(t *testing.T) {
+		s := member()
+		s.Pool = ""
+		rotate(&s, "101", "h2")
+		assert.Nil(t, s.Asked)
+		assert.Equal(t, stepCreateNext, plan(&s, t0))
+	})
+}

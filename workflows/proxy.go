@@ -112,6 +112,7 @@ func (w *proxyWorkflow) run(ctx workflow.Context) error {
 	s := w.state
 	for {
 		w.drainSignals()
+		s.askRotation(workflow.Now(ctx))
 		if err := w.publishState(ctx); err != nil {
 			return err
 		}

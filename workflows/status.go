@@ -35,7 +35,7 @@ func phase(s *ProxyState) v1alpha1.Phase {
 			}
 			return v1alpha1.PhaseProvisioning
 		}
-		if s.Next != nil || s.ReplaceReason != "" || s.Instance.Hash != DesiredHash(s.Spec, s.SecretHash) && !s.NeedHash || s.lacksCredentials(s.Instance) {
+		if s.Next != nil || s.ReplaceReason != "" || s.Instance.Hash != DesiredHash(s.Spec, s.SecretHash) && !s.NeedHash && !s.heldForPool() || s.lacksCredentials(s.Instance) {
 			return v1alpha1.PhaseReplacing
 		}
 	}
@@ -64,9 +64,6 @@ func status(s *ProxyState, workflowID string) v1alpha1.ProxyStatus {
 		// Older runs wrote the status without it: a status that differs is one more
 		// write, a command their histories do not have.
 		st.RetiringInstances = int32(min(len(s.Retiring), math.MaxInt32))
-		if s.Spec != nil && s.Spec.CloudInit != nil {
-			st.CloudInitVersion = s.HashedVersion
-		}
 	}
 	switch {
 	case s.Spec != nil && s.Spec.EffectiveMode() == v1alpha1.ModeExternal:

@@ -500,7 +500,6 @@ func (s *ProxyState) deleteFailed(msg string, now time.Time, t Tuning) {
 // hashed records the cloud-init Secret's hash.
 func (s *ProxyState) hashed(h string) {
 	s.SecretHash, s.NeedHash, s.CloudInitError = h, false, ""
-	s.HashedVersion = s.SecretVersion
 	if s.Instance != nil && s.Instance.Hash == "" && s.Spec != nil {
 		// An adopted instance of unknown spec (see adopt) is taken as built from this one.
 		s.Instance.Hash = DesiredHash(s.Spec, h)

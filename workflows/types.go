@@ -147,9 +147,6 @@ type ProxyState struct {
 	// it must be (re)computed before the desired hash is known.
 	SecretHash string `json:"secretHash,omitempty"`
 	NeedHash   bool   `json:"needHash,omitempty"`
-	// HashedVersion is the Secret version SecretHash was computed for (the status says it:
-	// a pool counts a member as done with a rotation once it has hashed the version given).
-	HashedVersion string `json:"hashedVersion,omitempty"`
 
 	Phase v1alpha1.Phase `json:"phase"`
 	// Instance serves traffic; Next is its replacement being built; Retiring are

@@ -28,7 +28,6 @@ import (
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -172,7 +171,6 @@ func (r *PoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("proxypool").
 		For(&v1alpha1.ProxyPool{}).
 		Owns(&v1alpha1.Proxy{}).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.poolsForSecret)).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: 4,
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](500*time.Millisecond, 30*time.Second),
@@ -208,7 +206,7 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		}
 	}
 
-	from := r.builtFrom(ctx, &pool)
+	from := builtFrom{hash: templateHash(pool.Spec.Template)}
 	hash := from.hash
 	desired := int(ptr.Deref(pool.Spec.Replicas, 1))
 	surge, err := budget(pool.Spec.Strategy.MaxSurge, desired, true)
@@ -510,12 +508,6 @@ func memberOf(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, from builtFrom) membe
 		settled:  p.Status.ObservedGeneration == p.Generation,
 		deleting: p.DeletionTimestamp != nil,
 	}
-	if pinned, ok := p.Annotations[v1alpha1.AnnotationCloudInitVersion]; ok && p.Status.CloudInitVersion != "" && p.Status.CloudInitVersion != pinned {
-		// A rotation given to it that its workflow has not taken and hashed yet: a step
-		// under way, which the generation does not show (the annotation is not spec).
-		// (Runs before version 6 do not say which version they took.)
-		m.settled = false
-	}
 	m.ready = meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionReady)
 	m.unhealthy = meta.IsStatusConditionFalse(p.Status.Conditions, v1alpha1.ConditionHealthy)
 	// An instance given up and still being deleted is an extra instance too.
@@ -554,14 +546,11 @@ func applyTemplate(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, from builtFrom) 
 	maps.Copy(p.Labels, t.Metadata.Labels)
 	p.Labels[v1alpha1.LabelPool] = pool.Name
 	p.Labels[LabelPoolTemplate] = from.hash
-	if p.Annotations == nil {
-		p.Annotations = map[string]string{}
-	}
-	maps.Copy(p.Annotations, t.Metadata.Annotations)
-	if from.cloudInit != nil {
-		p.Annotations[v1alpha1.AnnotationCloudInitVersion] = *from.cloudInit
-	} else {
-		delete(p.Annotations, v1alpha1.AnnotationCloudInitVersion)
+	if len(t.Metadata.Annotations) > 0 {
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		maps.Copy(p.Annotations, t.Metadata.Annotations)
 	}
 	p.Spec = *t.Spec.DeepCopy()
 	if l := p.Spec.Lifecycle; l != nil && l.MaxAge != nil {
@@ -571,56 +560,21 @@ func applyTemplate(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, from builtFrom) 
 	}
 }
 
-// builtFrom is what a pool's members are built from now: the template's hash, and for a
-// template that boots from a cloud-init Secret, that Secret's version ("" while it cannot
-// be read: the members then say why in their own status).
+// builtFrom is what a pool's members are built from now: the template, by its hash.
 type builtFrom struct {
-	hash      string
-	cloudInit *string
+	hash string
 }
 
-func (r *PoolReconciler) builtFrom(ctx context.Context, pool *v1alpha1.ProxyPool) builtFrom {
-	t := pool.Spec.Template
-	if t.Spec.CloudInit == nil {
-		return builtFrom{hash: templateHash(t, nil)}
-	}
-	var secret corev1.Secret
-	version := ""
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: t.Spec.CloudInit.SecretRef.Name}, &secret); err == nil {
-		version = secret.ResourceVersion
-	}
-	return builtFrom{hash: templateHash(t, &version), cloudInit: &version}
-}
-
-// templateHash names a template and, when it boots from a cloud-init Secret, that
-// Secret's version: Proxies built from an older one are rolled, so a rotation of the
-// Secret is rolled out within the pool's budget like a template change.
-func templateHash(t v1alpha1.ProxyTemplate, cloudInit *string) string {
+// templateHash names a template: Proxies built from an older one are rolled. A rotation
+// of the cloud-init Secret is not in it: each member's workflow notices the rotation and
+// asks to be replaced, as for a ban (see askReplace), so the pool rolls it within maxSurge
+// through its grants.
+func templateHash(t v1alpha1.ProxyTemplate) string {
 	b, err := json.Marshal(t)
 	if err != nil {
 		// Plain API data always encodes.
 		panic(err)
 	}
-	if cloudInit != nil {
-		b = append(append(b, 0), *cloudInit...)
-	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:5])
-}
-
-// poolsForSecret are the pools whose template boots from Secret o: its rotation is theirs
-// to roll out.
-func (r *PoolReconciler) poolsForSecret(ctx context.Context, o ctrlclient.Object) []reconcile.Request {
-	var pools v1alpha1.ProxyPoolList
-	if err := r.Client.List(ctx, &pools, ctrlclient.InNamespace(o.GetNamespace())); err != nil {
-		log.FromContext(ctx).Error(err, "list pools for a cloud-init Secret", "secret", o.GetName())
-		return nil
-	}
-	var reqs []reconcile.Request
-	for _, p := range pools.Items {
-		if ci := p.Spec.Template.Spec.CloudInit; ci != nil && ci.SecretRef.Name == o.GetName() {
-			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}})
-		}
-	}
-	return reqs
 }

@@ -108,13 +108,11 @@ func (r *ProxyReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager
 	}
 	// Status patches (the workflow's) do not bump the generation; reacting to them would
 	// echo a duplicate signal for every status change.
-	// The cloud-init version a pool pins, and the pool that controls the Proxy, are
-	// metadata, not spec: a change of either is news for the workflow.
+	// The pool that controls the Proxy is metadata, not spec: a change of it is news for
+	// the workflow.
 	onSpecOrDelete := predicate.Or(predicate.GenerationChangedPredicate{}, predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
-			return e.ObjectNew.GetDeletionTimestamp() != nil ||
-				e.ObjectOld.GetAnnotations()[v1alpha1.AnnotationCloudInitVersion] != e.ObjectNew.GetAnnotations()[v1alpha1.AnnotationCloudInitVersion] ||
-				poolOf(e.ObjectOld) != poolOf(e.ObjectNew)
+			return e.ObjectNew.GetDeletionTimestamp() != nil || poolOf(e.ObjectOld) != poolOf(e.ObjectNew)
 		},
 	})
 	return ctrl.NewControllerManagedBy(mgr).
@@ -138,9 +136,6 @@ func (r *ProxyReconciler) proxiesForSecret(ctx context.Context, o ctrlclient.Obj
 	}
 	reqs := make([]reconcile.Request, 0, len(list.Items))
 	for _, p := range list.Items {
-		if _, pinned := p.Annotations[v1alpha1.AnnotationCloudInitVersion]; pinned {
-			continue // its pool rolls the rotation out (secretVersion)
-		}
 		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}})
 	}
 	return reqs
@@ -251,10 +246,6 @@ func (r *ProxyReconciler) startCleanup(ctx context.Context, p *v1alpha1.Proxy, w
 func (r *ProxyReconciler) secretVersion(ctx context.Context, p *v1alpha1.Proxy) string {
 	if p.Spec.CloudInit == nil {
 		return ""
-	}
-	if v, pinned := p.Annotations[v1alpha1.AnnotationCloudInitVersion]; pinned {
-		// A pool member takes a rotation when its pool gives it one, within maxSurge.
-		return v
 	}
 	var s corev1.Secret
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: p.Spec.CloudInit.SecretRef.Name}, &s); err != nil {

@@ -12,15 +12,17 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/proxyfleet/proxyfleet/internal/e2e"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // TestPoolRollsASecretRotationWithinTheSurge: the cloud-init Secret a pool of 5 boots
-// from is rotated; the pool rolls the rotation out as it rolls a template change, at most
-// maxSurge (1) member replacing and 6 instances at every look, until every member runs a
-// new instance built from the new Secret version. Without the pool, every member would
-// follow the Secret at the same moment.
+// from is rotated; every member's workflow notices at once and asks to be replaced, and
+// the pool grants them one at a time (maxSurge 1): at most 1 replacing and 6 instances at
+// every look, until every member runs a new instance. Without the pool's grants every
+// member would follow the Secret at the same moment.
 func TestPoolRollsASecretRotationWithinTheSurge(t *testing.T) {
 	const n, surge = 5, 1
 	s := stack.Start(t, stack.Options{})
@@ -75,8 +77,7 @@ func TestPoolRollsASecretRotationWithinTheSurge(t *testing.T) {
 				replacing++
 			}
 			instances += len(s.InstancesOf(m.UID))
-			done = done && stack.Ready(m) && m.Status.InstanceName != first[m.Name] &&
-				m.Status.CloudInitVersion == secret.ResourceVersion
+			done = done && stack.Ready(m) && m.Status.Phase == v1alpha1.PhaseReady && m.Status.InstanceName != first[m.Name]
 		}
 		most = max(most, replacing)
 		require.LessOrEqual(t, replacing, surge, "more members replacing at once than maxSurge allows")
@@ -88,4 +89,5 @@ func TestPoolRollsASecretRotationWithinTheSurge(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // polling the stack, not synchronising
 	}
 	t.Logf("rotation of a pool of %d: at most %d replacing at once", n, most)
+	e2e.RecordHistory(t, s, contract.ProxyWorkflowID(ns, pool.Name+"-0"), "pool-rotation.json")
 }

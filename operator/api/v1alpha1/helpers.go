@@ -20,12 +20,6 @@ const (
 
 	// Finalizer keeps a Proxy until its workflow has deleted the instance.
 	Finalizer = "crawl.example.com/instance"
-
-	// AnnotationCloudInitVersion pins the cloud-init Secret version a pool member is built
-	// from (the Secret's resourceVersion). Its pool sets it: a rotation of the Secret
-	// reaches the members through the pool's rolling update, within maxSurge, instead of
-	// every member at once. A Proxy without it follows its Secret as it changes.
-	AnnotationCloudInitVersion = "crawl.example.com/cloud-init-version"
 )
 
 // Defaults applied in code where the schema cannot default (optional blocks).

@@ -466,6 +466,7 @@ const (
 	ReasonMaxAge         = "MaxAge"
 	ReasonUnhealthyGrace = "UnhealthyGrace"
 	ReasonBanned         = "Banned"
+	ReasonCloudInit      = "CloudInitRotated"
 	ReasonNoneWanted     = "NoneWanted"
 
 	// ReasonHealthCheckTargetDown: the health check's URL fails through most of the
@@ -499,11 +500,6 @@ type ProxyStatus struct {
 	// money until they are, and a pool counts them against its maxSurge.
 	// +optional
 	RetiringInstances int32 `json:"retiringInstances,omitempty"`
-	// CloudInitVersion is the cloud-init Secret version the workflow last hashed: a pool
-	// waits for the version it gave a member before it counts the member as done with a
-	// rotation.
-	// +optional
-	CloudInitVersion string `json:"cloudInitVersion,omitempty"`
 	// LatencyMillis is the median latency of the last 5 successful probes, as last
 	// recorded (latency alone is recorded at most every 10 minutes).
 	// +optional
