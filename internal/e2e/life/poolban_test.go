@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
 	"github.com/proxyfleet/proxyfleet/internal/e2e"
@@ -55,15 +54,7 @@ func TestPoolBannedEverywhereReplacesWithinTheSurge(t *testing.T) {
 	require.Eventually(t, func() bool { return len(d.Store.List(discovery.Selector{"run": ns}, &yes)) == n },
 		3*time.Minute, 100*time.Millisecond, "six healthy proxies in discovery")
 
-	members := func() []v1alpha1.Proxy {
-		var list v1alpha1.ProxyList
-		require.NoError(t, s.Kube.Client.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelPool: pool.Name}))
-		return list.Items
-	}
-	first := map[string]string{}
-	for _, m := range members() {
-		first[m.Name] = m.Status.InstanceName
-	}
+	first := instanceNames(t, s, ns, pool.Name)
 
 	// The crawl: through the gateway, again and again; the site bans every proxy it sees.
 	gw := &url.URL{Scheme: "http", User: url.UserPassword(discovery.DefaultClientName+";run="+ns, d.Token), Host: d.GatewayAddr}
@@ -82,44 +73,11 @@ func TestPoolBannedEverywhereReplacesWithinTheSurge(t *testing.T) {
 	}
 	defer func() { stopCrawl(); crawl.Wait() }()
 
-	deadline := time.Now().Add(5 * time.Minute)
-	most, mostInstances, asked := 0, 0, 0
-	for {
-		ms := members()
-		replacing, instances, done := 0, 0, len(ms) == n
-		for i := range ms {
-			m := &ms[i]
-			if m.Status.Phase == v1alpha1.PhaseReplacing || m.Status.RetiringInstances > 0 {
-				replacing++
-			}
-			if c := findCondition(m.Status.Conditions, v1alpha1.ConditionReplacementPending); c != nil && c.Status == metav1.ConditionTrue {
-				asked++
-			}
-			instances += len(s.InstancesOf(m.UID))
-			done = done && m.Status.InstanceName != first[m.Name] && m.Status.InstanceName != ""
-		}
-		most, mostInstances = max(most, replacing), max(mostInstances, instances)
-		require.LessOrEqual(t, replacing, surge, "more Proxies replacing at once than maxSurge allows")
-		require.LessOrEqual(t, instances, n+surge, "more instances than replicas + maxSurge")
-		if done {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "not every banned member was replaced")
-		time.Sleep(100 * time.Millisecond) // polling the stack, not synchronising
-	}
+	seen := watchSurge(t, s, ns, pool.Name, n, surge, first)
 	stopCrawl()
 	crawl.Wait()
 	t.Logf("every member of %d banned: at most %d replacing and %d instances at once; %d looks saw a member waiting for the pool",
-		n, most, mostInstances, asked)
-	assert.Positive(t, asked, "no member ever waited for the pool: the budget was never needed")
+		n, seen.replacing, seen.instances, seen.asked)
+	assert.Positive(t, seen.asked, "no member ever waited for the pool: the budget was never needed")
 	e2e.RecordHistory(t, s, contract.ProxyWorkflowID(ns, pool.Name+"-0"), "pool-grant.json")
-}
-
-func findCondition(conds []metav1.Condition, typ string) *metav1.Condition {
-	for i := range conds {
-		if conds[i].Type == typ {
-			return &conds[i]
-		}
-	}
-	return nil
 }

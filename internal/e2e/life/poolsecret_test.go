@@ -5,12 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/proxyfleet/proxyfleet/internal/e2e"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
@@ -44,13 +44,8 @@ func TestPoolRollsASecretRotationWithinTheSurge(t *testing.T) {
 		},
 	}
 	require.NoError(t, s.Kube.Client.Create(ctx, pool))
-	members := func() []v1alpha1.Proxy {
-		var list v1alpha1.ProxyList
-		require.NoError(t, s.Kube.Client.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{v1alpha1.LabelPool: pool.Name}))
-		return list.Items
-	}
 	require.Eventually(t, func() bool {
-		ms := members()
+		ms := poolMembers(t, s, ns, pool.Name)
 		for i := range ms {
 			if !stack.Ready(&ms[i]) {
 				return false
@@ -58,36 +53,14 @@ func TestPoolRollsASecretRotationWithinTheSurge(t *testing.T) {
 		}
 		return len(ms) == n
 	}, 3*time.Minute, 100*time.Millisecond, "five Ready members")
-	first := map[string]string{}
-	for _, m := range members() {
-		first[m.Name] = m.Status.InstanceName
-	}
+	first := instanceNames(t, s, ns, pool.Name)
 
 	secret.Data["startup-script"] = []byte("#!/bin/sh\necho two\n")
 	require.NoError(t, s.Kube.Client.Update(ctx, secret))
 
-	deadline := time.Now().Add(5 * time.Minute)
-	most := 0
-	for {
-		ms := members()
-		replacing, instances, done := 0, 0, len(ms) == n
-		for i := range ms {
-			m := &ms[i]
-			if m.Status.Phase == v1alpha1.PhaseReplacing || m.Status.RetiringInstances > 0 {
-				replacing++
-			}
-			instances += len(s.InstancesOf(m.UID))
-			done = done && stack.Ready(m) && m.Status.Phase == v1alpha1.PhaseReady && m.Status.InstanceName != first[m.Name]
-		}
-		most = max(most, replacing)
-		require.LessOrEqual(t, replacing, surge, "more members replacing at once than maxSurge allows")
-		require.LessOrEqual(t, instances, n+surge, "more instances than replicas + maxSurge")
-		if done {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "the rotation did not reach every member")
-		time.Sleep(100 * time.Millisecond) // polling the stack, not synchronising
-	}
-	t.Logf("rotation of a pool of %d: at most %d replacing at once", n, most)
+	seen := watchSurge(t, s, ns, pool.Name, n, surge, first)
+	t.Logf("rotation of a pool of %d: at most %d replacing and %d instances at once; %d looks saw a member waiting for the pool",
+		n, seen.replacing, seen.instances, seen.asked)
+	assert.Positive(t, seen.asked, "no member ever waited for the pool")
 	e2e.RecordHistory(t, s, contract.ProxyWorkflowID(ns, pool.Name+"-0"), "pool-rotation.json")
 }
