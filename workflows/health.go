@@ -181,7 +181,9 @@ func (s *ProxyState) askRotation(now time.Time) {
 	switch held := s.heldForPool(); {
 	case held && s.Asked == nil:
 		s.Asked = &AskedReplace{Cause: v1alpha1.ReasonCloudInit, Reason: "the cloud-init Secret changed", Since: now}
-	case !held && s.Asked != nil && s.Asked.Cause == v1alpha1.ReasonCloudInit:
+	case !held && !s.NeedHash && s.Asked != nil && s.Asked.Cause == v1alpha1.ReasonCloudInit:
+		// (While the Secret is read again the ask stands: most writes to it are not
+		// rotations back, and the ask keeps its place in the pool's queue.)
 		s.Asked = nil
 	}
 }

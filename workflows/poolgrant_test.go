@@ -2,6 +2,7 @@ package workflows
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -228,4 +229,27 @@ func TestPoolMemberAsksBeforeARotation(t *testing.T) {
 		assert.Nil(t, s.Asked)
 		assert.Equal(t, stepCreateNext, plan(&s, t0))
 	})
+}
+
+// TestRotationAskKeepsItsPlace: another write to the Secret (a label, or a second
+// rotation) keeps a member's ask, and its time, while the Secret is read again.
+func TestRotationAskKeepsItsPlace(t *testing.T) {
+	s := pooledState(func(p *v1alpha1.ProxySpec) {
+		p.CloudInit = &v1alpha1.CloudInit{SecretRef: v1alpha1.SecretKeyRef{Name: "boot", Key: "startup-script"}}
+	})
+	s.SecretVersion, s.SecretHash = "100", "h1"
+	s.Instance.Hash = DesiredHash(s.Spec, "h1")
+	write := func(version, hash string, at time.Time) {
+		asked := s.Asked != nil
+		s.applySpec(SpecSignal{UID: s.UID, Generation: s.Generation, SecretVersion: version, Spec: *s.Spec, Pool: s.Pool})
+		s.askRotation(at)
+		require.Equal(t, asked, s.Asked != nil, "an ask stands while the Secret is read again")
+		s.hashed(hash)
+		s.askRotation(at)
+	}
+	write("101", "h2", t0)
+	require.NotNil(t, s.Asked)
+	write("102", "h2", t0.Add(time.Hour)) // a label added
+	require.NotNil(t, s.Asked)
+	assert.Equal(t, t0, s.Asked.Since, "the ask keeps its place in the pool's queue")
 }

@@ -500,6 +500,12 @@ func (s *ProxyState) deleteFailed(msg string, now time.Time, t Tuning) {
 // hashed records the cloud-init Secret's hash.
 func (s *ProxyState) hashed(h string) {
 	s.SecretHash, s.NeedHash, s.CloudInitError = h, false, ""
+	if s.policy.poolGrants {
+		// The read that failed before has succeeded: its retry time is spent. (Left, it
+		// would wake a steady run at once, again and again, when what follows is a wait:
+		// a pool member holding its rotation for a grant. Older runs kept it.)
+		s.RetryAt = time.Time{}
+	}
 	if s.Instance != nil && s.Instance.Hash == "" && s.Spec != nil {
 		// An adopted instance of unknown spec (see adopt) is taken as built from this one.
 		s.Instance.Hash = DesiredHash(s.Spec, h)
@@ -553,10 +559,13 @@ func portOr(p int32, spec *v1alpha1.ProxySpec) int32 {
 }
 
 // stillAsks says whether the replacement a member asked for is still wanted under the
-// spec it has now: bans still at the limit. An ask of maxAge or of the unhealthy grace is
-// dropped, and asked again at once by the steady step's timer when still due under the
-// new lifecycle.
+// spec it has now: bans still at the limit; a rotation until the Secret is hashed again.
+// An ask of maxAge or of the unhealthy grace is dropped, and asked again at once by the
+// steady step's timer when still due under the new lifecycle.
 func (s *ProxyState) stillAsks() bool {
+	if s.Asked.Cause == v1alpha1.ReasonCloudInit {
+		return true // askRotation decides, once the Secret is hashed again
+	}
 	if s.Asked.Cause != v1alpha1.ReasonBanned || s.Spec == nil || s.Spec.EffectiveMode() != v1alpha1.ModeManaged {
 		return false
 	}
