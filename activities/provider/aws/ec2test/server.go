@@ -1,0 +1,417 @@
+// Package ec2test is an in-memory EC2 API on 127.0.0.1 speaking the EC2 query protocol the
+// AWS SDK for Go v2 sends (form-encoded actions, XML answers, EC2's error documents), so
+// the SDK's own serializers, deserializers, retries and paginators run against it in
+// tests. It keeps instances and security groups, honours RunInstances' ClientToken (the
+// same token returns the same reservation; different parameters under it are refused as
+// EC2 refuses them), filters by tags and states, pages DescribeInstances, and lets a test
+// fail the next call of an action, refuse for capacity, and interrupt a Spot instance.
+//
+// What it does not model is said where it matters: there is one VPC and one subnet unless
+// a test adds more, no eventual consistency (a new instance is listed at once), and an
+// instance is pending until it has been described PendingPolls times.
+package ec2test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/xml"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Actions the fake answers, as FailNext and Requests name them.
+const (
+	ActionRunInstances                  = "RunInstances"
+	ActionDescribeInstances             = "DescribeInstances"
+	ActionTerminateInstances            = "TerminateInstances"
+	ActionCreateTags                    = "CreateTags"
+	ActionCreateSecurityGroup           = "CreateSecurityGroup"
+	ActionDescribeSecurityGroups        = "DescribeSecurityGroups"
+	ActionAuthorizeSecurityGroupIngress = "AuthorizeSecurityGroupIngress"
+	ActionRevokeSecurityGroupIngress    = "RevokeSecurityGroupIngress"
+	ActionDeleteSecurityGroup           = "DeleteSecurityGroup"
+)
+
+// Region is the region the fake answers for; DefaultVPC and DefaultSubnet exist from the
+// start.
+const (
+	Region        = "eu-west-1"
+	DefaultVPC    = "vpc-0fa4e0000000000a1"
+	DefaultSubnet = "subnet-0fa4e0000000000b1"
+	ownerID       = "123456789012"
+)
+
+// Instance is a snapshot of one stored instance.
+type Instance struct {
+	ID, ImageID, InstanceType, SubnetID, VPCID string
+	// State is EC2's state name: pending, running, shutting-down, terminated, stopping,
+	// stopped. StateReason is its stateReason code ("" when none).
+	State, StateReason  string
+	PrivateIP, PublicIP string
+	ClientToken         string
+	Tags                map[string]string
+	SecurityGroupIDs    []string
+	// UserData is as sent: base64 of the script.
+	UserData string
+	// HTTPTokens, HopLimit and MetadataEndpoint are the instance metadata options.
+	HTTPTokens       string
+	HopLimit         int
+	MetadataEndpoint string
+	// Spot is set for a Spot instance; Interruption is its interruption behaviour.
+	Spot         bool
+	Interruption string
+	// InstanceProfile is the IAM instance profile's name or ARN ("" when none).
+	InstanceProfile string
+	// PublicIPAssociated is what the request asked of its network interface.
+	PublicIPAssociated bool
+	LaunchTime         time.Time
+}
+
+// SecurityGroup is a snapshot of one stored security group.
+type SecurityGroup struct {
+	ID, Name, Description, VPCID string
+	Tags                         map[string]string
+	// Ingress rules as "tcp:3128:203.0.113.0/24", sorted.
+	Ingress []string
+}
+
+// Server is the fake API. Its zero value is not usable; call NewServer.
+type Server struct {
+	*httptest.Server
+	t testing.TB
+
+	// PendingPolls is how many DescribeInstances answers show a new instance pending
+	// before it is running with an address (default 1).
+	PendingPolls int
+
+	mu        sync.Mutex
+	seq       int
+	instances map[string]*instance
+	order     []string // instance IDs in creation order
+	groups    map[string]*group
+	tokens    map[string]token
+	failures  map[string][]apiError
+	requests  map[string]int
+	forms     map[string][]url.Values
+}
+
+type instance struct {
+	Instance
+	polls int
+}
+
+type group struct {
+	SecurityGroup
+	rules map[string]bool
+}
+
+type token struct {
+	params string
+	ids    []string
+}
+
+// apiError is an error document EC2 answers with.
+type apiError struct {
+	status        int
+	code, message string
+}
+
+// NewServer starts a fake on 127.0.0.1 that is closed when the test ends.
+func NewServer(t testing.TB) *Server {
+	s := &Server{
+		t:            t,
+		PendingPolls: 1,
+		instances:    map[string]*instance{},
+		groups:       map[string]*group{},
+		tokens:       map[string]token{},
+		failures:     map[string][]apiError{},
+		requests:     map[string]int{},
+		forms:        map[string][]url.Values{},
+	}
+	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// FailNext makes the next call of action fail with EC2's error code and message, and an
+// HTTP status (400 for client errors, 503 for throttling and unavailability, as EC2).
+func (s *Server) FailNext(action string, status int, code, message string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failures[action] = append(s.failures[action], apiError{status: status, code: code, message: message})
+}
+
+// RefuseCapacity makes the next RunInstances fail as EC2 does when a zone has no capacity
+// for the instance type.
+func (s *Server) RefuseCapacity() {
+	s.FailNext(ActionRunInstances, http.StatusInternalServerError, "InsufficientInstanceCapacity",
+		"We currently do not have sufficient capacity in the Availability Zone you requested.")
+}
+
+// Requests is how many calls of action reached the fake, failed ones included.
+func (s *Server) Requests(action string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.requests[action]
+}
+
+// Forms are the decoded form bodies of every call of action, in the order received.
+func (s *Server) Forms(action string) []url.Values {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.forms[action])
+}
+
+// Interrupt takes a Spot instance back as EC2 does, by its interruption behaviour: stop
+// (stopped) or terminate (terminated), with the reason Server.SpotInstanceTermination and
+// no public address. The test fails for an instance that is not Spot.
+func (s *Server) Interrupt(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := s.instances[id]
+	if in == nil || !in.Spot {
+		s.t.Errorf("ec2test: Interrupt(%s): not a Spot instance", id)
+		return
+	}
+	in.State = "terminated"
+	if in.Interruption == "stop" {
+		in.State = "stopped"
+	}
+	in.StateReason, in.PublicIP = "Server.SpotInstanceTermination", ""
+}
+
+// SetState sets an instance's state as if changed outside the code under test.
+func (s *Server) SetState(id, state string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if in := s.instances[id]; in != nil {
+		in.State = state
+	}
+}
+
+// AddInstance stores an instance directly, as if made outside the code under test; its
+// ID is returned.
+func (s *Server) AddInstance(in Instance) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if in.ID == "" {
+		in.ID = s.newID("i")
+	}
+	if in.State == "" {
+		in.State = "running"
+	}
+	in.Tags = maps.Clone(in.Tags)
+	s.instances[in.ID] = &instance{Instance: in, polls: s.PendingPolls}
+	s.order = append(s.order, in.ID)
+	return in.ID
+}
+
+// Instances is a snapshot of every stored instance, terminated ones included, in creation
+// order.
+func (s *Server) Instances() []Instance {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Instance, 0, len(s.order))
+	for _, id := range s.order {
+		in := s.instances[id].Instance
+		in.Tags = maps.Clone(in.Tags)
+		in.SecurityGroupIDs = slices.Clone(in.SecurityGroupIDs)
+		out = append(out, in)
+	}
+	return out
+}
+
+// SecurityGroups is a snapshot of every stored security group, by ID.
+func (s *Server) SecurityGroups() []SecurityGroup {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]SecurityGroup, 0, len(s.groups))
+	for _, id := range slices.Sorted(maps.Keys(s.groups)) {
+		g := s.groups[id].SecurityGroup
+		g.Tags = maps.Clone(g.Tags)
+		g.Ingress = slices.Sorted(maps.Keys(s.groups[id].rules))
+		out = append(out, g)
+	}
+	return out
+}
+
+// SetIngress replaces a group's ingress rules ("tcp:3128:10.0.0.0/8"), as an edit made
+// outside the code under test would.
+func (s *Server) SetIngress(id string, rules ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g := s.groups[id]; g != nil {
+		g.rules = map[string]bool{}
+		for _, r := range rules {
+			g.rules[r] = true
+		}
+	}
+}
+
+func (s *Server) newID(prefix string) string {
+	s.seq++
+	return fmt.Sprintf("%s-%017x", prefix, 0xfa4e0000000+s.seq)
+}
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		writeError(w, apiError{http.StatusBadRequest, "InvalidAction", "the EC2 query protocol is POST"})
+		return
+	}
+	if err := r.ParseForm(); err != nil {
+		writeError(w, apiError{http.StatusBadRequest, "MalformedQueryString", err.Error()})
+		return
+	}
+	form := r.PostForm
+	action := form.Get("Action")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requests[action]++
+	s.forms[action] = append(s.forms[action], form)
+	if f := s.failures[action]; len(f) > 0 {
+		s.failures[action] = f[1:]
+		writeError(w, f[0])
+		return
+	}
+	var (
+		body any
+		err  *apiError
+	)
+	switch action {
+	case ActionRunInstances:
+		body, err = s.runInstances(form)
+	case ActionDescribeInstances:
+		body, err = s.describeInstances(form)
+	case ActionTerminateInstances:
+		body, err = s.terminateInstances(form)
+	case ActionCreateTags:
+		body, err = s.createTags(form)
+	case ActionCreateSecurityGroup:
+		body, err = s.createSecurityGroup(form)
+	case ActionDescribeSecurityGroups:
+		body, err = s.describeSecurityGroups(form)
+	case ActionAuthorizeSecurityGroupIngress:
+		body, err = s.changeIngress(form, true)
+	case ActionRevokeSecurityGroupIngress:
+		body, err = s.changeIngress(form, false)
+	case ActionDeleteSecurityGroup:
+		body, err = s.deleteSecurityGroup(form)
+	default:
+		err = &apiError{http.StatusBadRequest, "InvalidAction", "the action " + action + " is not valid for this web service"}
+	}
+	if err != nil {
+		writeError(w, *err)
+		return
+	}
+	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
+	_, _ = w.Write([]byte(xml.Header))
+	_ = xml.NewEncoder(w).Encode(body)
+}
+
+func writeError(w http.ResponseWriter, e apiError) {
+	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
+	w.WriteHeader(e.status)
+	type errDoc struct {
+		XMLName xml.Name `xml:"Response"`
+		Code    string   `xml:"Errors>Error>Code"`
+		Message string   `xml:"Errors>Error>Message"`
+		ID      string   `xml:"RequestID"`
+	}
+	_, _ = w.Write([]byte(xml.Header))
+	_ = xml.NewEncoder(w).Encode(errDoc{Code: e.code, Message: e.message, ID: "req-fake"})
+}
+
+func invalid(code, format string, args ...any) *apiError {
+	return &apiError{http.StatusBadRequest, code, fmt.Sprintf(format, args...)}
+}
+
+// list is the values of an EC2 query list: prefix.1, prefix.2, … until one is missing.
+func list(form url.Values, prefix string) []string {
+	var out []string
+	for i := 1; ; i++ {
+		v, ok := form[prefix+"."+strconv.Itoa(i)]
+		if !ok {
+			return out
+		}
+		out = append(out, v[0])
+	}
+}
+
+// count is how many members prefix.N.* has.
+func count(form url.Values, prefix string) int {
+	n := 0
+	for i := 1; ; i++ {
+		p := prefix + "." + strconv.Itoa(i) + "."
+		found := false
+		for k := range form {
+			if strings.HasPrefix(k, p) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return n
+		}
+		n++
+	}
+}
+
+// tags are the Tag.N.Key/Value pairs under prefix.
+func tags(form url.Values, prefix string) map[string]string {
+	out := map[string]string{}
+	for i := 1; i <= count(form, prefix); i++ {
+		p := prefix + "." + strconv.Itoa(i)
+		out[form.Get(p+".Key")] = form.Get(p + ".Value")
+	}
+	return out
+}
+
+// filters are the Filter.N.Name / Filter.N.Value.M of a describe call.
+func filters(form url.Values) map[string][]string {
+	out := map[string][]string{}
+	for i := 1; i <= count(form, "Filter"); i++ {
+		p := "Filter." + strconv.Itoa(i)
+		out[form.Get(p+".Name")] = list(form, p+".Value")
+	}
+	return out
+}
+
+// matchTags applies the tag filters (tag:<key>, tag-key) to tags.
+func matchTags(f map[string][]string, t map[string]string) bool {
+	for name, values := range f {
+		switch {
+		case strings.HasPrefix(name, "tag:"):
+			if v, ok := t[strings.TrimPrefix(name, "tag:")]; !ok || !slices.Contains(values, v) {
+				return false
+			}
+		case name == "tag-key":
+			if !slices.ContainsFunc(values, func(k string) bool { _, ok := t[k]; return ok }) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// paramsOf is the identity of a RunInstances request for its ClientToken: everything but
+// the token itself.
+func paramsOf(form url.Values) string {
+	keys := slices.Sorted(maps.Keys(form))
+	h := sha256.New()
+	for _, k := range keys {
+		if k == "ClientToken" {
+			continue
+		}
+		fmt.Fprintf(h, "%s=%s\n", k, strings.Join(form[k], ","))
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
