@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 	"strings"
 
@@ -147,40 +146,14 @@ func spotScheduling() *computepb.Scheduling {
 // spec that never went through the API server).
 func externalIP(g *v1alpha1.GCPSpec) bool { return g.ExternalIP == nil || *g.ExternalIP }
 
-// startupScript is the instance's whole boot configuration: the hardened Squid (see package
-// squid) on req.Port, requiring req.Credentials and forwarding only where spec.egress
-// allows, followed by the Proxy's own cloud-init data, if any, which therefore adds to
-// Squid's configuration and cannot replace what comes before it. The script holds the
-// password's hash and the cloud-init data, so it is as secret as both (see redact).
+// startupScript is the instance's whole boot configuration (squid.InstanceScript). The
+// script holds the password's hash and the cloud-init data, so it is as secret as both
+// (see redact). Everything it checks comes from the spec or the fleet key: a retry
+// renders the same refusal, so a refusal is permanent.
 func startupScript(req provider.CreateRequest) ([]byte, error) {
-	if req.Credentials.Username == "" || req.Credentials.Password == "" {
-		// Squid would refuse to start without them, and an instance that fell back to
-		// an image's own Squid would be an open proxy.
-		return nil, provider.Permanent(errors.New(
-			"the instance has no credentials to require (the worker derives them from its fleet key): refusing to create an open proxy"))
-	}
-	cfg := squid.Config{Port: req.Port, Credentials: req.Credentials}
-	if e := req.Spec.Egress; e != nil {
-		for _, port := range e.Ports {
-			cfg.Ports = append(cfg.Ports, int32(port))
-		}
-		for i, c := range e.AllowedDestinations {
-			prefix, err := netip.ParsePrefix(string(c))
-			if err != nil {
-				return nil, provider.Permanent(fmt.Errorf("spec.egress.allowedDestinations[%d] %q: not a CIDR", i, c))
-			}
-			cfg.Allowed = append(cfg.Allowed, prefix)
-		}
-	}
-	files, err := squid.Render(cfg)
+	script, err := squid.InstanceScript(req.Port, req.Credentials, req.Spec.Egress, req.CloudInit)
 	if err != nil {
-		// Everything Render checks comes from the spec (or the fleet key): a retry
-		// renders the same refusal.
-		return nil, provider.Permanent(fmt.Errorf("rendering the instance's Squid configuration: %w", err))
-	}
-	script, err := squid.StartupScript(files, req.CloudInit)
-	if err != nil {
-		return nil, provider.Permanent(fmt.Errorf("rendering the instance's startup script: %w", err))
+		return nil, provider.Permanent(err)
 	}
 	return script, nil
 }

@@ -5,8 +5,46 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
+
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
+
+// InstanceScript is a Managed VM's whole boot configuration, whichever cloud runs it: the
+// hardened Squid on port, requiring creds and forwarding only where egress allows,
+// followed by the Proxy's own cloud-init data, if any, which therefore adds to Squid's
+// configuration and cannot replace what comes before it.
+func InstanceScript(port int32, creds proxyauth.Credentials, egress *v1alpha1.Egress, cloudInit []byte) ([]byte, error) {
+	if creds.Username == "" || creds.Password == "" {
+		// Squid would refuse to start without them, and an instance that fell back to
+		// an image's own Squid would be an open proxy.
+		return nil, errors.New("the instance has no credentials to require (the worker derives them from its fleet key): refusing to create an open proxy")
+	}
+	cfg := Config{Port: port, Credentials: creds}
+	if egress != nil {
+		for _, p := range egress.Ports {
+			cfg.Ports = append(cfg.Ports, int32(p))
+		}
+		for i, c := range egress.AllowedDestinations {
+			prefix, err := netip.ParsePrefix(string(c))
+			if err != nil {
+				return nil, fmt.Errorf("spec.egress.allowedDestinations[%d] %q: not a CIDR", i, c)
+			}
+			cfg.Allowed = append(cfg.Allowed, prefix)
+		}
+	}
+	files, err := Render(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("rendering the instance's Squid configuration: %w", err)
+	}
+	script, err := StartupScript(files, cloudInit)
+	if err != nil {
+		return nil, fmt.Errorf("rendering the instance's startup script: %w", err)
+	}
+	return script, nil
+}
 
 // UserScriptPath is where StartupScript stores the user's own script before running it.
 // It lives with the machine's state, root-only, because a boot configuration may hold
