@@ -1,6 +1,11 @@
-// Package aws will be the provider of Squid instances on EC2 (issue 33): exactly-once
-// creates through RunInstances' ClientToken, ownership tags, a shared security group per
-// configuration, Spot, and user data that installs Debian's Squid with the hardened
-// configuration. Only its test fake (ec2test) exists so far, built first so that every
-// later step runs the real SDK against the EC2 query protocol.
+// Package aws runs Proxy instances on EC2 (issue 33, in progress). What is here: exactly-
+// once creates (the instance's name is RunInstances' ClientToken and a tag, so a retried or
+// replayed create returns the first instance, and one cut short is still found and
+// deleted), IMDSv2 required with a hop limit of 1, no instance profile unless the machine
+// names one, user data that boots the hardened Squid (squid.InstanceScript), ownership
+// tags listed a page at a time and checked with Owner.Owns, idempotent terminate, Spot
+// interruptions reported as preempted, and EC2's errors classified. Not yet: spec.aws in
+// the API (Machine stands for it), the shared security group per configuration, AMIs by
+// SSM parameter, the worker's --providers flag and the sweeper's coverage. Tests run the
+// real SDK against ec2test.
 package aws

@@ -369,6 +369,9 @@ func (s *Server) describeInstances(form url.Values) (any, *apiError) {
 		if vpcs, ok := f["vpc-id"]; ok && !slices.Contains(vpcs, in.VPCID) {
 			continue
 		}
+		if toks, ok := f["client-token"]; ok && !slices.Contains(toks, in.ClientToken) {
+			continue
+		}
 		if !matchTags(f, in.Tags) {
 			continue
 		}

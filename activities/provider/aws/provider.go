@@ -1,0 +1,346 @@
+package aws
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/squid"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+// Machine is an instance's shape on EC2: what spec.aws says once the API has it (until
+// then Config.MachineOf builds it from a spec, and tests build it directly).
+type Machine struct {
+	// Region is where the instance runs, and the first part of its provider ID.
+	Region string
+	// InstanceType such as t3.micro; AMI is an image ID (ami-…).
+	InstanceType, AMI string
+	// SubnetID is the subnet of the instance's interface; empty is the default subnet.
+	SubnetID string
+	// PublicIP gives the instance a public address, which the Proxy then serves on.
+	PublicIP bool
+	// SecurityGroupIDs are the groups of the instance's interface.
+	SecurityGroupIDs []string
+	// InstanceProfile is an IAM instance profile's name or ARN; empty gives none.
+	InstanceProfile string
+	// Spot runs a one-time Spot instance, terminated when EC2 takes it back.
+	Spot bool
+	// Tags are added beside the ownership tags, which they cannot override.
+	Tags map[string]string
+}
+
+// Config configures a Provider.
+type Config struct {
+	// AWS is the SDK's configuration (credentials from the default chain, retryer,
+	// endpoint); its region is the default one, where ListOwned looks.
+	AWS aws.Config
+	// MachineOf turns a Proxy's spec into its instance's shape.
+	MachineOf func(v1alpha1.ProxySpec) (Machine, error)
+}
+
+// Provider runs Proxy instances on EC2. An instance is found by its name, which is its
+// RunInstances ClientToken and a tag: so a retried or replayed create never makes a
+// second instance, and an instance whose create was cut short is still found and deleted.
+type Provider struct {
+	cfg Config
+
+	mu      sync.Mutex
+	clients map[string]*ec2.Client
+}
+
+// Tags the provider puts on every instance beside the ownership labels.
+const (
+	// tagInstance is the workflow's name for the instance (EC2 names it by an ID of its
+	// own): how Get, Delete and ListOwned find it and say its provider ID.
+	tagInstance = "proxyfleet-instance"
+	tagName     = "Name"
+)
+
+// New returns a Provider for cfg.
+func New(cfg Config) (*Provider, error) {
+	if cfg.MachineOf == nil {
+		return nil, errors.New("aws: Config.MachineOf is required")
+	}
+	if cfg.AWS.Region == "" {
+		return nil, errors.New("aws: the SDK configuration has no region")
+	}
+	return &Provider{cfg: cfg, clients: map[string]*ec2.Client{}}, nil
+}
+
+// client is the EC2 client of region, made once.
+func (p *Provider) client(region string) *ec2.Client {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.clients[region]; c != nil {
+		return c
+	}
+	c := ec2.NewFromConfig(p.cfg.AWS, func(o *ec2.Options) { o.Region = region })
+	p.clients[region] = c
+	return c
+}
+
+// clientToken is RunInstances' idempotency token for an instance: its name, which the
+// workflow never gives two instances (hashed when longer than EC2's 64 characters).
+func clientToken(name string) string {
+	if len(name) <= 64 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	return hex.EncodeToString(sum[:])
+}
+
+// ProviderID is "<region>/<instance name>": known before EC2 assigns the instance ID.
+func (p *Provider) ProviderID(req provider.CreateRequest) string {
+	region := p.cfg.AWS.Region
+	if m, err := p.cfg.MachineOf(req.Spec); err == nil && m.Region != "" {
+		region = m.Region
+	}
+	return region + "/" + req.Name
+}
+
+func parseID(providerID string) (region, name string, err error) {
+	region, name, ok := strings.Cut(providerID, "/")
+	if !ok || region == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", provider.Permanent(fmt.Errorf("aws: provider ID %q is not <region>/<instance name>", providerID))
+	}
+	return region, name, nil
+}
+
+// Create runs the instance, or returns the one an earlier call with the same name ran.
+func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (provider.Instance, error) {
+	m, err := p.cfg.MachineOf(req.Spec)
+	if err != nil {
+		return provider.Instance{}, provider.Permanent(err)
+	}
+	script, err := squid.InstanceScript(req.Port, req.Credentials, req.Spec.Egress, req.CloudInit)
+	if err != nil {
+		return provider.Instance{}, provider.Permanent(err)
+	}
+	in, err := runInput(req, m, script)
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	out, err := p.client(m.Region).RunInstances(ctx, in)
+	if err != nil {
+		return provider.Instance{}, classify("run instance "+req.Name, err)
+	}
+	if len(out.Instances) != 1 {
+		return provider.Instance{}, fmt.Errorf("run instance %s: EC2 answered %d instances", req.Name, len(out.Instances))
+	}
+	return p.instanceOf(m.Region, out.Instances[0], req.Port), nil
+}
+
+// maxUserData is EC2's limit on user data before base64.
+const maxUserData = 16 * 1024
+
+// runInput is the RunInstances request for req: one instance, IMDSv2 required with a hop
+// limit of 1 (so a container on the instance cannot reach the metadata service), no
+// instance profile unless the machine names one, the ownership labels as tags.
+func runInput(req provider.CreateRequest, m Machine, script []byte) (*ec2.RunInstancesInput, error) {
+	if len(script) > maxUserData {
+		return nil, provider.Permanent(fmt.Errorf("the instance's boot script is %d bytes, over EC2's %d for user data: shorten spec.cloudInit", len(script), maxUserData))
+	}
+	tags := map[string]string{}
+	maps.Copy(tags, m.Tags)
+	maps.Copy(tags, req.Labels())
+	tags[tagInstance], tags[tagName] = req.Name, req.Name
+	var ec2Tags []types.Tag
+	for _, k := range sortedKeys(tags) {
+		ec2Tags = append(ec2Tags, types.Tag{Key: aws.String(k), Value: aws.String(tags[k])})
+	}
+	nic := types.InstanceNetworkInterfaceSpecification{
+		DeviceIndex: aws.Int32(0), AssociatePublicIpAddress: aws.Bool(m.PublicIP),
+		DeleteOnTermination: aws.Bool(true), Groups: m.SecurityGroupIDs,
+	}
+	if m.SubnetID != "" {
+		nic.SubnetId = aws.String(m.SubnetID)
+	}
+	in := &ec2.RunInstancesInput{
+		ImageId: aws.String(m.AMI), InstanceType: types.InstanceType(m.InstanceType),
+		MinCount: aws.Int32(1), MaxCount: aws.Int32(1),
+		ClientToken: aws.String(clientToken(req.Name)),
+		UserData:    aws.String(base64.StdEncoding.EncodeToString(script)),
+		MetadataOptions: &types.InstanceMetadataOptionsRequest{
+			HttpTokens: types.HttpTokensStateRequired, HttpPutResponseHopLimit: aws.Int32(1),
+			HttpEndpoint: types.InstanceMetadataEndpointStateEnabled,
+		},
+		NetworkInterfaces: []types.InstanceNetworkInterfaceSpecification{nic},
+		TagSpecifications: []types.TagSpecification{
+			{ResourceType: types.ResourceTypeInstance, Tags: ec2Tags},
+			{ResourceType: types.ResourceTypeVolume, Tags: ec2Tags},
+		},
+	}
+	if m.InstanceProfile != "" {
+		in.IamInstanceProfile = &types.IamInstanceProfileSpecification{}
+		if strings.HasPrefix(m.InstanceProfile, "arn:") {
+			in.IamInstanceProfile.Arn = aws.String(m.InstanceProfile)
+		} else {
+			in.IamInstanceProfile.Name = aws.String(m.InstanceProfile)
+		}
+	}
+	if m.Spot {
+		in.InstanceMarketOptions = &types.InstanceMarketOptionsRequest{MarketType: types.MarketTypeSpot,
+			SpotOptions: &types.SpotMarketOptions{SpotInstanceType: types.SpotInstanceTypeOneTime,
+				InstanceInterruptionBehavior: types.InstanceInterruptionBehaviorTerminate}}
+	}
+	return in, nil
+}
+
+// find is the instance called name in region that is not terminated, or nil.
+func (p *Provider) find(ctx context.Context, region, name string) (*types.Instance, error) {
+	out, err := p.client(region).DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []types.Filter{
+		{Name: aws.String("client-token"), Values: []string{clientToken(name)}},
+		{Name: aws.String("instance-state-name"), Values: liveStates},
+	}})
+	if err != nil {
+		return nil, classify("describe instance "+name, err)
+	}
+	for _, r := range out.Reservations {
+		for i := range r.Instances {
+			if st := r.Instances[i].State; st != nil && st.Name == types.InstanceStateNameTerminated {
+				continue // terminated since the filter was applied
+			}
+			if tagOf(r.Instances[i].Tags, tagInstance) == name {
+				return &r.Instances[i], nil
+			}
+		}
+	}
+	return nil, nil
+}
+
+// liveStates are every state but terminated: EC2 lists a terminated instance for about an
+// hour, and it is gone for the provider's purposes.
+var liveStates = []string{"pending", "running", "shutting-down", "stopping", "stopped"}
+
+// Get returns the instance; a terminated one, or none, is provider.ErrNotFound.
+func (p *Provider) Get(ctx context.Context, providerID string) (provider.Instance, error) {
+	region, name, err := parseID(providerID)
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	in, err := p.find(ctx, region, name)
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	if in == nil {
+		return provider.Instance{}, fmt.Errorf("instance %s: %w", providerID, provider.ErrNotFound)
+	}
+	return p.instanceOf(region, *in, 0), nil
+}
+
+// Delete terminates the instance; one that is gone already is done.
+func (p *Provider) Delete(ctx context.Context, providerID string) error {
+	region, name, err := parseID(providerID)
+	if err != nil {
+		return err
+	}
+	in, err := p.find(ctx, region, name)
+	if err != nil || in == nil {
+		return err
+	}
+	if in.State != nil && in.State.Name == types.InstanceStateNameShuttingDown {
+		return nil // terminated already; Get says Deleting until it is gone
+	}
+	_, err = p.client(region).TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{aws.ToString(in.InstanceId)}})
+	if err != nil && !isCode(err, "InvalidInstanceID.NotFound") {
+		return classify("terminate instance "+name, err)
+	}
+	return nil
+}
+
+// ListOwned lists owner's instances in the default region, by tag filters a page at a time,
+// each checked again with Owner.Owns.
+func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provider.Instance, error) {
+	if err := owner.Check(); err != nil {
+		return nil, err
+	}
+	region := p.cfg.AWS.Region
+	filters := []types.Filter{{Name: aws.String("instance-state-name"), Values: liveStates}}
+	for _, k := range sortedKeys(owner.Selector()) {
+		filters = append(filters, types.Filter{Name: aws.String("tag:" + k), Values: []string{owner.Selector()[k]}})
+	}
+	pages := ec2.NewDescribeInstancesPaginator(p.client(region), &ec2.DescribeInstancesInput{Filters: filters, MaxResults: aws.Int32(1000)})
+	var out []provider.Instance
+	for pages.HasMorePages() {
+		page, err := pages.NextPage(ctx)
+		if err != nil {
+			return nil, classify("list instances", err)
+		}
+		for _, r := range page.Reservations {
+			for _, in := range r.Instances {
+				inst := p.instanceOf(region, in, 0)
+				if tagOf(in.Tags, tagInstance) != "" && owner.Owns(inst.Labels) {
+					out = append(out, inst)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// instanceOf is what the provider reports of an EC2 instance: Running once it has the
+// address crawlers connect to (the public one when it has one), Stopped when stopped or
+// taken back (Preempted for a Spot interruption), Deleting while shutting down.
+func (p *Provider) instanceOf(region string, in types.Instance, port int32) provider.Instance {
+	labels := map[string]string{}
+	for _, t := range in.Tags {
+		if k := aws.ToString(t.Key); strings.HasPrefix(k, "proxyfleet-") {
+			labels[k] = aws.ToString(t.Value)
+		}
+	}
+	delete(labels, tagInstance)
+	out := provider.Instance{
+		Name:       tagOf(in.Tags, tagInstance),
+		ProviderID: region + "/" + tagOf(in.Tags, tagInstance),
+		Port:       port,
+		CreatedAt:  aws.ToTime(in.LaunchTime),
+		Labels:     labels,
+		State:      provider.StateProvisioning,
+	}
+	ip := aws.ToString(in.PublicIpAddress)
+	if ip == "" {
+		ip = aws.ToString(in.PrivateIpAddress)
+	}
+	var name types.InstanceStateName
+	if in.State != nil {
+		name = in.State.Name
+	}
+	switch name {
+	case types.InstanceStateNameRunning:
+		if ip != "" {
+			out.State, out.IP = provider.StateRunning, ip
+		}
+	case types.InstanceStateNameShuttingDown, types.InstanceStateNameTerminated:
+		out.State = provider.StateDeleting
+	case types.InstanceStateNameStopping, types.InstanceStateNameStopped:
+		out.State = provider.StateStopped
+	}
+	if in.StateReason != nil && aws.ToString(in.StateReason.Code) == "Server.SpotInstanceTermination" {
+		out.State, out.Preempted, out.IP = provider.StateStopped, true, ""
+	}
+	return out
+}
+
+func tagOf(tags []types.Tag, key string) string {
+	for _, t := range tags {
+		if aws.ToString(t.Key) == key {
+			return aws.ToString(t.Value)
+		}
+	}
+	return ""
+}
+
+func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }

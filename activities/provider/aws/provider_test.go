@@ -1,0 +1,205 @@
+package aws_test
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/aws"
+	"github.com/proxyfleet/proxyfleet/activities/provider/aws/ec2test"
+	"github.com/proxyfleet/proxyfleet/internal/proxyauth"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
+)
+
+const password = "fleet-password-canary-7Qx"
+
+func machine() aws.Machine {
+	return aws.Machine{Region: ec2test.Region, InstanceType: "t3.micro", AMI: "ami-0123456789abcdef0", PublicIP: true,
+		Tags: map[string]string{"team": "crawl", "proxyfleet-uid": "forged"}}
+}
+
+func newProvider(t *testing.T, s *ec2test.Server, m aws.Machine) *aws.Provider {
+	t.Helper()
+	cfg := s.Config()
+	cfg.Retryer = func() awssdk.Retryer { return awssdk.NopRetryer{} }
+	p, err := aws.New(aws.Config{AWS: cfg, MachineOf: func(v1alpha1.ProxySpec) (aws.Machine, error) { return m, nil }})
+	require.NoError(t, err)
+	return p
+}
+
+func request(name, uid string) provider.CreateRequest {
+	return provider.CreateRequest{Name: name, ProxyUID: uid, Installation: "inst-a", Namespace: "crawl", Port: 3128,
+		Spec: v1alpha1.ProxySpec{Provider: "aws"}, CloudInit: []byte("#!/bin/sh\necho user\n"),
+		Credentials: proxyauth.Credentials{Username: "proxyfleet", Password: password}, KeyID: "k1", SpecHash: "0123456789abcdef"}
+}
+
+// live is the fake's instances that are not terminated or being terminated.
+func live(s *ec2test.Server) []ec2test.Instance {
+	var out []ec2test.Instance
+	for _, in := range s.Instances() {
+		if in.State != "terminated" && in.State != "shutting-down" {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// TestCreateIsExactlyOnce: creating the same instance again (a retried activity, a
+// replayed workflow) returns the instance the first call made; the request asks for
+// IMDSv2 with a hop limit of 1, no instance profile, the ownership tags (which the
+// machine's own tags cannot override), and user data that boots the hardened Squid
+// without the password in the clear.
+func TestCreateIsExactlyOnce(t *testing.T) {
+	s := ec2test.NewServer(t)
+	p := newProvider(t, s, machine())
+	ctx := context.Background()
+	req := request("px-abc-1", "uid-1")
+
+	first, err := p.Create(ctx, req)
+	require.NoError(t, err)
+	again, err := p.Create(ctx, req)
+	require.NoError(t, err)
+	assert.Equal(t, first.ProviderID, again.ProviderID)
+	assert.Equal(t, p.ProviderID(req), first.ProviderID, "the provider ID is known before the create")
+	require.Len(t, live(s), 1, "one instance whatever the retries")
+
+	in := live(s)[0]
+	assert.Equal(t, "required", in.HTTPTokens)
+	assert.Equal(t, 1, in.HopLimit)
+	assert.Empty(t, in.InstanceProfile)
+	assert.Equal(t, "uid-1", in.Tags[provider.LabelProxyUID], "ownership tags win over the machine's")
+	assert.Equal(t, "inst-a", in.Tags[provider.LabelInstallation])
+	assert.Equal(t, "crawl", in.Tags["team"])
+	assert.Equal(t, "px-abc-1", in.Tags["Name"])
+	script, err := base64.StdEncoding.DecodeString(in.UserData)
+	require.NoError(t, err)
+	assert.Contains(t, string(script), "squid")
+	assert.NotContains(t, string(script), password, "the password is in the boot script in the clear")
+	for _, form := range s.Forms(ec2test.ActionRunInstances) {
+		assert.NotContains(t, form.Encode(), password)
+	}
+}
+
+// TestGetFollowsTheInstance: pending is Provisioning, running is Running on its public
+// address (the private one without), a Spot interruption is Stopped and Preempted, and a
+// terminated or missing instance is not found.
+func TestGetFollowsTheInstance(t *testing.T) {
+	s := ec2test.NewServer(t)
+	ctx := context.Background()
+	m := machine()
+	m.Spot = true
+	p := newProvider(t, s, m)
+	inst, err := p.Create(ctx, request("px-abc-1", "uid-1"))
+	require.NoError(t, err)
+	assert.Equal(t, provider.StateProvisioning, inst.State)
+	got, err := p.Get(ctx, inst.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, provider.StateProvisioning, got.State)
+	got, err = p.Get(ctx, inst.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, provider.StateRunning, got.State)
+	assert.True(t, strings.HasPrefix(got.IP, "198.51.100."), got.IP)
+	assert.Equal(t, "uid-1", got.ProxyUID())
+	assert.Equal(t, "px-abc-1", got.Name)
+
+	s.Interrupt(live(s)[0].ID)
+	_, err = p.Get(ctx, inst.ProviderID)
+	assert.ErrorIs(t, err, provider.ErrNotFound, "a terminated instance is gone")
+
+	private := machine()
+	private.PublicIP = false
+	pp := newProvider(t, s, private)
+	inst, err = pp.Create(ctx, request("px-def-1", "uid-2"))
+	require.NoError(t, err)
+	for range 2 {
+		got, err = pp.Get(ctx, inst.ProviderID)
+		require.NoError(t, err)
+	}
+	assert.True(t, strings.HasPrefix(got.IP, "10.0."), "without a public address the Proxy serves on the private one: %s", got.IP)
+
+	_, err = p.Get(ctx, ec2test.Region+"/px-nothing-1")
+	assert.ErrorIs(t, err, provider.ErrNotFound)
+	_, err = p.Get(ctx, "no-slash")
+	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+}
+
+// TestDeleteIsIdempotent: delete terminates the instance; deleting it again, or one never
+// made, succeeds.
+func TestDeleteIsIdempotent(t *testing.T) {
+	s := ec2test.NewServer(t)
+	p := newProvider(t, s, machine())
+	ctx := context.Background()
+	inst, err := p.Create(ctx, request("px-abc-1", "uid-1"))
+	require.NoError(t, err)
+	require.NoError(t, p.Delete(ctx, inst.ProviderID))
+	assert.Empty(t, live(s))
+	require.NoError(t, p.Delete(ctx, inst.ProviderID))
+	require.NoError(t, p.Delete(ctx, ec2test.Region+"/px-never-1"))
+	assert.Equal(t, 1, s.Requests(ec2test.ActionTerminateInstances), "nothing left to terminate the second time")
+}
+
+// TestListOwnedPagesAndChecksOwnership: the installation's instances are listed a page of
+// 1,000 at a time; another installation's and terminated ones are not.
+func TestListOwnedPagesAndChecksOwnership(t *testing.T) {
+	s := ec2test.NewServer(t)
+	p := newProvider(t, s, machine())
+	ctx := context.Background()
+	for i := range 1005 {
+		s.AddInstance(ec2test.Instance{Tags: map[string]string{provider.LabelInstallation: "inst-a",
+			provider.LabelProxyUID: fmt.Sprintf("uid-%d", i), "proxyfleet-instance": fmt.Sprintf("px-%d-1", i)}})
+	}
+	s.AddInstance(ec2test.Instance{Tags: map[string]string{provider.LabelInstallation: "inst-b", "proxyfleet-instance": "px-b-1"}})
+	s.AddInstance(ec2test.Instance{State: "terminated", Tags: map[string]string{provider.LabelInstallation: "inst-a", "proxyfleet-instance": "px-t-1"}})
+
+	all, err := p.ListOwned(ctx, provider.Owner{Installation: "inst-a"})
+	require.NoError(t, err)
+	assert.Len(t, all, 1005)
+	assert.GreaterOrEqual(t, s.Requests(ec2test.ActionDescribeInstances), 2, "listed a page at a time")
+	one, err := p.ListOwned(ctx, provider.Owner{Installation: "inst-a", ProxyUID: "uid-7"})
+	require.NoError(t, err)
+	require.Len(t, one, 1)
+	assert.Equal(t, ec2test.Region+"/px-7-1", one[0].ProviderID)
+	_, err = p.ListOwned(ctx, provider.Owner{})
+	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+}
+
+// TestErrorsAreClassified: capacity and limits are quota waits, refusals of the request
+// are permanent with EC2's message, throttling and the unexpected are transient.
+func TestErrorsAreClassified(t *testing.T) {
+	s := ec2test.NewServer(t)
+	p := newProvider(t, s, machine())
+	ctx := context.Background()
+	cases := []struct {
+		status        int
+		code, message string
+		kind          provider.Kind
+	}{
+		{http.StatusInternalServerError, "InsufficientInstanceCapacity", "no capacity", provider.KindQuota},
+		{http.StatusBadRequest, "InstanceLimitExceeded", "limit", provider.KindQuota},
+		{http.StatusBadRequest, "VcpuLimitExceeded", "vcpus", provider.KindQuota},
+		{http.StatusBadRequest, "UnauthorizedOperation", "You are not authorized to perform this operation.", provider.KindPermanent},
+		{http.StatusBadRequest, "InvalidAMIID.NotFound", "The image id '[ami-0]' does not exist", provider.KindPermanent},
+		{http.StatusBadRequest, "InvalidParameterValue", "bad", provider.KindPermanent},
+		{http.StatusServiceUnavailable, "RequestLimitExceeded", "Request limit exceeded.", provider.KindTransient},
+		{http.StatusInternalServerError, "InternalError", "oops", provider.KindTransient},
+	}
+	for i, tc := range cases {
+		s.FailNext(ec2test.ActionRunInstances, tc.status, tc.code, tc.message)
+		_, err := p.Create(ctx, request(fmt.Sprintf("px-e%d-1", i), "uid"))
+		require.Error(t, err)
+		assert.Equal(t, tc.kind, provider.Class(err), tc.code)
+		assert.Contains(t, err.Error(), tc.message, "EC2's message reaches the condition")
+		var canary = errors.New(password)
+		assert.NotErrorIs(t, err, canary)
+	}
+	assert.Empty(t, live(s))
+}
