@@ -77,6 +77,10 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.AWS.Region == "" {
 		return nil, errors.New("aws: the SDK configuration has no region")
 	}
+	// RunInstances' body carries the user data (the password's hash, the cloud-init
+	// data): whatever the configuration asked, the SDK never logs request or response
+	// bodies.
+	cfg.AWS.ClientLogMode &^= aws.LogRequestWithBody | aws.LogResponseWithBody
 	return &Provider{cfg: cfg, clients: map[string]*ec2.Client{}}, nil
 }
 

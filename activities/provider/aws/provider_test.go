@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/smithy-go/logging"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -202,4 +203,25 @@ func TestErrorsAreClassified(t *testing.T) {
 		assert.NotErrorIs(t, err, canary)
 	}
 	assert.Empty(t, live(s))
+}
+
+// TestTheSDKNeverLogsTheUserData: a configuration that asks the SDK to log request bodies
+// does not get the user data (or the cloud-init canary) into the log.
+func TestTheSDKNeverLogsTheUserData(t *testing.T) {
+	s := ec2test.NewServer(t)
+	cfg := s.Config()
+	var buf strings.Builder
+	cfg.Logger = logging.LoggerFunc(func(_ logging.Classification, format string, v ...any) {
+		fmt.Fprintf(&buf, format+"\n", v...)
+	})
+	cfg.ClientLogMode = awssdk.LogRequestWithBody | awssdk.LogResponseWithBody | awssdk.LogRequest
+	p, err := aws.New(aws.Config{AWS: cfg, MachineOf: func(v1alpha1.ProxySpec) (aws.Machine, error) { return machine(), nil }})
+	require.NoError(t, err)
+	req := request("px-abc-1", "uid-1")
+	req.CloudInit = []byte("#!/bin/sh\necho cloud-init-canary-Zr4\n")
+	_, err = p.Create(context.Background(), req)
+	require.NoError(t, err)
+	require.NotEmpty(t, buf.String(), "the SDK logged the request")
+	assert.NotContains(t, buf.String(), "UserData")
+	assert.NotContains(t, buf.String(), base64.StdEncoding.EncodeToString([]byte("#!/bin/sh")))
 }
