@@ -26,7 +26,7 @@ func run(token string, tags map[string]string) *ec2.RunInstancesInput {
 	in := &ec2.RunInstancesInput{
 		ImageId: aws.String("ami-0123456789abcdef0"), InstanceType: types.InstanceTypeT3Micro,
 		MinCount: aws.Int32(1), MaxCount: aws.Int32(1), ClientToken: aws.String(token),
-		UserData: aws.String(base64.StdEncoding.EncodeToString([]byte("#!/bin/sh\necho hi\n"))),
+		UserData:        aws.String(base64.StdEncoding.EncodeToString([]byte("#!/bin/sh\necho hi\n"))),
 		MetadataOptions: &types.InstanceMetadataOptionsRequest{HttpTokens: types.HttpTokensStateRequired, HttpPutResponseHopLimit: aws.Int32(1)},
 	}
 	spec := types.TagSpecification{ResourceType: types.ResourceTypeInstance}
@@ -161,7 +161,9 @@ func TestTheFakeFailsAndInterrupts(t *testing.T) {
 	assert.Equal(t, "Server.SpotInstanceTermination", aws.ToString(got.StateReason.Code))
 
 	// The SDK's standard retryer retries throttling by itself.
-	rc := ec2.NewFromConfig(s.Config(), func(o *ec2.Options) { o.Retryer = retry.NewStandard(func(o *retry.StandardOptions) { o.MaxBackoff = 0 }) })
+	rc := ec2.NewFromConfig(s.Config(), func(o *ec2.Options) {
+		o.Retryer = retry.NewStandard(func(o *retry.StandardOptions) { o.MaxBackoff = 0 })
+	})
 	s.FailNext(ec2test.ActionDescribeInstances, http.StatusServiceUnavailable, "RequestLimitExceeded", "Request limit exceeded.")
 	_, err = rc.DescribeInstances(ctx, &ec2.DescribeInstancesInput{})
 	assert.NoError(t, err)
