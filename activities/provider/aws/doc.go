@@ -4,8 +4,9 @@
 // deleted), IMDSv2 required with a hop limit of 1, no instance profile unless the machine
 // names one, user data that boots the hardened Squid (squid.InstanceScript), ownership
 // tags listed a page at a time and checked with Owner.Owns, idempotent terminate, Spot
-// interruptions reported as preempted, and EC2's errors classified. Not yet: spec.aws in
-// the API (Machine stands for it), the shared security group per configuration, AMIs by
-// SSM parameter, the worker's --providers flag and the sweeper's coverage. Tests run the
-// real SDK against ec2test.
+// interruptions reported as preempted, EC2's errors classified, and one owned security
+// group per configuration (VPC, port, IPv4 source ranges), shared and put back when it
+// drifts. Not yet: spec.aws in the API (Machine stands for it), IPv6 source ranges, the
+// groups' sweep, AMIs by SSM parameter, the worker's --providers flag and the sweeper's
+// coverage. Tests run the real SDK against ec2test.
 package aws

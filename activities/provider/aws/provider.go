@@ -32,8 +32,12 @@ type Machine struct {
 	SubnetID string
 	// PublicIP gives the instance a public address, which the Proxy then serves on.
 	PublicIP bool
-	// SecurityGroupIDs are the groups of the instance's interface.
+	// SecurityGroupIDs are groups of the instance's interface beside the shared one.
 	SecurityGroupIDs []string
+	// AllowedSourceRanges are the IPv4 networks crawlers connect from: the instance's
+	// shared security group admits the proxy port from these alone. Required with a
+	// public address.
+	AllowedSourceRanges []string
 	// InstanceProfile is an IAM instance profile's name or ARN; empty gives none.
 	InstanceProfile string
 	// Spot runs a one-time Spot instance, terminated when EC2 takes it back.
@@ -132,6 +136,21 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	script, err := squid.InstanceScript(req.Port, req.Credentials, req.Spec.Egress, req.CloudInit)
 	if err != nil {
 		return provider.Instance{}, provider.Permanent(err)
+	}
+	vpc, err := p.vpcOf(ctx, m.Region, m.SubnetID)
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	gc, err := groupConfigFor(req, m, vpc)
+	if err != nil {
+		return provider.Instance{}, err
+	}
+	if gc != nil {
+		id, err := p.ensureGroup(ctx, m.Region, *gc)
+		if err != nil {
+			return provider.Instance{}, err
+		}
+		m.SecurityGroupIDs = append(slices.Clone(m.SecurityGroupIDs), id)
 	}
 	in, err := runInput(req, m, script)
 	if err != nil {

@@ -25,7 +25,8 @@ const password = "fleet-password-canary-7Qx"
 
 func machine() aws.Machine {
 	return aws.Machine{Region: ec2test.Region, InstanceType: "t3.micro", AMI: "ami-0123456789abcdef0", PublicIP: true,
-		Tags: map[string]string{"team": "crawl", "proxyfleet-uid": "forged"}}
+		AllowedSourceRanges: []string{"203.0.113.0/24"},
+		Tags:                map[string]string{"team": "crawl", "proxyfleet-uid": "forged"}}
 }
 
 func newProvider(t *testing.T, s *ec2test.Server, m aws.Machine) *aws.Provider {

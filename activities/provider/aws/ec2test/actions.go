@@ -233,12 +233,17 @@ func (s *Server) runInstances(form url.Values) (any, *apiError) {
 	if in.SubnetID == "" {
 		in.SubnetID = DefaultSubnet
 	}
-	if in.SubnetID != DefaultSubnet {
+	vpc, ok := s.subnets[in.SubnetID]
+	if !ok {
 		return nil, invalid("InvalidSubnetID.NotFound", "The subnet ID '%s' does not exist", in.SubnetID)
 	}
+	in.VPCID = vpc
 	for _, id := range in.SecurityGroupIDs {
-		if s.groups[id] == nil {
+		switch g := s.groups[id]; {
+		case g == nil:
 			return nil, invalid("InvalidGroup.NotFound", "The security group '%s' does not exist", id)
+		case g.VPCID != vpc:
+			return nil, invalid("InvalidParameter", "Security group %s and subnet %s belong to different networks.", id, in.SubnetID)
 		}
 	}
 	if ud := form.Get("UserData"); ud != "" {
@@ -581,3 +586,34 @@ func (s *Server) deleteSecurityGroup(form url.Values) (any, *apiError) {
 }
 
 func name(local string) xml.Name { return xml.Name{Local: local} }
+
+type xmlSubnet struct {
+	ID    string `xml:"subnetId"`
+	VPCID string `xml:"vpcId"`
+	State string `xml:"state"`
+}
+
+type describeSubnetsResponse struct {
+	XMLName   struct{}    `xml:"DescribeSubnetsResponse"`
+	Xmlns     string      `xml:"xmlns,attr"`
+	RequestID string      `xml:"requestId"`
+	Subnets   []xmlSubnet `xml:"subnetSet>item"`
+}
+
+func (s *Server) describeSubnets(form url.Values) (any, *apiError) {
+	ids := list(form, "SubnetId")
+	resp := describeSubnetsResponse{Xmlns: xmlns, RequestID: "req-fake"}
+	for _, id := range ids {
+		vpc, ok := s.subnets[id]
+		if !ok {
+			return nil, invalid("InvalidSubnetID.NotFound", "The subnet ID '%s' does not exist", id)
+		}
+		resp.Subnets = append(resp.Subnets, xmlSubnet{ID: id, VPCID: vpc, State: "available"})
+	}
+	if len(ids) == 0 {
+		for _, id := range slices.Sorted(maps.Keys(s.subnets)) {
+			resp.Subnets = append(resp.Subnets, xmlSubnet{ID: id, VPCID: s.subnets[id], State: "available"})
+		}
+	}
+	return resp, nil
+}

@@ -39,6 +39,7 @@ const (
 	ActionAuthorizeSecurityGroupIngress = "AuthorizeSecurityGroupIngress"
 	ActionRevokeSecurityGroupIngress    = "RevokeSecurityGroupIngress"
 	ActionDeleteSecurityGroup           = "DeleteSecurityGroup"
+	ActionDescribeSubnets               = "DescribeSubnets"
 )
 
 // Region is the region the fake answers for; DefaultVPC and DefaultSubnet exist from the
@@ -98,6 +99,7 @@ type Server struct {
 	instances map[string]*instance
 	order     []string // instance IDs in creation order
 	groups    map[string]*group
+	subnets   map[string]string // subnet ID → VPC ID
 	tokens    map[string]token
 	failures  map[string][]apiError
 	requests  map[string]int
@@ -132,6 +134,7 @@ func NewServer(t testing.TB) *Server {
 		PendingPolls: 1,
 		instances:    map[string]*instance{},
 		groups:       map[string]*group{},
+		subnets:      map[string]string{DefaultSubnet: DefaultVPC},
 		tokens:       map[string]token{},
 		failures:     map[string][]apiError{},
 		requests:     map[string]int{},
@@ -244,6 +247,13 @@ func (s *Server) SecurityGroups() []SecurityGroup {
 	return out
 }
 
+// AddSubnet adds a subnet of vpc, beside DefaultSubnet.
+func (s *Server) AddSubnet(id, vpc string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.subnets[id] = vpc
+}
+
 // SetIngress replaces a group's ingress rules ("tcp:3128:10.0.0.0/8"), as an edit made
 // outside the code under test would.
 func (s *Server) SetIngress(id string, rules ...string) {
@@ -305,6 +315,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		body, err = s.changeIngress(form, false)
 	case ActionDeleteSecurityGroup:
 		body, err = s.deleteSecurityGroup(form)
+	case ActionDescribeSubnets:
+		body, err = s.describeSubnets(form)
 	default:
 		err = &apiError{http.StatusBadRequest, "InvalidAction", "the action " + action + " is not valid for this web service"}
 	}

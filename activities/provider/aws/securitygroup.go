@@ -1,0 +1,203 @@
+package aws
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+)
+
+// A security group per configuration: the instances of an installation with the same VPC,
+// proxy port and allowed source ranges share one group that admits that port from those
+// ranges alone, so a thousand proxies cost one group, not a thousand. Its name is a hash
+// of the configuration: every worker finds the same group without asking anyone.
+
+// groupConfig is what a shared group admits.
+type groupConfig struct {
+	installation string
+	// vpc is the VPC of the instances' subnet ("" for the default VPC).
+	vpc    string
+	port   int32
+	ranges []string // IPv4 CIDRs, normalized and sorted
+}
+
+// Tags on a shared group: the ownership labels of the installation, and the
+// configuration's name, which the sweep reads.
+const tagGroupConfig = "proxyfleet-group-config"
+
+func (c groupConfig) name() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00%d\x00%s", c.installation, c.vpc, c.port, strings.Join(c.ranges, ","))
+	return "proxyfleet-" + strconv.Itoa(int(c.port)) + "-" + hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// rules are the group's ingress rules, as the provider compares them.
+func (c groupConfig) rules() []string {
+	out := make([]string, 0, len(c.ranges))
+	for _, r := range c.ranges {
+		out = append(out, ruleKey(c.port, r))
+	}
+	return out
+}
+
+func ruleKey(port int32, cidr string) string { return "tcp:" + strconv.Itoa(int(port)) + ":" + cidr }
+
+// groupConfigFor is the shared group req's instance needs, or nil when the machine
+// admits every source by groups of its own (no allowed ranges, no public address).
+func groupConfigFor(req provider.CreateRequest, m Machine, vpc string) (*groupConfig, error) {
+	if len(m.AllowedSourceRanges) == 0 {
+		if m.PublicIP {
+			return nil, provider.Permanent(errors.New(
+				"an instance with a public address needs allowed source ranges: list the networks crawlers connect from"))
+		}
+		return nil, nil
+	}
+	c := &groupConfig{installation: req.Installation, vpc: vpc, port: req.Port}
+	for i, r := range m.AllowedSourceRanges {
+		p, err := netip.ParsePrefix(r)
+		if err != nil {
+			return nil, provider.Permanent(fmt.Errorf("allowed source range %d %q: not a CIDR", i, r))
+		}
+		if !p.Addr().Is4() {
+			return nil, provider.Permanent(fmt.Errorf("allowed source range %q: IPv6 ranges are not supported on aws yet", r))
+		}
+		c.ranges = append(c.ranges, p.Masked().String())
+	}
+	slices.Sort(c.ranges)
+	c.ranges = slices.Compact(c.ranges)
+	return c, nil
+}
+
+// vpcOf is the VPC of subnet ("" for the default subnet, whose VPC is the default one).
+func (p *Provider) vpcOf(ctx context.Context, region, subnet string) (string, error) {
+	if subnet == "" {
+		return "", nil
+	}
+	out, err := p.client(region).DescribeSubnets(ctx, &ec2.DescribeSubnetsInput{SubnetIds: []string{subnet}})
+	if err != nil {
+		return "", classify("describe subnet "+subnet, err)
+	}
+	if len(out.Subnets) != 1 {
+		return "", provider.Permanent(fmt.Errorf("subnet %s: EC2 knows no such subnet", subnet))
+	}
+	return aws.ToString(out.Subnets[0].VpcId), nil
+}
+
+// ensureGroup finds or makes c's group, puts its ingress back to c's rules when it
+// drifted (a rule added or removed by hand), and returns its ID.
+func (p *Provider) ensureGroup(ctx context.Context, region string, c groupConfig) (string, error) {
+	g, err := p.findGroup(ctx, region, c)
+	if err != nil {
+		return "", err
+	}
+	if g == nil {
+		g, err = p.createGroup(ctx, region, c)
+		if err != nil {
+			return "", err
+		}
+	}
+	if tagOf(g.Tags, provider.LabelInstallation) != c.installation {
+		return "", provider.Permanent(fmt.Errorf("security group %s (%s) is not this installation's: rename or delete it",
+			c.name(), aws.ToString(g.GroupId)))
+	}
+	return aws.ToString(g.GroupId), p.keepIngress(ctx, region, g, c)
+}
+
+func (p *Provider) findGroup(ctx context.Context, region string, c groupConfig) (*types.SecurityGroup, error) {
+	filters := []types.Filter{{Name: aws.String("group-name"), Values: []string{c.name()}}}
+	if c.vpc != "" {
+		filters = append(filters, types.Filter{Name: aws.String("vpc-id"), Values: []string{c.vpc}})
+	}
+	out, err := p.client(region).DescribeSecurityGroups(ctx, &ec2.DescribeSecurityGroupsInput{Filters: filters})
+	if err != nil {
+		return nil, classify("describe security group "+c.name(), err)
+	}
+	if len(out.SecurityGroups) == 0 {
+		return nil, nil
+	}
+	return &out.SecurityGroups[0], nil
+}
+
+func (p *Provider) createGroup(ctx context.Context, region string, c groupConfig) (*types.SecurityGroup, error) {
+	tags := []types.Tag{
+		{Key: aws.String(provider.LabelInstallation), Value: aws.String(c.installation)},
+		{Key: aws.String(provider.LabelManagedBy), Value: aws.String(provider.ManagedByValue)},
+		{Key: aws.String(tagGroupConfig), Value: aws.String(c.name())},
+	}
+	in := &ec2.CreateSecurityGroupInput{
+		GroupName:         aws.String(c.name()),
+		Description:       aws.String(fmt.Sprintf("proxyfleet: Squid port %d from the allowed source ranges", c.port)),
+		TagSpecifications: []types.TagSpecification{{ResourceType: types.ResourceTypeSecurityGroup, Tags: tags}},
+	}
+	if c.vpc != "" {
+		in.VpcId = aws.String(c.vpc)
+	}
+	out, err := p.client(region).CreateSecurityGroup(ctx, in)
+	switch {
+	case isCode(err, "InvalidGroup.Duplicate"):
+		// Another worker made it a moment ago.
+		g, err := p.findGroup(ctx, region, c)
+		if err == nil && g == nil {
+			err = fmt.Errorf("security group %s: EC2 says it exists and lists none", c.name())
+		}
+		return g, err
+	case err != nil:
+		return nil, classify("create security group "+c.name(), err)
+	}
+	return &types.SecurityGroup{GroupId: out.GroupId, GroupName: aws.String(c.name()), Tags: tags}, nil
+}
+
+// keepIngress makes g's ingress exactly c's rules.
+func (p *Provider) keepIngress(ctx context.Context, region string, g *types.SecurityGroup, c groupConfig) error {
+	have := map[string]types.IpPermission{}
+	for _, perm := range g.IpPermissions {
+		for _, r := range perm.IpRanges {
+			one := perm
+			one.IpRanges, one.Ipv6Ranges, one.UserIdGroupPairs, one.PrefixListIds = []types.IpRange{{CidrIp: r.CidrIp}}, nil, nil, nil
+			key := aws.ToString(perm.IpProtocol) + ":" + strconv.Itoa(int(aws.ToInt32(perm.FromPort))) + ":" + aws.ToString(r.CidrIp)
+			if aws.ToInt32(perm.FromPort) != aws.ToInt32(perm.ToPort) {
+				key += "-" + strconv.Itoa(int(aws.ToInt32(perm.ToPort)))
+			}
+			have[key] = one
+		}
+	}
+	want := c.rules()
+	var extra, missing []types.IpPermission
+	for key, perm := range have {
+		if !slices.Contains(want, key) {
+			extra = append(extra, perm)
+		}
+	}
+	for _, key := range want {
+		if _, ok := have[key]; !ok {
+			cidr := key[strings.LastIndex(key, ":")+1:]
+			missing = append(missing, types.IpPermission{IpProtocol: aws.String("tcp"), FromPort: aws.Int32(c.port), ToPort: aws.Int32(c.port),
+				IpRanges: []types.IpRange{{CidrIp: aws.String(cidr)}}})
+		}
+	}
+	id := g.GroupId
+	if len(extra) > 0 {
+		_, err := p.client(region).RevokeSecurityGroupIngress(ctx, &ec2.RevokeSecurityGroupIngressInput{GroupId: id, IpPermissions: extra})
+		if err != nil && !isCode(err, "InvalidPermission.NotFound") {
+			return classify("revoke ingress of "+c.name(), err)
+		}
+	}
+	if len(missing) > 0 {
+		_, err := p.client(region).AuthorizeSecurityGroupIngress(ctx, &ec2.AuthorizeSecurityGroupIngressInput{GroupId: id, IpPermissions: missing})
+		if err != nil && !isCode(err, "InvalidPermission.Duplicate") {
+			return classify("authorize ingress of "+c.name(), err)
+		}
+	}
+	return nil
+}

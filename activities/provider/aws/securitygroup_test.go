@@ -1,0 +1,87 @@
+package aws_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/aws/ec2test"
+)
+
+// TestInstancesShareOneGroupPerConfiguration: instances with the same VPC, port and
+// source ranges share one owned group that admits the port from those ranges alone;
+// another port is another group; an instance is created in the group's VPC.
+func TestInstancesShareOneGroupPerConfiguration(t *testing.T) {
+	s := ec2test.NewServer(t)
+	ctx := context.Background()
+	m := machine()
+	m.AllowedSourceRanges = []string{"203.0.113.0/24", "198.51.100.7/32", "203.0.113.9/24"} // the last is the first, unmasked
+	p := newProvider(t, s, m)
+	for _, name := range []string{"px-a-1", "px-b-1", "px-c-1"} {
+		_, err := p.Create(ctx, request(name, "uid-"+name))
+		require.NoError(t, err)
+	}
+	groups := s.SecurityGroups()
+	require.Len(t, groups, 1, "one group for one configuration")
+	g := groups[0]
+	assert.Equal(t, []string{"tcp:3128:198.51.100.7/32", "tcp:3128:203.0.113.0/24"}, g.Ingress)
+	assert.Equal(t, "inst-a", g.Tags[provider.LabelInstallation])
+	for _, in := range s.Instances() {
+		assert.Equal(t, []string{g.ID}, in.SecurityGroupIDs)
+	}
+
+	other := request("px-d-1", "uid-d")
+	other.Port = 8080
+	_, err := p.Create(ctx, other)
+	require.NoError(t, err)
+	assert.Len(t, s.SecurityGroups(), 2, "another port, another group")
+
+	s.AddSubnet("subnet-0fa4e00000000bbb2", "vpc-0fa4e00000000aaa2")
+	m.SubnetID = "subnet-0fa4e00000000bbb2"
+	pv := newProvider(t, s, m)
+	_, err = pv.Create(ctx, request("px-e-1", "uid-e"))
+	require.NoError(t, err, "the group is made in the subnet's VPC")
+	assert.Len(t, s.SecurityGroups(), 3)
+}
+
+// TestTheGroupIsPutBackWhenItDrifts: a rule added by hand is revoked and a rule removed
+// by hand is authorized again at the next create that uses the group.
+func TestTheGroupIsPutBackWhenItDrifts(t *testing.T) {
+	s := ec2test.NewServer(t)
+	ctx := context.Background()
+	p := newProvider(t, s, machine())
+	_, err := p.Create(ctx, request("px-a-1", "uid-a"))
+	require.NoError(t, err)
+	g := s.SecurityGroups()[0]
+	s.SetIngress(g.ID, "tcp:3128:0.0.0.0/0", "tcp:22:0.0.0.0/0")
+	_, err = p.Create(ctx, request("px-b-1", "uid-b"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"tcp:3128:203.0.113.0/24"}, s.SecurityGroups()[0].Ingress)
+}
+
+// TestAPublicInstanceNeedsSourceRanges: a public address without allowed source ranges
+// would be an instance any host can try; it is refused as the request's own fault, and
+// one in the VPC alone needs no group of its own; IPv6 ranges are refused for now.
+func TestAPublicInstanceNeedsSourceRanges(t *testing.T) {
+	s := ec2test.NewServer(t)
+	ctx := context.Background()
+	open := machine()
+	open.AllowedSourceRanges = nil
+	_, err := newProvider(t, s, open).Create(ctx, request("px-a-1", "uid-a"))
+	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+	assert.Empty(t, s.Instances())
+
+	private := open
+	private.PublicIP = false
+	_, err = newProvider(t, s, private).Create(ctx, request("px-b-1", "uid-b"))
+	require.NoError(t, err)
+	assert.Empty(t, s.SecurityGroups())
+
+	v6 := machine()
+	v6.AllowedSourceRanges = []string{"2001:db8::/32"}
+	_, err = newProvider(t, s, v6).Create(ctx, request("px-c-1", "uid-c"))
+	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+}
