@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
@@ -53,6 +54,8 @@ type Config struct {
 	AWS aws.Config
 	// MachineOf turns a Proxy's spec into its instance's shape.
 	MachineOf func(v1alpha1.ProxySpec) (Machine, error)
+	// Now is the clock (a group's creation tag); nil is time.Now.
+	Now func() time.Time
 }
 
 // Provider runs Proxy instances on EC2. An instance is found by its name, which is its
@@ -119,6 +122,20 @@ func (p *Provider) ProviderID(req provider.CreateRequest) string {
 	return region + "/" + req.Name
 }
 
+func (p *Provider) now() time.Time {
+	if p.cfg.Now != nil {
+		return p.cfg.Now()
+	}
+	return time.Now()
+}
+
+// parseGroupID reads the provider ID of a shared group ("<region>/sg/<group ID>").
+func parseGroupID(providerID string) (region, id string, ok bool) {
+	region, rest, _ := strings.Cut(providerID, "/")
+	id, ok = strings.CutPrefix(rest, groupIDPrefix)
+	return region, id, ok && region != "" && id != ""
+}
+
 func parseID(providerID string) (region, name string, err error) {
 	region, name, ok := strings.Cut(providerID, "/")
 	if !ok || region == "" || name == "" || strings.Contains(name, "/") {
@@ -157,6 +174,11 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		return provider.Instance{}, err
 	}
 	out, err := p.client(m.Region).RunInstances(ctx, in)
+	if gc != nil && isCode(err, "InvalidGroup.NotFound") {
+		// The sweep deleted the shared group between its check and this call: the
+		// retry makes it again.
+		return provider.Instance{}, fmt.Errorf("run instance %s: its security group went meanwhile: %w", req.Name, err)
+	}
 	if err != nil {
 		return provider.Instance{}, classify("run instance "+req.Name, err)
 	}
@@ -249,7 +271,20 @@ func (p *Provider) find(ctx context.Context, region, name string) (*types.Instan
 var liveStates = []string{"pending", "running", "shutting-down", "stopping", "stopped"}
 
 // Get returns the instance; a terminated one, or none, is provider.ErrNotFound.
+//
+// The provider ID of an unused shared group (as ListOwned reports one to the sweep) is
+// answered with that group, being deleted, until it is gone.
 func (p *Provider) Get(ctx context.Context, providerID string) (provider.Instance, error) {
+	if region, id, ok := parseGroupID(providerID); ok {
+		g, err := p.describeGroup(ctx, region, id)
+		if err != nil {
+			return provider.Instance{}, err
+		}
+		if g == nil {
+			return provider.Instance{}, fmt.Errorf("security group %s: %w", providerID, provider.ErrNotFound)
+		}
+		return unusedGroup(region, tagOf(g.Tags, provider.LabelInstallation), *g), nil
+	}
 	region, name, err := parseID(providerID)
 	if err != nil {
 		return provider.Instance{}, err
@@ -264,8 +299,12 @@ func (p *Provider) Get(ctx context.Context, providerID string) (provider.Instanc
 	return p.instanceOf(region, *in, 0), nil
 }
 
-// Delete terminates the instance; one that is gone already is done.
+// Delete terminates the instance; one that is gone already is done. The provider ID of an
+// unused shared group deletes that group, if it is still ours and still unused.
 func (p *Provider) Delete(ctx context.Context, providerID string) error {
+	if region, id, ok := parseGroupID(providerID); ok {
+		return p.deleteGroup(ctx, region, id)
+	}
 	region, name, err := parseID(providerID)
 	if err != nil {
 		return err
@@ -285,12 +324,24 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 }
 
 // ListOwned lists owner's instances in the default region, by tag filters a page at a time,
-// each checked again with Owner.Owns.
+// each checked again with Owner.Owns. Listing a whole installation (as the sweeper does)
+// also reports each of its shared security groups that no listed instance uses (see
+// unusedGroup). Groups are listed first: Create makes a group before its instance, so a
+// group's first user is in the instance list read after, or made after it (and the
+// sweep's minimum age spares a group that young).
 func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provider.Instance, error) {
 	if err := owner.Check(); err != nil {
 		return nil, err
 	}
 	region := p.cfg.AWS.Region
+	var groups []types.SecurityGroup
+	if owner.ProxyUID == "" {
+		var err error
+		if groups, err = p.listGroups(ctx, region, owner.Installation); err != nil {
+			return nil, err
+		}
+	}
+	used := map[string]bool{}
 	filters := []types.Filter{{Name: aws.String("instance-state-name"), Values: liveStates}}
 	for _, k := range sortedKeys(owner.Selector()) {
 		filters = append(filters, types.Filter{Name: aws.String("tag:" + k), Values: []string{owner.Selector()[k]}})
@@ -304,11 +355,22 @@ func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provi
 		}
 		for _, r := range page.Reservations {
 			for _, in := range r.Instances {
+				if in.State != nil && in.State.Name == types.InstanceStateNameTerminated {
+					continue // gone since the filter was applied
+				}
+				for _, g := range in.SecurityGroups {
+					used[aws.ToString(g.GroupId)] = true
+				}
 				inst := p.instanceOf(region, in, 0)
 				if tagOf(in.Tags, tagInstance) != "" && owner.Owns(inst.Labels) {
 					out = append(out, inst)
 				}
 			}
+		}
+	}
+	for _, g := range groups {
+		if !used[aws.ToString(g.GroupId)] {
+			out = append(out, unusedGroup(region, owner.Installation, g))
 		}
 	}
 	return out, nil

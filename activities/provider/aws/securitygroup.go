@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
@@ -32,9 +33,22 @@ type groupConfig struct {
 	ranges []string // IPv4 CIDRs, normalized and sorted
 }
 
-// Tags on a shared group: the ownership labels of the installation, and the
-// configuration's name, which the sweep reads.
-const tagGroupConfig = "proxyfleet-group-config"
+// Tags on a shared group: the ownership labels of the installation, the configuration's
+// name, which the sweep lists groups by, and when it was made (EC2 keeps no creation time
+// for a group, and the sweep spares the young).
+const (
+	tagGroupConfig  = "proxyfleet-group-config"
+	tagGroupCreated = "proxyfleet-created"
+)
+
+// sharedGroupUID stands in the Proxy UID label of an unused shared group as ListOwned
+// reports it to the sweep. It is no Kubernetes UID, so it never belongs to a live Proxy,
+// and the sweep treats the group like an instance whose Proxy is gone, minimum age
+// included: it deletes it through Delete, which deletes it only if no instance uses it.
+const sharedGroupUID = "shared-security-group"
+
+// groupIDPrefix marks the provider ID of a shared group: "<region>/sg/<group ID>".
+const groupIDPrefix = "sg/"
 
 func (c groupConfig) name() string {
 	h := sha256.New()
@@ -134,6 +148,7 @@ func (p *Provider) createGroup(ctx context.Context, region string, c groupConfig
 		{Key: aws.String(provider.LabelInstallation), Value: aws.String(c.installation)},
 		{Key: aws.String(provider.LabelManagedBy), Value: aws.String(provider.ManagedByValue)},
 		{Key: aws.String(tagGroupConfig), Value: aws.String(c.name())},
+		{Key: aws.String(tagGroupCreated), Value: aws.String(p.now().UTC().Format(time.RFC3339))},
 	}
 	in := &ec2.CreateSecurityGroupInput{
 		GroupName:         aws.String(c.name()),
@@ -198,6 +213,95 @@ func (p *Provider) keepIngress(ctx context.Context, region string, g *types.Secu
 		if err != nil && !isCode(err, "InvalidPermission.Duplicate") {
 			return classify("authorize ingress of "+c.name(), err)
 		}
+	}
+	return nil
+}
+
+// listGroups lists the installation's shared groups in region.
+func (p *Provider) listGroups(ctx context.Context, region, installation string) ([]types.SecurityGroup, error) {
+	pages := ec2.NewDescribeSecurityGroupsPaginator(p.client(region), &ec2.DescribeSecurityGroupsInput{
+		MaxResults: aws.Int32(1000),
+		Filters: []types.Filter{
+			{Name: aws.String("tag:" + provider.LabelInstallation), Values: []string{installation}},
+			{Name: aws.String("tag-key"), Values: []string{tagGroupConfig}},
+		}})
+	var out []types.SecurityGroup
+	for pages.HasMorePages() {
+		page, err := pages.NextPage(ctx)
+		if err != nil {
+			return nil, classify("list security groups", err)
+		}
+		for _, g := range page.SecurityGroups {
+			if tagOf(g.Tags, provider.LabelInstallation) == installation && tagOf(g.Tags, tagGroupConfig) != "" {
+				out = append(out, g)
+			}
+		}
+	}
+	return out, nil
+}
+
+// unusedGroup is how ListOwned reports a shared group no listed instance uses: an
+// instance being deleted, of no Proxy (sharedGroupUID), as old as the group.
+func unusedGroup(region, installation string, g types.SecurityGroup) provider.Instance {
+	created, _ := time.Parse(time.RFC3339, tagOf(g.Tags, tagGroupCreated))
+	return provider.Instance{
+		Name:       aws.ToString(g.GroupName),
+		ProviderID: region + "/" + groupIDPrefix + aws.ToString(g.GroupId),
+		State:      provider.StateDeleting,
+		CreatedAt:  created,
+		Labels: map[string]string{
+			provider.LabelInstallation: installation,
+			provider.LabelProxyUID:     sharedGroupUID,
+			provider.LabelManagedBy:    provider.ManagedByValue,
+		},
+	}
+}
+
+// describeGroup is the group id in region, or nil when there is none.
+func (p *Provider) describeGroup(ctx context.Context, region, id string) (*types.SecurityGroup, error) {
+	out, err := p.client(region).DescribeSecurityGroups(ctx, &ec2.DescribeSecurityGroupsInput{GroupIds: []string{id}})
+	if isCode(err, "InvalidGroup.NotFound") {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, classify("describe security group "+id, err)
+	}
+	if len(out.SecurityGroups) == 0 {
+		return nil, nil
+	}
+	return &out.SecurityGroups[0], nil
+}
+
+// deleteGroup deletes a shared group the sweep found unused: only if it is still one of
+// ours and no instance uses it now (an instance made since the sweep listed it keeps it:
+// provider.ErrInUse).
+func (p *Provider) deleteGroup(ctx context.Context, region, id string) error {
+	g, err := p.describeGroup(ctx, region, id)
+	if err != nil || g == nil || tagOf(g.Tags, tagGroupConfig) == "" {
+		return err
+	}
+	users, err := p.client(region).DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []types.Filter{
+		{Name: aws.String("instance.group-id"), Values: []string{id}},
+		{Name: aws.String("instance-state-name"), Values: liveStates},
+	}})
+	if err != nil {
+		return classify("list the users of security group "+id, err)
+	}
+	for _, r := range users.Reservations {
+		for _, in := range r.Instances {
+			if in.State == nil || in.State.Name != types.InstanceStateNameTerminated {
+				return fmt.Errorf("security group %s: an instance uses it again: %w", id, provider.ErrInUse)
+			}
+		}
+	}
+	_, err = p.client(region).DeleteSecurityGroup(ctx, &ec2.DeleteSecurityGroupInput{GroupId: aws.String(id)})
+	switch {
+	case isCode(err, "InvalidGroup.NotFound"):
+		return nil
+	case isCode(err, "DependencyViolation"):
+		return fmt.Errorf("security group %s: %w", id, provider.ErrInUse)
+	case err != nil:
+		return classify("delete security group "+id, err)
 	}
 	return nil
 }

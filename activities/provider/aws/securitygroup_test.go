@@ -85,3 +85,53 @@ func TestAPublicInstanceNeedsSourceRanges(t *testing.T) {
 	_, err = newProvider(t, s, v6).Create(ctx, request("px-c-1", "uid-c"))
 	assert.Equal(t, provider.KindPermanent, provider.Class(err))
 }
+
+// TestTheSweepDeletesGroupsNoInstanceUses: listing the installation (as the sweeper does)
+// reports a shared group no instance uses as an instance of no Proxy, being deleted, as
+// old as its creation tag; deleting it through its provider ID deletes it, unless an
+// instance made since uses it (kept: provider.ErrInUse). One Proxy's list never shows it.
+func TestTheSweepDeletesGroupsNoInstanceUses(t *testing.T) {
+	s := ec2test.NewServer(t)
+	ctx := context.Background()
+	p := newProvider(t, s, machine())
+	owner := provider.Owner{Installation: "inst-a"}
+	a, err := p.Create(ctx, request("px-a-1", "uid-a"))
+	require.NoError(t, err)
+	list, err := p.ListOwned(ctx, owner)
+	require.NoError(t, err)
+	require.Len(t, list, 1, "a used group is not reported")
+
+	require.NoError(t, p.Delete(ctx, a.ProviderID))
+	list, err = p.ListOwned(ctx, owner)
+	require.NoError(t, err)
+	var group *provider.Instance
+	for i := range list {
+		if list[i].ProxyUID() == "shared-security-group" {
+			group = &list[i]
+		}
+	}
+	require.NotNil(t, group, "the unused group is reported to the sweep: %+v", list)
+	assert.Equal(t, provider.StateDeleting, group.State)
+	assert.False(t, group.CreatedAt.IsZero(), "its age comes from its creation tag")
+	one, err := p.ListOwned(ctx, provider.Owner{Installation: "inst-a", ProxyUID: "uid-a"})
+	require.NoError(t, err)
+	for _, in := range one {
+		assert.NotEqual(t, "shared-security-group", in.ProxyUID())
+	}
+
+	// An instance made since the list uses the group again: the sweep keeps it.
+	_, err = p.Create(ctx, request("px-b-1", "uid-b"))
+	require.NoError(t, err)
+	err = p.Delete(ctx, group.ProviderID)
+	assert.ErrorIs(t, err, provider.ErrInUse)
+	require.Len(t, s.SecurityGroups(), 1)
+
+	for _, in := range s.Instances() {
+		s.SetState(in.ID, "terminated")
+	}
+	require.NoError(t, p.Delete(ctx, group.ProviderID))
+	assert.Empty(t, s.SecurityGroups())
+	_, err = p.Get(ctx, group.ProviderID)
+	assert.ErrorIs(t, err, provider.ErrNotFound)
+	require.NoError(t, p.Delete(ctx, group.ProviderID), "deleting it again is done")
+}

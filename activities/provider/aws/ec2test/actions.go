@@ -377,6 +377,9 @@ func (s *Server) describeInstances(form url.Values) (any, *apiError) {
 		if toks, ok := f["client-token"]; ok && !slices.Contains(toks, in.ClientToken) {
 			continue
 		}
+		if gs, ok := f["instance.group-id"]; ok && !slices.ContainsFunc(gs, func(g string) bool { return slices.Contains(in.SecurityGroupIDs, g) }) {
+			continue
+		}
 		if !matchTags(f, in.Tags) {
 			continue
 		}
