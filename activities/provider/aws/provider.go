@@ -154,6 +154,15 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	if err != nil {
 		return provider.Instance{}, provider.Permanent(err)
 	}
+	// An earlier attempt may have made it (its answer lost with a worker): return that one
+	// as it is, rather than ask again with parameters (a security group made again since)
+	// that EC2 would refuse under the same token.
+	if in, err := p.find(ctx, m.Region, req.Name); err != nil || in != nil {
+		if err != nil {
+			return provider.Instance{}, err
+		}
+		return p.instanceOf(m.Region, *in, req.Port), nil
+	}
 	vpc, err := p.vpcOf(ctx, m.Region, m.SubnetID)
 	if err != nil {
 		return provider.Instance{}, err

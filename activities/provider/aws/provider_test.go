@@ -73,6 +73,9 @@ func TestCreateIsExactlyOnce(t *testing.T) {
 	assert.Equal(t, first.ProviderID, again.ProviderID)
 	assert.Equal(t, p.ProviderID(req), first.ProviderID, "the provider ID is known before the create")
 	require.Len(t, live(s), 1, "one instance whatever the retries")
+	runs := s.Forms(ec2test.ActionRunInstances)
+	require.Len(t, runs, 1, "a create that finds its instance asks for none")
+	assert.Equal(t, "px-abc-1", runs[0].Get("ClientToken"), "two creates racing past the lookup are one instance by the token")
 
 	in := live(s)[0]
 	assert.Equal(t, "required", in.HTTPTokens)
