@@ -5,9 +5,8 @@
 // names one, user data that boots the hardened Squid (squid.InstanceScript), ownership
 // tags listed a page at a time and checked with Owner.Owns, idempotent terminate, Spot
 // interruptions reported as preempted, EC2's errors classified, and one owned security
-// group per configuration (VPC, port, IPv4 source ranges), shared and put back when it
+// group per configuration (VPC, port, source ranges of either family), shared and put back when it
 // drifts, and reported to the sweep (deleted only while no instance uses it) once unused.
-// Not yet: spec.aws in the API (Machine stands for it), IPv6 source ranges, AMIs by SSM
-// parameter, the worker's --providers flag (and so the sweeper's coverage in a
+// Not yet: spec.aws in the API (Machine stands for it), AMIs by SSM parameter, the worker's --providers flag (and so the sweeper's coverage in a
 // deployment). Tests run the real SDK against ec2test.
 package aws

@@ -30,7 +30,7 @@ type groupConfig struct {
 	// vpc is the VPC of the instances' subnet ("" for the default VPC).
 	vpc    string
 	port   int32
-	ranges []string // IPv4 CIDRs, normalized and sorted
+	ranges []string // CIDRs (IPv4 and IPv6), normalized and sorted
 }
 
 // Tags on a shared group: the ownership labels of the installation, the configuration's
@@ -82,9 +82,6 @@ func groupConfigFor(req provider.CreateRequest, m Machine, vpc string) (*groupCo
 		p, err := netip.ParsePrefix(r)
 		if err != nil {
 			return nil, provider.Permanent(fmt.Errorf("allowed source range %d %q: not a CIDR", i, r))
-		}
-		if !p.Addr().Is4() {
-			return nil, provider.Permanent(fmt.Errorf("allowed source range %q: IPv6 ranges are not supported on aws yet", r))
 		}
 		c.ranges = append(c.ranges, p.Masked().String())
 	}
@@ -177,14 +174,35 @@ func (p *Provider) createGroup(ctx context.Context, region string, c groupConfig
 func (p *Provider) keepIngress(ctx context.Context, region string, g *types.SecurityGroup, c groupConfig) error {
 	have := map[string]types.IpPermission{}
 	for _, perm := range g.IpPermissions {
-		for _, r := range perm.IpRanges {
-			one := perm
-			one.IpRanges, one.Ipv6Ranges, one.UserIdGroupPairs, one.PrefixListIds = []types.IpRange{{CidrIp: r.CidrIp}}, nil, nil, nil
-			key := aws.ToString(perm.IpProtocol) + ":" + strconv.Itoa(int(aws.ToInt32(perm.FromPort))) + ":" + aws.ToString(r.CidrIp)
+		key := func(cidr string) string {
+			k := aws.ToString(perm.IpProtocol) + ":" + strconv.Itoa(int(aws.ToInt32(perm.FromPort))) + ":" + cidr
 			if aws.ToInt32(perm.FromPort) != aws.ToInt32(perm.ToPort) {
-				key += "-" + strconv.Itoa(int(aws.ToInt32(perm.ToPort)))
+				k += "-" + strconv.Itoa(int(aws.ToInt32(perm.ToPort)))
 			}
-			have[key] = one
+			return k
+		}
+		bare := perm
+		bare.IpRanges, bare.Ipv6Ranges, bare.UserIdGroupPairs, bare.PrefixListIds = nil, nil, nil, nil
+		for _, r := range perm.IpRanges {
+			one := bare
+			one.IpRanges = []types.IpRange{{CidrIp: r.CidrIp}}
+			have[key(aws.ToString(r.CidrIp))] = one
+		}
+		for _, r := range perm.Ipv6Ranges {
+			one := bare
+			one.Ipv6Ranges = []types.Ipv6Range{{CidrIpv6: r.CidrIpv6}}
+			have[key(aws.ToString(r.CidrIpv6))] = one
+		}
+		// Rules by group or prefix list are nobody's of ours: they go too.
+		for _, g := range perm.UserIdGroupPairs {
+			one := bare
+			one.UserIdGroupPairs = []types.UserIdGroupPair{g}
+			have[key("group:"+aws.ToString(g.GroupId))] = one
+		}
+		for _, pl := range perm.PrefixListIds {
+			one := bare
+			one.PrefixListIds = []types.PrefixListId{pl}
+			have[key("prefix-list:"+aws.ToString(pl.PrefixListId))] = one
 		}
 	}
 	want := c.rules()
@@ -196,9 +214,15 @@ func (p *Provider) keepIngress(ctx context.Context, region string, g *types.Secu
 	}
 	for _, key := range want {
 		if _, ok := have[key]; !ok {
-			cidr := key[strings.LastIndex(key, ":")+1:]
-			missing = append(missing, types.IpPermission{IpProtocol: aws.String("tcp"), FromPort: aws.Int32(c.port), ToPort: aws.Int32(c.port),
-				IpRanges: []types.IpRange{{CidrIp: aws.String(cidr)}}})
+			_, rest, _ := strings.Cut(key, ":")
+			_, cidr, _ := strings.Cut(rest, ":")
+			perm := types.IpPermission{IpProtocol: aws.String("tcp"), FromPort: aws.Int32(c.port), ToPort: aws.Int32(c.port)}
+			if strings.Contains(cidr, ":") {
+				perm.Ipv6Ranges = []types.Ipv6Range{{CidrIpv6: aws.String(cidr)}}
+			} else {
+				perm.IpRanges = []types.IpRange{{CidrIp: aws.String(cidr)}}
+			}
+			missing = append(missing, perm)
 		}
 	}
 	id := g.GroupId

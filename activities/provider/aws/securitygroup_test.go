@@ -64,7 +64,7 @@ func TestTheGroupIsPutBackWhenItDrifts(t *testing.T) {
 
 // TestAPublicInstanceNeedsSourceRanges: a public address without allowed source ranges
 // would be an instance any host can try; it is refused as the request's own fault, and
-// one in the VPC alone needs no group of its own; IPv6 ranges are refused for now.
+// one in the VPC alone needs no group of its own; a range that is no CIDR is refused.
 func TestAPublicInstanceNeedsSourceRanges(t *testing.T) {
 	s := ec2test.NewServer(t)
 	ctx := context.Background()
@@ -80,10 +80,28 @@ func TestAPublicInstanceNeedsSourceRanges(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, s.SecurityGroups())
 
-	v6 := machine()
-	v6.AllowedSourceRanges = []string{"2001:db8::/32"}
-	_, err = newProvider(t, s, v6).Create(ctx, request("px-c-1", "uid-c"))
+	bad := machine()
+	bad.AllowedSourceRanges = []string{"203.0.113.0/33"}
+	_, err = newProvider(t, s, bad).Create(ctx, request("px-c-1", "uid-c"))
 	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+}
+
+// TestIPv6SourceRangesAreAdmitted: IPv6 ranges become IPv6 rules of the same group, and a
+// rule by hand of either family is put back.
+func TestIPv6SourceRangesAreAdmitted(t *testing.T) {
+	s := ec2test.NewServer(t)
+	ctx := context.Background()
+	m := machine()
+	m.AllowedSourceRanges = []string{"2001:db8::/32", "203.0.113.0/24"}
+	p := newProvider(t, s, m)
+	_, err := p.Create(ctx, request("px-a-1", "uid-a"))
+	require.NoError(t, err)
+	g := s.SecurityGroups()[0]
+	assert.Equal(t, []string{"tcp:3128:2001:db8::/32", "tcp:3128:203.0.113.0/24"}, g.Ingress)
+	s.SetIngress(g.ID, "tcp:3128:::/0", "tcp:3128:203.0.113.0/24")
+	_, err = p.Create(ctx, request("px-b-1", "uid-b"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"tcp:3128:2001:db8::/32", "tcp:3128:203.0.113.0/24"}, s.SecurityGroups()[0].Ingress)
 }
 
 // TestTheSweepDeletesGroupsNoInstanceUses: listing the installation (as the sweeper does)

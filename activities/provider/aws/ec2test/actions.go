@@ -124,11 +124,16 @@ type xmlRange struct {
 	CIDR string `xml:"cidrIp"`
 }
 
+type xmlRange6 struct {
+	CIDR string `xml:"cidrIpv6"`
+}
+
 type xmlPermission struct {
-	Protocol string     `xml:"ipProtocol"`
-	From     int        `xml:"fromPort"`
-	To       int        `xml:"toPort"`
-	Ranges   []xmlRange `xml:"ipRanges>item"`
+	Protocol string      `xml:"ipProtocol"`
+	From     int         `xml:"fromPort"`
+	To       int         `xml:"toPort"`
+	Ranges   []xmlRange  `xml:"ipRanges>item"`
+	Ranges6  []xmlRange6 `xml:"ipv6Ranges>item"`
 }
 
 type xmlGroup struct {
@@ -525,7 +530,13 @@ func (s *Server) describeSecurityGroups(form url.Values) (any, *apiError) {
 			proto, rest, _ := strings.Cut(r, ":")
 			port, cidr, _ := strings.Cut(rest, ":")
 			p, _ := strconv.Atoi(port)
-			x.Ingress = append(x.Ingress, xmlPermission{Protocol: proto, From: p, To: p, Ranges: []xmlRange{{CIDR: cidr}}})
+			perm := xmlPermission{Protocol: proto, From: p, To: p}
+			if strings.Contains(cidr, ":") {
+				perm.Ranges6 = []xmlRange6{{CIDR: cidr}}
+			} else {
+				perm.Ranges = []xmlRange{{CIDR: cidr}}
+			}
+			x.Ingress = append(x.Ingress, perm)
 		}
 		resp.Groups = append(resp.Groups, x)
 	}
@@ -550,6 +561,9 @@ func (s *Server) changeIngress(form url.Values, add bool) (any, *apiError) {
 		}
 		for j := 1; j <= count(form, p+".IpRanges"); j++ {
 			rules = append(rules, fmt.Sprintf("%s:%s:%s", form.Get(p+".IpProtocol"), from, form.Get(fmt.Sprintf("%s.IpRanges.%d.CidrIp", p, j))))
+		}
+		for j := 1; j <= count(form, p+".Ipv6Ranges"); j++ {
+			rules = append(rules, fmt.Sprintf("%s:%s:%s", form.Get(p+".IpProtocol"), from, form.Get(fmt.Sprintf("%s.Ipv6Ranges.%d.CidrIpv6", p, j))))
 		}
 	}
 	for _, r := range rules {
