@@ -1,12 +1,15 @@
 // Package aws runs Proxy instances on EC2 (issue 33, in progress). What is here: exactly-
-// once creates (the instance's name is RunInstances' ClientToken and a tag, so a retried or
-// replayed create returns the first instance, and one cut short is still found and
-// deleted), IMDSv2 required with a hop limit of 1, no instance profile unless the machine
-// names one, user data that boots the hardened Squid (squid.InstanceScript), ownership
-// tags listed a page at a time and checked with Owner.Owns, idempotent terminate, Spot
-// interruptions reported as preempted, EC2's errors classified, and one owned security
-// group per configuration (VPC, port, source ranges of either family), shared and put back when it
-// drifts, and reported to the sweep (deleted only while no instance uses it) once unused.
-// Not yet: spec.aws in the API (Machine stands for it), AMIs by SSM parameter, the worker's --providers flag (and so the sweeper's coverage in a
-// deployment). Tests run the real SDK against ec2test.
+// once creates (a create looks for its instance first, and the instance's name is
+// RunInstances' ClientToken and a tag, so a retried or replayed create returns the first
+// instance, and one cut short is still found and deleted), IMDSv2 required with a hop
+// limit of 1, no instance profile unless the machine names one, user data that boots the
+// hardened Squid (squid.InstanceScript), ownership tags listed a page at a time and
+// checked with Owner.Owns, idempotent terminate, Spot interruptions reported as
+// preempted, EC2's errors classified, and one owned security group per configuration
+// (VPC, port, source ranges of either family), shared, put back when it drifts, and
+// reported to the sweep once unused (deleted only while no instance uses it).
+//
+// Not yet: spec.aws in the API (Machine stands for it), AMIs by SSM parameter, and the
+// worker's --providers flag (and so the sweeper's coverage in a deployment). Tests run the
+// real SDK against ec2test.
 package aws
