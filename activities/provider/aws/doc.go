@@ -7,9 +7,9 @@
 // checked with Owner.Owns, idempotent terminate, Spot interruptions reported as
 // preempted, EC2's errors classified, and one owned security group per configuration
 // (VPC, port, source ranges of either family), shared, put back when it drifts, and
-// reported to the sweep once unused (deleted only while no instance uses it).
+// reported to the sweep once unused (deleted only while no instance uses it). An image may
+// be an SSM parameter (Debian's public one), which EC2 resolves at launch.
 //
-// Not yet: spec.aws in the API (Machine stands for it), AMIs by SSM parameter, and the
-// worker's --providers flag (and so the sweeper's coverage in a deployment). Tests run the
-// real SDK against ec2test.
+// Not yet: spec.aws in the API (Machine stands for it) and the worker's --providers flag
+// (and so the sweeper's coverage in a deployment). Tests run the real SDK against ec2test.
 package aws

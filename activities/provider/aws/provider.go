@@ -27,7 +27,9 @@ import (
 type Machine struct {
 	// Region is where the instance runs, and the first part of its provider ID.
 	Region string
-	// InstanceType such as t3.micro; AMI is an image ID (ami-…).
+	// InstanceType such as t3.micro. AMI is an image ID (ami-…) or an SSM parameter that
+	// names one, such as Debian's /aws/service/debian/release/12/latest/amd64, which EC2
+	// resolves at launch (so every new instance boots the image current then).
 	InstanceType, AMI string
 	// SubnetID is the subnet of the instance's interface; empty is the default subnet.
 	SubnetID string
@@ -222,8 +224,12 @@ func runInput(req provider.CreateRequest, m Machine, script []byte) (*ec2.RunIns
 	if m.SubnetID != "" {
 		nic.SubnetId = aws.String(m.SubnetID)
 	}
+	image := m.AMI
+	if strings.HasPrefix(image, "/") {
+		image = "resolve:ssm:" + image
+	}
 	in := &ec2.RunInstancesInput{
-		ImageId: aws.String(m.AMI), InstanceType: types.InstanceType(m.InstanceType),
+		ImageId: aws.String(image), InstanceType: types.InstanceType(m.InstanceType),
 		MinCount: aws.Int32(1), MaxCount: aws.Int32(1),
 		ClientToken: aws.String(clientToken(req.Name)),
 		UserData:    aws.String(base64.StdEncoding.EncodeToString(script)),

@@ -229,3 +229,20 @@ func TestTheSDKNeverLogsTheUserData(t *testing.T) {
 	assert.NotContains(t, buf.String(), "UserData")
 	assert.NotContains(t, buf.String(), base64.StdEncoding.EncodeToString([]byte("#!/bin/sh")))
 }
+
+// TestTheImageCanBeAnSSMParameter: an AMI given as an SSM parameter (Debian's public one)
+// is resolved by EC2 at launch; a parameter that does not exist is the request's fault.
+func TestTheImageCanBeAnSSMParameter(t *testing.T) {
+	s := ec2test.NewServer(t)
+	ctx := context.Background()
+	m := machine()
+	m.AMI = ec2test.DebianParameter
+	_, err := newProvider(t, s, m).Create(ctx, request("px-abc-1", "uid-1"))
+	require.NoError(t, err)
+	assert.Equal(t, ec2test.DebianAMI, s.Instances()[0].ImageID)
+	assert.Equal(t, "resolve:ssm:"+ec2test.DebianParameter, s.Forms(ec2test.ActionRunInstances)[0].Get("ImageId"))
+
+	m.AMI = "/aws/service/debian/release/99/latest/amd64"
+	_, err = newProvider(t, s, m).Create(ctx, request("px-def-1", "uid-2"))
+	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+}

@@ -201,6 +201,13 @@ func (s *Server) runInstances(form url.Values) (any, *apiError) {
 		return nil, invalid("InvalidParameterValue", "the fake makes one instance at a time (MinCount=MaxCount=1)")
 	}
 	image := form.Get("ImageId")
+	if name, ok := strings.CutPrefix(image, "resolve:ssm:"); ok {
+		v, found := s.params[name]
+		if !found {
+			return nil, invalid("InvalidParameterValue", "Invalid value '%s' for ImageId: the SSM parameter does not exist", image)
+		}
+		image = v
+	}
 	if !strings.HasPrefix(image, "ami-") {
 		return nil, invalid("InvalidAMIID.Malformed", "Invalid id: %q (expecting \"ami-...\")", image)
 	}

@@ -42,6 +42,13 @@ const (
 	ActionDescribeSubnets               = "DescribeSubnets"
 )
 
+// DebianParameter is the public SSM parameter of Debian 12's current AMI, which the fake
+// resolves to DebianAMI from the start.
+const (
+	DebianParameter = "/aws/service/debian/release/12/latest/amd64"
+	DebianAMI       = "ami-0debian12000000001"
+)
+
 // Region is the region the fake answers for; DefaultVPC and DefaultSubnet exist from the
 // start.
 const (
@@ -100,6 +107,7 @@ type Server struct {
 	order     []string // instance IDs in creation order
 	groups    map[string]*group
 	subnets   map[string]string // subnet ID → VPC ID
+	params    map[string]string // SSM parameters RunInstances resolves (resolve:ssm:)
 	tokens    map[string]token
 	failures  map[string][]apiError
 	requests  map[string]int
@@ -135,6 +143,7 @@ func NewServer(t testing.TB) *Server {
 		instances:    map[string]*instance{},
 		groups:       map[string]*group{},
 		subnets:      map[string]string{DefaultSubnet: DefaultVPC},
+		params:       map[string]string{DebianParameter: DebianAMI},
 		tokens:       map[string]token{},
 		failures:     map[string][]apiError{},
 		requests:     map[string]int{},
@@ -245,6 +254,14 @@ func (s *Server) SecurityGroups() []SecurityGroup {
 		out = append(out, g)
 	}
 	return out
+}
+
+// SetParameter sets an SSM parameter that RunInstances resolves for an image given as
+// resolve:ssm:<name>, as EC2 does at launch.
+func (s *Server) SetParameter(name, value string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.params[name] = value
 }
 
 // AddSubnet adds a subnet of vpc, beside DefaultSubnet.
