@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"slices"
 	"sync"
 	"time"
 
@@ -206,8 +205,7 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		}
 	}
 
-	from := builtFrom{hash: templateHash(pool.Spec.Template)}
-	hash := from.hash
+	hash := templateHash(pool.Spec.Template)
 	desired := int(ptr.Deref(pool.Spec.Replicas, 1))
 	surge, err := budget(pool.Spec.Strategy.MaxSurge, desired, true)
 	if err != nil {
@@ -222,16 +220,13 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 		// one at a time rather than never.
 		unavailable = 1
 	}
-	now := time.Now()
-	if r.Now != nil {
-		now = r.Now()
-	}
+	now := r.now()
 	in := poolInput{desired: desired, surge: surge, unavailable: unavailable, now: now}
 	byName := map[string]*v1alpha1.Proxy{}
 	active := 0
 	for _, p := range owned {
 		byName[p.Name] = p
-		in.members = append(in.members, memberOf(&pool, p, from))
+		in.members = append(in.members, memberOf(&pool, p, hash))
 		if p.DeletionTimestamp == nil {
 			active++
 		}
@@ -239,11 +234,11 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	if active > desired {
 		r.addUse(ctx, &pool, in.members)
 	}
-	r.applyExpected(in.members, byName, from.hash, now)
+	r.applyExpected(in.members, byName, hash, now)
 	plan := planPool(in)
 
 	for _, n := range plan.create {
-		p, err := newMember(&pool, n, from, r.Client.Scheme())
+		p, err := newMember(&pool, n, hash, r.Client.Scheme())
 		if err != nil {
 			return reconcile.Result{}, err
 		}
@@ -259,11 +254,11 @@ func (r *PoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (
 	for _, name := range plan.update {
 		p := byName[name]
 		before := p.DeepCopy()
-		applyTemplate(&pool, p, from)
+		applyTemplate(&pool, p, hash)
 		if err := r.Client.Patch(ctx, p, ctrlclient.MergeFromWithOptions(before, ctrlclient.MergeFromWithOptimisticLock{})); err != nil {
 			return reconcile.Result{}, fmt.Errorf("update %s: %w", name, err)
 		}
-		r.expect(p.UID, now, func(e *expectation) { e.hash = from.hash })
+		r.expect(p.UID, now, func(e *expectation) { e.hash = hash })
 	}
 	var result reconcile.Result
 	for _, name := range plan.ungrant {
@@ -335,15 +330,26 @@ func (r *PoolReconciler) setGrant(ctx context.Context, p *v1alpha1.Proxy, at tim
 		return fmt.Errorf("grant annotation of %s: %w", p.Name, err)
 	}
 	if at.IsZero() {
-		r.expect(p.UID, time.Now(), func(e *expectation) { e.grantedAt = time.Time{} })
+		r.expect(p.UID, r.now(), func(e *expectation) { e.grantedAt = time.Time{} })
 	}
 	return nil
 }
 
+func (r *PoolReconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
 // hasGrants says whether a member holds a grant that stays after this step.
 func hasGrants(members []member, ungranted []string) bool {
+	gone := make(map[string]bool, len(ungranted))
+	for _, name := range ungranted {
+		gone[name] = true
+	}
 	for _, m := range members {
-		if m.granted && !slices.Contains(ungranted, m.name) {
+		if m.granted && !gone[m.name] {
 			return true
 		}
 	}
@@ -499,12 +505,12 @@ func (r *PoolReconciler) writeStatus(ctx context.Context, pool *v1alpha1.ProxyPo
 }
 
 // memberOf is what the plan needs of Proxy p.
-func memberOf(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, from builtFrom) member {
+func memberOf(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, hash string) member {
 	m := member{
 		name:     p.Name,
 		index:    memberIndex(pool.Name, p.Name),
 		created:  p.CreationTimestamp.Time,
-		current:  p.Labels[LabelPoolTemplate] == from.hash,
+		current:  p.Labels[LabelPoolTemplate] == hash,
 		settled:  p.Status.ObservedGeneration == p.Generation,
 		deleting: p.DeletionTimestamp != nil,
 	}
@@ -525,9 +531,9 @@ func memberOf(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, from builtFrom) membe
 }
 
 // newMember is the pool's n-th Proxy, built from its template.
-func newMember(pool *v1alpha1.ProxyPool, n int, from builtFrom, s *runtime.Scheme) (*v1alpha1.Proxy, error) {
+func newMember(pool *v1alpha1.ProxyPool, n int, hash string, s *runtime.Scheme) (*v1alpha1.Proxy, error) {
 	p := &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: pool.Namespace, Name: memberName(pool.Name, n)}}
-	applyTemplate(pool, p, from)
+	applyTemplate(pool, p, hash)
 	// The pool controls it: Owns() routes its changes here, and a cluster's garbage
 	// collector deletes it with the pool even if the pool's finalizer were removed by hand.
 	if err := controllerutil.SetControllerReference(pool, p, s); err != nil {
@@ -537,15 +543,15 @@ func newMember(pool *v1alpha1.ProxyPool, n int, from builtFrom, s *runtime.Schem
 }
 
 // applyTemplate gives p the pool's template: its labels and annotations (beside what p has
-// of its own), the pool's labels, the spec, and the cloud-init version it is built from.
-func applyTemplate(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, from builtFrom) {
+// of its own), the pool's labels, and the spec.
+func applyTemplate(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, hash string) {
 	t := pool.Spec.Template
 	if p.Labels == nil {
 		p.Labels = map[string]string{}
 	}
 	maps.Copy(p.Labels, t.Metadata.Labels)
 	p.Labels[v1alpha1.LabelPool] = pool.Name
-	p.Labels[LabelPoolTemplate] = from.hash
+	p.Labels[LabelPoolTemplate] = hash
 	if len(t.Metadata.Annotations) > 0 {
 		if p.Annotations == nil {
 			p.Annotations = map[string]string{}
@@ -558,11 +564,6 @@ func applyTemplate(pool *v1alpha1.ProxyPool, p *v1alpha1.Proxy, from builtFrom) 
 			l.MaxAge = ptr.To(v1alpha1.Duration(staggeredMaxAge(age, memberIndex(pool.Name, p.Name)).String()))
 		}
 	}
-}
-
-// builtFrom is what a pool's members are built from now: the template, by its hash.
-type builtFrom struct {
-	hash string
 }
 
 // templateHash names a template: Proxies built from an older one are rolled. A rotation

@@ -35,7 +35,7 @@ type member struct {
 	// deleting: it has a deletion time; it still exists until its instances are gone.
 	deleting bool
 	// pending: its workflow wants to replace its instance on its own account (maxAge,
-	// the unhealthy grace, bans) and waits for the pool's grant (ReplacementPending).
+	// the unhealthy grace, bans, a cloud-init rotation) and waits for the pool's grant (ReplacementPending).
 	pending bool
 	// askedAt is when it began to ask (the condition's transition time).
 	askedAt time.Time
@@ -117,9 +117,9 @@ func planPool(in poolInput) poolPlan {
 		}
 	}
 
-	// Due are the members to replace: outdated ones (a new template or cloud-init
-	// version), and those whose workflow asks to replace its instance (maxAge, ill
-	// health, bans). Both count against one budget, so nothing that asks can rebuild the
+	// Due are the members to replace: outdated ones (a new template), and those whose
+	// workflow asks to replace its instance (maxAge, ill health, bans, a cloud-init
+	// rotation). Both count against one budget, so nothing that asks can rebuild the
 	// pool at once. Extras are the members with a second instance, or about to have one:
 	// what maxSurge bounds. Members not Ready on the current template (new, or updated
 	// and not back) have none, but hold back further updates, as a Deployment's rollout
@@ -143,8 +143,8 @@ func planPool(in poolInput) poolPlan {
 		case m.replacing || granted:
 			extras++
 		case m.current && !m.settled && (m.ready || m.provisioned):
-			// Given a new spec or cloud-init version its run has not taken yet: its
-			// replacement is about to start (its status may still show an old ask).
+			// Given a new template its run has not taken yet: its replacement is about
+			// to start (its status may still show an old ask).
 			extras++
 		case !m.current || m.pending:
 			due = append(due, m)

@@ -100,7 +100,7 @@ func TestReview32cLongestAskIsGrantedFirst(t *testing.T) {
 	}
 	var in = poolInput{desired: 4, surge: 1, unavailable: 1, now: now}
 	for _, p := range proxies {
-		in.members = append(in.members, memberOf(pool, p, builtFrom{hash: hash}))
+		in.members = append(in.members, memberOf(pool, p, hash))
 	}
 	p := planPool(in)
 	assert.Equal(t, []string{"eu-3"}, p.grant, "the ask that has waited six hours goes before one a minute old")
@@ -140,7 +140,7 @@ func TestReview32cFutureGrantIsSentAgain(t *testing.T) {
 	proxies[0].Annotations = map[string]string{AnnotationReplaceGranted: "2099-01-01T00:00:00Z"}
 	var in = poolInput{desired: 2, surge: 1, unavailable: 0, now: now}
 	for _, p := range proxies {
-		in.members = append(in.members, memberOf(pool, p, builtFrom{hash: hash}))
+		in.members = append(in.members, memberOf(pool, p, hash))
 	}
 	for _, later := range []time.Duration{0, time.Hour, 30 * 24 * time.Hour} {
 		in.now = now.Add(later)

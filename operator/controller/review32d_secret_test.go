@@ -92,14 +92,11 @@ func review32dRequireServing(t *testing.T, c ctrlclient.Client, ns, when string)
 	require.Empty(t, review32dServing(t, c, ns), "members deleted %s", when)
 }
 
-// TestReview32dDeletedSecretDeletesServingMembers: builtFrom turns a cloud-init Secret it
-// cannot read (deleted, or its cloud-init label removed, which drops it from the
-// operator's cache) into version "", a new template hash: the pool "rolls out" the missing
-// Secret. With maxSurge 0 that means deleting a Ready member and creating a new one, which
-// can never provision (its run cannot hash a Secret that is not there). Before the pool
-// pinned versions, deleting the Secret cost no running instance (each run keeps its
-// instance and says CloudInitError); now it deletes maxUnavailable serving members of
-// every delete-first pool that boots from it.
+// TestReview32dDeletedSecretDeletesServingMembers: deleting a pool's cloud-init Secret (or
+// removing its label, which drops it from the operator's cache) costs no serving member.
+// A first design named the Secret's version in the template hash: a Secret it could not
+// read became a new version, and a delete-first pool (maxSurge 0) deleted Ready members
+// for it, whose replacements could never provision.
 func TestReview32dDeletedSecretDeletesServingMembers(t *testing.T) {
 	r, req, secret, c := review32dDeleteFirstPool(t)
 	ctx := context.Background()
@@ -110,12 +107,10 @@ func TestReview32dDeletedSecretDeletesServingMembers(t *testing.T) {
 		"a Secret that cannot be read is no version to roll out: no serving member is deleted for it")
 }
 
-// TestReview32dSecretMetadataEditRebuildsADeleteFirstPool: the pool's template hash takes
-// the Secret's resourceVersion, which every write to the Secret changes — a label or an
-// annotation added (kubectl annotate, a secret-sync tool's bookkeeping), not only its
-// data. With maxSurge above zero the member's run re-hashes the data and replaces nothing;
-// with maxSurge 0 the pool deletes and recreates every member for it, maxUnavailable at a
-// time, whereas a lone Proxy, or the pool before this change, did nothing.
+// TestReview32dSecretMetadataEditRebuildsADeleteFirstPool: a write to the Secret that
+// changes no data (a label or an annotation: kubectl annotate, a secret-sync tool's
+// bookkeeping) rebuilds nothing, not even in a delete-first pool. The first design hashed
+// the Secret's resourceVersion into the template, which every write changes.
 func TestReview32dSecretMetadataEditRebuildsADeleteFirstPool(t *testing.T) {
 	r, req, secret, c := review32dDeleteFirstPool(t)
 	ctx := context.Background()
