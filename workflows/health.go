@@ -94,9 +94,10 @@ const (
 	wakeRunAge = "run-age"
 )
 
-// nextWake is when the steady step must wake without a signal or a monitor result, and why:
-// a retry time, the instance's maxAge, or the end of the unhealthy grace. Zero means never.
-func (s *ProxyState) nextWake() (time.Time, string) {
+// nextWake is when the steady step, starting at now, must wake without a signal or a
+// monitor result, and why: a retry time, the instance's maxAge, or the end of the
+// unhealthy grace. Zero means never.
+func (s *ProxyState) nextWake(now time.Time) (time.Time, string) {
 	var wake time.Time
 	var why string
 	set := func(t time.Time, reason string) {
@@ -104,12 +105,18 @@ func (s *ProxyState) nextWake() (time.Time, string) {
 			wake, why = t, reason
 		}
 	}
-	set(s.RetryAt, wakeRetry)
+	if !s.policy.poolGrants || s.RetryAt.After(now) {
+		// A retry time already past when the run waits is spent: plan would have taken
+		// the step it held back (a step that succeeded on its retry leaves it; a pool
+		// member then waits for a grant). Waking for it would wake at once, and again,
+		// without the run ever yielding. (Older runs' histories woke for it.)
+		set(s.RetryAt, wakeRetry)
+	}
 	set(s.DeleteRetryAt, wakeRetryDelete)
 	if s.Instance.Running() && s.ReplaceReason == "" && s.Asked == nil {
-		// Once a replacement is asked for (or waits for its pool), neither is news: a wake for a time already
-		// past (a replacement held while a delete waits for its retry) would fire at once,
-		// again and again, without the run ever yielding.
+		// Once a replacement is asked for (or waits for its pool), neither is news: a wake
+		// for a time already past (a replacement held while a delete waits for its retry)
+		// would fire at once, again and again, without the run ever yielding.
 		if age := s.maxAge(); age > 0 {
 			set(s.Instance.CreatedAt.Add(age), wakeMaxAge)
 		}

@@ -71,13 +71,13 @@ func TestPoolMemberAsksBeforeReplacing(t *testing.T) {
 		s := pooledState(func(p *v1alpha1.ProxySpec) {
 			p.Lifecycle = &v1alpha1.Lifecycle{MaxAge: ptr(v1alpha1.Duration("1h"))}
 		})
-		wake, why := s.nextWake()
+		wake, why := s.nextWake(t0)
 		require.Equal(t, wakeMaxAge, why)
 		s.woke(why, wake)
 		assert.Empty(t, s.ReplaceReason)
 		require.NotNil(t, s.Asked)
 		assert.Equal(t, v1alpha1.ReasonMaxAge, s.Asked.Cause)
-		wake, _ = s.nextWake()
+		wake, _ = s.nextWake(t0)
 		assert.True(t, wake.IsZero(), "a run that waits for its pool is woken by the grant, not by a timer already past")
 	})
 	t.Run("the unhealthy grace waits, and is withdrawn when the proxy heals", func(t *testing.T) {
@@ -85,7 +85,7 @@ func TestPoolMemberAsksBeforeReplacing(t *testing.T) {
 			p.Lifecycle = &v1alpha1.Lifecycle{UnhealthyReplaceAfter: ptr(v1alpha1.Duration("5m"))}
 		})
 		s.Health = activities.Health{Known: true, Healthy: false, Since: t0}
-		wake, why := s.nextWake()
+		wake, why := s.nextWake(t0)
 		require.Equal(t, wakeUnhealthy, why)
 		s.woke(why, wake)
 		require.NotNil(t, s.Asked)

@@ -100,7 +100,7 @@ func TestReview32eHeldSteadyWakesAtOnce(t *testing.T) {
 
 	now := at.Add(time.Second)
 	require.Equal(t, stepSteady, plan(&s, now), "held for the pool's grant")
-	wake, why := s.nextWake()
+	wake, why := s.nextWake(now)
 	assert.True(t, wake.IsZero() || wake.After(now),
 		"a steady run must not wake at a time already past (%s, %s): it would never yield", wake, why)
 }

@@ -92,14 +92,14 @@ func TestATargetDownReportKeepsTheGrace(t *testing.T) {
 	}
 	s := steadyState(grace)
 	s.monitorReturned(activities.MonitorResult{Reason: activities.MonitorTarget, Health: targetDown(true)}, t0.Add(time.Hour))
-	wake, _ := s.nextWake()
+	wake, _ := s.nextWake(t0)
 	assert.True(t, wake.IsZero(), "a healthy proxy whose target is down wakes at %s", wake)
 	assert.Equal(t, v1alpha1.PhaseReady, phase(&s))
 
 	s = steadyState(grace)
 	s.Health = activities.Health{Known: true, Since: t0, LastFailure: "connect: refused"}
 	s.monitorReturned(activities.MonitorResult{Reason: activities.MonitorTarget, Health: targetDown(false)}, t0.Add(time.Minute))
-	wake, why := s.nextWake()
+	wake, why := s.nextWake(t0)
 	assert.Equal(t, t0.Add(5*time.Minute), wake)
 	assert.Equal(t, wakeUnhealthy, why)
 	c := condition(status(&s, "wf"), v1alpha1.ConditionHealthy)

@@ -500,12 +500,6 @@ func (s *ProxyState) deleteFailed(msg string, now time.Time, t Tuning) {
 // hashed records the cloud-init Secret's hash.
 func (s *ProxyState) hashed(h string) {
 	s.SecretHash, s.NeedHash, s.CloudInitError = h, false, ""
-	if s.policy.poolGrants {
-		// The read that failed before has succeeded: its retry time is spent. (Left, it
-		// would wake a steady run at once, again and again, when what follows is a wait:
-		// a pool member holding its rotation for a grant. Older runs kept it.)
-		s.RetryAt = time.Time{}
-	}
 	if s.Instance != nil && s.Instance.Hash == "" && s.Spec != nil {
 		// An adopted instance of unknown spec (see adopt) is taken as built from this one.
 		s.Instance.Hash = DesiredHash(s.Spec, h)

@@ -584,7 +584,7 @@ func TestNextWakeAndWoke(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			s := tc.state()
-			wake, why := s.nextWake()
+			wake, why := s.nextWake(t0)
 			assert.Equal(t, tc.wake, wake)
 			assert.Equal(t, tc.why, why)
 			s.woke(why, wake)

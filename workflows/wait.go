@@ -161,14 +161,7 @@ const awaitPublishEvery = 30 * time.Second
 // plan, a verdict or drift from the monitor, or a time the core asked to wake at.
 func (w *proxyWorkflow) steady(ctx workflow.Context) error {
 	s := w.state
-	wake, wakeReason := s.nextWake()
-	if w.policy.poolGrants && wakeReason == wakeRetry && !wake.After(workflow.Now(ctx)) {
-		// plan chose to wait although the retry time has come: no step waits for it (a
-		// step that succeeded on its retry left it). Waking for it would wake at once, and
-		// again, without the run ever yielding.
-		s.RetryAt = time.Time{}
-		wake, wakeReason = s.nextWake()
-	}
+	wake, wakeReason := s.nextWake(workflow.Now(ctx))
 	if end := w.runEnd(); w.policy.bounded() && (wake.IsZero() || end.Before(wake)) {
 		wake, wakeReason = end, wakeRunAge
 	}
