@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
@@ -42,7 +43,7 @@ func TestReview32cLeavingThePoolReachesTheRun(t *testing.T) {
 	p := proxy(ns, "eu-0")
 	p.OwnerReferences = []metav1.OwnerReference{{
 		APIVersion: v1alpha1.GroupVersion.String(), Kind: "ProxyPool", Name: pl.Name, UID: pl.UID,
-		Controller: ptrTo(true), BlockOwnerDeletion: ptrTo(true),
+		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
 	}}
 	require.NoError(t, k.Client.Create(ctx, p))
 	id := contract.ProxyWorkflowID(ns, "eu-0")
@@ -65,5 +66,3 @@ func TestReview32cLeavingThePoolReachesTheRun(t *testing.T) {
 		t.Logf("spec signals sent: %d, the last naming pool %q", len(tc.signals(id)), tc.signals(id)[len(tc.signals(id))-1].Pool)
 	}
 }
-
-func ptrTo[T any](v T) *T { return &v }

@@ -11,8 +11,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/proxyfleet/proxyfleet/discovery"
@@ -39,17 +37,9 @@ func TestPoolBannedEverywhereReplacesWithinTheSurge(t *testing.T) {
 	}))
 	defer hostile.Close()
 
-	spec := stack.Tagged(s.LocalProxy(ns, "template"), ns).Spec
-	spec.Lifecycle = &v1alpha1.Lifecycle{BanReplaceTargets: ptr.To(int32(1))}
-	pool := &v1alpha1.ProxyPool{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "banned"},
-		Spec: v1alpha1.ProxyPoolSpec{
-			Replicas: ptr.To(int32(n)),
-			Template: v1alpha1.ProxyTemplate{Spec: spec},
-			Strategy: v1alpha1.PoolStrategy{MaxSurge: ptr.To(intstr.FromInt32(surge)), MaxUnavailable: ptr.To(intstr.FromInt32(0))},
-		},
-	}
-	require.NoError(t, s.Kube.Client.Create(ctx, pool))
+	pool := startSurgePool(t, s, ns, "banned", n, surge, func(spec *v1alpha1.ProxySpec) {
+		spec.Lifecycle = &v1alpha1.Lifecycle{BanReplaceTargets: ptr.To(int32(1))}
+	})
 	yes := true
 	require.Eventually(t, func() bool { return len(d.Store.List(discovery.Selector{"run": ns}, &yes)) == n },
 		3*time.Minute, 100*time.Millisecond, "six healthy proxies in discovery")

@@ -3,14 +3,11 @@ package life
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/utils/ptr"
 
 	"github.com/proxyfleet/proxyfleet/internal/e2e"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
@@ -33,26 +30,9 @@ func TestPoolRollsASecretRotationWithinTheSurge(t *testing.T) {
 		Data:       map[string][]byte{"startup-script": []byte("#!/bin/sh\necho one\n")},
 	}
 	require.NoError(t, s.Kube.Client.Create(ctx, secret))
-	spec := stack.Tagged(s.LocalProxy(ns, "template"), ns).Spec
-	spec.CloudInit = &v1alpha1.CloudInit{SecretRef: v1alpha1.SecretKeyRef{Name: "boot", Key: "startup-script"}}
-	pool := &v1alpha1.ProxyPool{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "booted"},
-		Spec: v1alpha1.ProxyPoolSpec{
-			Replicas: ptr.To(int32(n)),
-			Template: v1alpha1.ProxyTemplate{Spec: spec},
-			Strategy: v1alpha1.PoolStrategy{MaxSurge: ptr.To(intstr.FromInt32(surge)), MaxUnavailable: ptr.To(intstr.FromInt32(0))},
-		},
-	}
-	require.NoError(t, s.Kube.Client.Create(ctx, pool))
-	require.Eventually(t, func() bool {
-		ms := poolMembers(t, s, ns, pool.Name)
-		for i := range ms {
-			if !stack.Ready(&ms[i]) {
-				return false
-			}
-		}
-		return len(ms) == n
-	}, 3*time.Minute, 100*time.Millisecond, "five Ready members")
+	pool := startSurgePool(t, s, ns, "booted", n, surge, func(spec *v1alpha1.ProxySpec) {
+		spec.CloudInit = &v1alpha1.CloudInit{SecretRef: v1alpha1.SecretKeyRef{Name: "boot", Key: "startup-script"}}
+	})
 	first := instanceNames(t, s, ns, pool.Name)
 
 	secret.Data["startup-script"] = []byte("#!/bin/sh\necho two\n")

@@ -6,7 +6,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/proxyfleet/proxyfleet/internal/stack"
@@ -44,7 +47,7 @@ func watchSurge(t *testing.T, s *stack.Stack, ns, pool string, n, surge int, fir
 			if m.Status.Phase == v1alpha1.PhaseReplacing || m.Status.RetiringInstances > 0 {
 				replacing++
 			}
-			if c := findCondition(m.Status.Conditions, v1alpha1.ConditionReplacementPending); c != nil && c.Status == metav1.ConditionTrue {
+			if meta.IsStatusConditionTrue(m.Status.Conditions, v1alpha1.ConditionReplacementPending) {
 				seen.asked++
 			}
 			instances += len(s.InstancesOf(m.UID))
@@ -72,11 +75,30 @@ func instanceNames(t *testing.T, s *stack.Stack, ns, pool string) map[string]str
 	return out
 }
 
-func findCondition(conds []metav1.Condition, typ string) *metav1.Condition {
-	for i := range conds {
-		if conds[i].Type == typ {
-			return &conds[i]
-		}
+// startSurgePool creates pool name of n local proxies built from the stack's template
+// after mut, rolled with maxSurge surge and maxUnavailable 0, and waits until all n are
+// Ready.
+func startSurgePool(t *testing.T, s *stack.Stack, ns, name string, n, surge int, mut func(*v1alpha1.ProxySpec)) *v1alpha1.ProxyPool {
+	t.Helper()
+	spec := stack.Tagged(s.LocalProxy(ns, "template"), ns).Spec
+	mut(&spec)
+	pool := &v1alpha1.ProxyPool{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.ProxyPoolSpec{
+			Replicas: ptr.To(int32(n)),
+			Template: v1alpha1.ProxyTemplate{Spec: spec},
+			Strategy: v1alpha1.PoolStrategy{MaxSurge: ptr.To(intstr.FromInt(surge)), MaxUnavailable: ptr.To(intstr.FromInt32(0))},
+		},
 	}
-	return nil
+	require.NoError(t, s.Kube.Client.Create(context.Background(), pool))
+	require.Eventually(t, func() bool {
+		ms := poolMembers(t, s, ns, name)
+		for i := range ms {
+			if !stack.Ready(&ms[i]) {
+				return false
+			}
+		}
+		return len(ms) == n
+	}, 3*time.Minute, 100*time.Millisecond, "%d Ready members", n)
+	return pool
 }
