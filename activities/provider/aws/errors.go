@@ -3,6 +3,7 @@ package aws
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/aws/smithy-go"
@@ -61,19 +62,9 @@ func isCode(err error, code string) bool {
 }
 
 func contains(codes []string, code string) bool {
-	for _, c := range codes {
-		if strings.EqualFold(c, code) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(codes, func(c string) bool { return strings.EqualFold(c, code) })
 }
 
 func hasPrefix(prefixes []string, code string) bool {
-	for _, p := range prefixes {
-		if strings.HasPrefix(code, p) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(code, p) })
 }

@@ -358,8 +358,9 @@ func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provi
 	}
 	used := map[string]bool{}
 	filters := []types.Filter{{Name: aws.String("instance-state-name"), Values: liveStates}}
-	for _, k := range sortedKeys(owner.Selector()) {
-		filters = append(filters, types.Filter{Name: aws.String("tag:" + k), Values: []string{owner.Selector()[k]}})
+	sel := owner.Selector()
+	for _, k := range sortedKeys(sel) {
+		filters = append(filters, types.Filter{Name: aws.String("tag:" + k), Values: []string{sel[k]}})
 	}
 	pages := ec2.NewDescribeInstancesPaginator(p.client(region), &ec2.DescribeInstancesInput{Filters: filters, MaxResults: aws.Int32(1000)})
 	var out []provider.Instance
