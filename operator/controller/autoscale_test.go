@@ -67,6 +67,18 @@ func autoscaled(ns, name string) *v1alpha1.ProxyPool {
 	return p
 }
 
+// autoscaledEU creates the autoscaled pool "eu" in a namespace of its own and returns an
+// autoscaler over that namespace alone, writing through c, on a hand clock, reading
+// demand from a stub the test sets.
+func autoscaledEU(t *testing.T, c ctrlclient.Client) (string, *controller.Autoscaler, *demandStub, *testenv.Clock) {
+	t.Helper()
+	ns := namespace(t)
+	require.NoError(t, testenv.Kube(t).Client.Create(context.Background(), autoscaled(ns, "eu")))
+	demand := &demandStub{}
+	clock := testenv.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	return ns, &controller.Autoscaler{Client: c, Demand: demand, Now: clock.Now, Namespace: ns}, demand, clock
+}
+
 func replicasOf(t *testing.T, ns, name string) int32 {
 	t.Helper()
 	var p v1alpha1.ProxyPool
@@ -223,11 +235,7 @@ func TestAutoscalerWithoutDemandKeepsTheSize(t *testing.T) {
 func TestAutoscalerWritesStatusSparingly(t *testing.T) {
 	k := testenv.Kube(t)
 	ctx := context.Background()
-	ns := namespace(t)
-	require.NoError(t, k.Client.Create(ctx, autoscaled(ns, "eu")))
-	demand := &demandStub{}
-	clock := testenv.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-	a := &controller.Autoscaler{Client: k.Client, Demand: demand, Now: clock.Now, Namespace: ns}
+	ns, a, demand, clock := autoscaledEU(t, k.Client)
 	statusDemand := func() int32 {
 		var p v1alpha1.ProxyPool
 		require.NoError(t, k.Client.Get(ctx, ctrlclient.ObjectKey{Namespace: ns, Name: "eu"}, &p))

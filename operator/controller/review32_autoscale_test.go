@@ -75,11 +75,7 @@ func TestReview32AutoscalerSurvivesASilentDiscovery(t *testing.T) {
 func TestReview32OutageDoesNotShrinkAtOnce(t *testing.T) {
 	k := testenv.Kube(t)
 	ctx := context.Background()
-	ns := namespace(t)
-	require.NoError(t, k.Client.Create(ctx, autoscaled(ns, "eu"))) // 2 leases a proxy, 100%, delay 1m, 0..5
-	demand := &demandStub{}
-	clock := testenv.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-	a := &controller.Autoscaler{Client: k.Client, Demand: demand, Now: clock.Now, Namespace: ns}
+	ns, a, demand, clock := autoscaledEU(t, k.Client) // 2 leases a proxy, 100%, delay 1m, 0..5
 
 	demand.set(8, nil)
 	require.NoError(t, a.Scale(ctx))

@@ -23,13 +23,8 @@ import (
 // look finds the shape unchanged, the counts younger than 30 s, and writes nothing: the
 // pool says DemandUnreadable for up to 30 s after discovery came back.
 func TestReview32bRecoveryIsWrittenAtOnce(t *testing.T) {
-	k := testenv.Kube(t)
 	ctx := context.Background()
-	ns := namespace(t)
-	require.NoError(t, k.Client.Create(ctx, autoscaled(ns, "eu")))
-	demand := &demandStub{}
-	clock := testenv.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-	a := &controller.Autoscaler{Client: k.Client, Demand: demand, Now: clock.Now, Namespace: ns}
+	ns, a, demand, clock := autoscaledEU(t, testenv.Kube(t).Client)
 
 	demand.set(8, nil)
 	require.NoError(t, a.Scale(ctx))
@@ -78,14 +73,9 @@ func (w failingWriter) Patch(ctx context.Context, obj ctrlclient.Object, patch c
 // believes the new conditions are on the pool and skips the write for 30 s: a pool
 // no longer limited goes on saying ScalingLimited=True TooManyReplicas.
 func TestReview32bFailedStatusWriteIsRetried(t *testing.T) {
-	k := testenv.Kube(t)
 	ctx := context.Background()
-	ns := namespace(t)
-	require.NoError(t, k.Client.Create(ctx, autoscaled(ns, "eu"))) // 0..5, 2 leases a proxy
-	demand := &demandStub{}
-	clock := testenv.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	fail := &atomic.Bool{}
-	a := &controller.Autoscaler{Client: failingStatus{k.Client, fail}, Demand: demand, Now: clock.Now, Namespace: ns}
+	ns, a, demand, clock := autoscaledEU(t, failingStatus{testenv.Kube(t).Client, fail}) // 0..5, 2 leases a proxy
 
 	demand.set(20, nil) // 10 wanted: held at 5
 	require.NoError(t, a.Scale(ctx))
