@@ -187,7 +187,8 @@ func TestBudget(t *testing.T) {
 }
 
 // TestPlanPoolAtItsLargest: a pool at its largest (20,000) plans its Proxies' names once
-// each, skipping the ones taken, and shrinks to zero naming every one.
+// each, skipping the ones taken, shrinks to zero naming every one, and grants no more
+// than maxSurge when every member asks.
 func TestPlanPoolAtItsLargest(t *testing.T) {
 	const n = v1alpha1.MaxPoolReplicas
 	var members []member
@@ -206,6 +207,19 @@ func TestPlanPoolAtItsLargest(t *testing.T) {
 	}
 	p = planPool(poolInput{desired: 0, members: members})
 	assert.Len(t, p.remove, n/2)
+
+	// Every member of a full pool asks at once (a site banned them all): a quarter go.
+	members = members[:0]
+	for i := range n {
+		m := readyMember(i)
+		m.pending, m.askedAt = true, poolT0
+		members = append(members, m)
+	}
+	surge, err := budget(nil, n, true)
+	require.NoError(t, err)
+	p = planPool(poolInput{desired: n, surge: surge, members: members, now: poolT0})
+	assert.Len(t, p.grant, n/4)
+	assert.Empty(t, p.update)
 }
 
 // TestStaggeredMaxAge: a pool's Proxies get maxAges apart from each other, within the last
