@@ -25,6 +25,9 @@ func main() {
 	cmdline.InstallationVar(&cfg.Installation, "installation id put on every instance")
 	providers := flag.String("providers", cmdline.Env("PROXYFLEET_PROVIDERS", "local,kubernetes"), "comma-separated providers to enable: "+registry.Join(registry.Available)+" (env PROXYFLEET_PROVIDERS)")
 	flag.StringVar(&cfg.Providers.GCP.DefaultProject, "gcp-project", cmdline.Env("GOOGLE_CLOUD_PROJECT", ""), "default GCP project for the gcp provider; credentials come from Application Default Credentials (env GOOGLE_CLOUD_PROJECT)")
+	flag.StringVar(&cfg.Providers.AWSRegion, "aws-region", cmdline.Env("AWS_REGION", ""), "default region of the aws provider; credentials come from the AWS SDK's default chain (env AWS_REGION)")
+	cmdline.ListVar(&cfg.Providers.AWS.Regions, "aws-sweep-regions", cmdline.Env("PROXYFLEET_AWS_SWEEP_REGIONS", ""),
+		"comma-separated regions the orphan sweep lists for the aws provider (default: --aws-region alone); name every region Proxies use (env PROXYFLEET_AWS_SWEEP_REGIONS)")
 	flag.StringVar(&cfg.Providers.LocalDaemonURL, "local-daemon", cmdline.Env("LOCAL_DAEMON_URL", "http://127.0.0.1:8089"), "control API of localproxyd, for the local provider (env LOCAL_DAEMON_URL)")
 	httpAddr := flag.String("http-address", cmdline.Env("HTTP_ADDRESS", "127.0.0.1:9090"), "address of /metrics and /healthz (env HTTP_ADDRESS)")
 	flag.IntVar(&cfg.MaxConcurrentActivities, "max-concurrent-activities", worker.DefaultMaxConcurrentActivities, "activity slots; each monitor shard, and each proxy watched by a workflow of version 3 or older, holds one for its whole life")

@@ -1,6 +1,7 @@
 package aws
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -22,8 +23,7 @@ import (
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
-// Machine is an instance's shape on EC2: what spec.aws says once the API has it (until
-// then Config.MachineOf builds it from a spec, and tests build it directly).
+// Machine is an instance's shape on EC2: spec.aws with its defaults applied.
 type Machine struct {
 	// Region is where the instance runs, and the first part of its provider ID.
 	Region string
@@ -37,9 +37,9 @@ type Machine struct {
 	PublicIP bool
 	// SecurityGroupIDs are groups of the instance's interface beside the shared one.
 	SecurityGroupIDs []string
-	// AllowedSourceRanges are the IPv4 networks crawlers connect from: the instance's
-	// shared security group admits the proxy port from these alone. Required with a
-	// public address.
+	// AllowedSourceRanges are the networks crawlers connect from: the instance's shared
+	// security group admits the proxy port from these alone. Required with a public
+	// address.
 	AllowedSourceRanges []string
 	// InstanceProfile is an IAM instance profile's name or ARN; empty gives none.
 	InstanceProfile string
@@ -49,12 +49,46 @@ type Machine struct {
 	Tags map[string]string
 }
 
+// MachineOf is spec.aws as a Machine, with the API's defaults for what the spec leaves
+// empty (a spec built without the API server has none filled in).
+func MachineOf(spec v1alpha1.ProxySpec) (Machine, error) {
+	a := spec.AWS
+	if a == nil {
+		return Machine{}, errors.New("provider aws needs the spec.aws block")
+	}
+	if a.Region == "" {
+		return Machine{}, errors.New("spec.aws.region is required")
+	}
+	m := Machine{
+		Region:          a.Region,
+		InstanceType:    cmp.Or(a.InstanceType, v1alpha1.DefaultAWSInstanceType),
+		AMI:             cmp.Or(a.AMI, v1alpha1.DefaultAWSAMI),
+		SubnetID:        a.SubnetID,
+		PublicIP:        a.AssociatePublicIP == nil || *a.AssociatePublicIP,
+		InstanceProfile: a.InstanceProfile,
+		Spot:            a.Spot,
+		Tags:            maps.Clone(a.Tags),
+	}
+	for _, g := range a.SecurityGroupIDs {
+		m.SecurityGroupIDs = append(m.SecurityGroupIDs, string(g))
+	}
+	for _, r := range a.AllowedSourceRanges {
+		m.AllowedSourceRanges = append(m.AllowedSourceRanges, string(r))
+	}
+	return m, nil
+}
+
 // Config configures a Provider.
 type Config struct {
 	// AWS is the SDK's configuration (credentials from the default chain, retryer,
-	// endpoint); its region is the default one, where ListOwned looks.
+	// endpoint); its region is the default one.
 	AWS aws.Config
-	// MachineOf turns a Proxy's spec into its instance's shape.
+	// Regions are where a ListOwned without an Owner.Project (the sweep of orphans, a
+	// cleanup run) looks, besides the default region. A ListOwned for an Owner.Project
+	// looks in that region alone.
+	Regions []string
+	// MachineOf turns a Proxy's spec into its instance's shape; nil is MachineOf, the
+	// spec's own aws block (tests give a fixed shape).
 	MachineOf func(v1alpha1.ProxySpec) (Machine, error)
 	// Now is the clock (a group's creation tag); nil is time.Now.
 	Now func() time.Time
@@ -81,7 +115,7 @@ const (
 // New returns a Provider for cfg.
 func New(cfg Config) (*Provider, error) {
 	if cfg.MachineOf == nil {
-		return nil, errors.New("aws: Config.MachineOf is required")
+		cfg.MachineOf = MachineOf
 	}
 	if cfg.AWS.Region == "" {
 		return nil, errors.New("aws: the SDK configuration has no region")
@@ -90,6 +124,10 @@ func New(cfg Config) (*Provider, error) {
 	// data): whatever the configuration asked, the SDK never logs request or response
 	// bodies.
 	cfg.AWS.ClientLogMode &^= aws.LogRequestWithBody | aws.LogResponseWithBody
+	// The default region is always swept: Proxies that name no other run there.
+	if !slices.Contains(cfg.Regions, cfg.AWS.Region) {
+		cfg.Regions = append([]string{cfg.AWS.Region}, cfg.Regions...)
+	}
 	return &Provider{cfg: cfg, clients: map[string]*ec2.Client{}}, nil
 }
 
@@ -338,17 +376,34 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 	return nil
 }
 
-// ListOwned lists owner's instances in the default region, by tag filters a page at a time,
+// ListOwned lists owner's instances in owner.Project's region, or else in the default
+// region and every one of Config.Regions, by tag filters a page at a time,
 // each checked again with Owner.Owns. Listing a whole installation (as the sweeper does)
 // also reports each of its shared security groups that no listed instance uses (see
-// unusedGroup). Groups are listed first: Create makes a group before its instance, so a
-// group's first user is in the instance list read after, or made after it (and the
-// sweep's minimum age spares a group that young).
+// unusedGroup).
 func (p *Provider) ListOwned(ctx context.Context, owner provider.Owner) ([]provider.Instance, error) {
 	if err := owner.Check(); err != nil {
 		return nil, err
 	}
-	region := p.cfg.AWS.Region
+	regions := p.cfg.Regions
+	if owner.Project != "" {
+		regions = []string{owner.Project}
+	}
+	var out []provider.Instance
+	for _, region := range regions {
+		list, err := p.listRegion(ctx, region, owner)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", region, err)
+		}
+		out = append(out, list...)
+	}
+	return out, nil
+}
+
+// listRegion is ListOwned in one region. Groups are listed first: Create makes a group
+// before its instance, so a group's first user is in the instance list read after, or
+// made after it (and the sweep's minimum age spares a group that young).
+func (p *Provider) listRegion(ctx context.Context, region string, owner provider.Owner) ([]provider.Instance, error) {
 	var groups []types.SecurityGroup
 	if owner.ProxyUID == "" {
 		var err error

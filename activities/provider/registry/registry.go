@@ -13,7 +13,10 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	awsprov "github.com/proxyfleet/proxyfleet/activities/provider/aws"
 	"github.com/proxyfleet/proxyfleet/activities/provider/gcp"
 	"github.com/proxyfleet/proxyfleet/activities/provider/kubernetes"
 	"github.com/proxyfleet/proxyfleet/activities/provider/local"
@@ -21,7 +24,7 @@ import (
 )
 
 // Available lists the providers this build can enable.
-var Available = []v1alpha1.Provider{v1alpha1.ProviderGCP, v1alpha1.ProviderKubernetes, v1alpha1.ProviderLocal}
+var Available = []v1alpha1.Provider{v1alpha1.ProviderAWS, v1alpha1.ProviderGCP, v1alpha1.ProviderKubernetes, v1alpha1.ProviderLocal}
 
 // Config says which providers to enable and what each needs.
 type Config struct {
@@ -29,6 +32,13 @@ type Config struct {
 	Enabled []v1alpha1.Provider
 	// GCP configures the gcp provider; its DefaultProject is required when gcp is enabled.
 	GCP gcp.Config
+	// AWS configures the aws provider. Unless its SDK configuration carries credentials
+	// (a test's), Build loads the SDK's default chain: the environment, the shared config
+	// and credentials files, web identity (IRSA on EKS), the container and instance roles.
+	AWS awsprov.Config
+	// AWSRegion is the aws provider's default region; empty takes the chain's (AWS_REGION,
+	// the shared config's profile). One is required.
+	AWSRegion string
 	// LocalDaemonURL is the control API of localproxyd, for the local provider.
 	LocalDaemonURL string
 	// Kube is the cluster the kubernetes provider runs Squid pods in.
@@ -92,6 +102,28 @@ func Build(ctx context.Context, cfg Config) (_ provider.Registry, _ func(), err 
 				return nil, nil, errors.New("the kubernetes provider needs a Kubernetes client")
 			}
 			reg[name] = &kubernetes.Provider{Client: cfg.Kube, Allow: cfg.KubernetesAllow, ProbeFrom: cfg.KubernetesProbeFrom}
+		case v1alpha1.ProviderAWS:
+			c := cfg.AWS
+			if c.AWS.Credentials == nil {
+				// Nothing is asked of AWS here: credentials are fetched on the first call,
+				// so a worker starts (and its other providers work) while AWS is down.
+				loaded, err := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithRegion(cfg.AWSRegion))
+				if err != nil {
+					return nil, nil, fmt.Errorf("the aws provider's configuration: %w", err)
+				}
+				c.AWS = loaded
+			} else if cfg.AWSRegion != "" {
+				c.AWS.Region = cfg.AWSRegion
+			}
+			if c.AWS.Region == "" {
+				// Without it the sweeper would not know where to look.
+				return nil, nil, errors.New("the aws provider needs a region: --aws-region or AWS_REGION")
+			}
+			a, err := awsprov.New(c)
+			if err != nil {
+				return nil, nil, err
+			}
+			reg[name] = a
 		case v1alpha1.ProviderGCP:
 			if cfg.GCP.DefaultProject == "" {
 				// Without it the sweeper would list nothing and leaks would go unnoticed.

@@ -20,10 +20,10 @@ func TestParseNames(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, got)
 
-	_, err = ParseNames("local,aws")
+	_, err = ParseNames("local,azure")
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), `"aws" is not available`)
-	assert.Contains(t, err.Error(), "gcp, kubernetes, local", "the error lists what is available")
+	assert.Contains(t, err.Error(), `"azure" is not available`)
+	assert.Contains(t, err.Error(), "aws, gcp, kubernetes, local", "the error lists what is available")
 }
 
 // TestBuild: each provider is built from its own settings, and one that cannot work is
@@ -46,7 +46,7 @@ func TestBuild(t *testing.T) {
 	}{
 		{"gcp without a project", Config{Enabled: []v1alpha1.Provider{v1alpha1.ProviderGCP}}, "--gcp-project"},
 		{"kubernetes without a client", Config{Enabled: []v1alpha1.Provider{v1alpha1.ProviderKubernetes}}, "Kubernetes client"},
-		{"unknown", Config{Enabled: []v1alpha1.Provider{"aws"}}, `"aws" is not available`},
+		{"unknown", Config{Enabled: []v1alpha1.Provider{"azure"}}, `"azure" is not available`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := Build(context.Background(), tc.cfg)

@@ -18,19 +18,27 @@ const (
 )
 
 // Provider names a registered instance provider.
-// +kubebuilder:validation:Enum=gcp;kubernetes;local
+// +kubebuilder:validation:Enum=aws;gcp;kubernetes;local
 type Provider string
 
 // Providers known to the worker's registry.
 const (
+	ProviderAWS        Provider = "aws"
 	ProviderGCP        Provider = "gcp"
 	ProviderKubernetes Provider = "kubernetes"
 	ProviderLocal      Provider = "local"
 )
 
 // DefaultManagedPort is the port a Managed proxy listens on when spec.port is not set:
-// Squid's conventional port, which the GCP image and the Squid pod both use.
+// Squid's conventional port, which the cloud instances and the Squid pod all use.
 const DefaultManagedPort int32 = 3128
+
+// The aws provider's defaults for spec.aws.instanceType and spec.aws.ami: the smallest
+// general-purpose x86 type and the public SSM parameter of Debian 12's current amd64 image.
+const (
+	DefaultAWSInstanceType = "t3.micro"
+	DefaultAWSAMI          = "/aws/service/debian/release/12/latest/amd64"
+)
 
 // DefaultSquidImage is the pinned image of the kubernetes provider's Squid pods.
 const DefaultSquidImage = "ubuntu/squid:6.6-24.04_beta"
@@ -51,16 +59,17 @@ type Duration string
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || has(self.endpoint)",message="External proxies need spec.endpoint (host and port)"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.provider)",message="External proxies take no spec.provider: nothing is provisioned for them"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.cloudInit)",message="spec.cloudInit is for Managed proxies only"
-// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !(has(self.gcp) || has(self.kubernetes) || has(self.local))",message="External proxies take no provider block (gcp, kubernetes, local)"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !(has(self.aws) || has(self.gcp) || has(self.kubernetes) || has(self.local))",message="External proxies take no provider block (aws, gcp, kubernetes, local)"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.port)",message="spec.port is for Managed proxies; External proxies set spec.endpoint.port"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.lifecycle)",message="spec.lifecycle is for Managed proxies only: an External endpoint cannot be replaced"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !has(self.egress)",message="spec.egress is for Managed proxies only: an External proxy's rules are its operator's"
-// +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || has(self.provider)",message="Managed proxies need spec.provider (gcp, kubernetes or local)"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || has(self.provider)",message="Managed proxies need spec.provider (aws, gcp, kubernetes or local)"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || !has(self.endpoint)",message="spec.endpoint is for External proxies; a Managed proxy's address comes from its instance"
+// +kubebuilder:validation:XValidation:rule="!has(self.provider) || self.provider != 'aws' || has(self.aws)",message="provider aws needs the spec.aws block (at least its region)"
 // +kubebuilder:validation:XValidation:rule="!has(self.provider) || self.provider != 'gcp' || has(self.gcp)",message="provider gcp needs the spec.gcp block"
 // +kubebuilder:validation:XValidation:rule="!has(self.provider) || self.provider != 'kubernetes' || has(self.kubernetes)",message="provider kubernetes needs the spec.kubernetes block"
 // +kubebuilder:validation:XValidation:rule="!has(self.provider) || self.provider != 'local' || has(self.local)",message="provider local needs the spec.local block"
-// +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || (has(self.gcp) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + (has(self.local) ? 1 : 0) <= 1",message="set only the block of spec.provider (one of gcp, kubernetes, local)"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'Managed' || (has(self.aws) ? 1 : 0) + (has(self.gcp) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + (has(self.local) ? 1 : 0) <= 1",message="set only the block of spec.provider (one of aws, gcp, kubernetes, local)"
 type ProxySpec struct {
 	// Mode is Managed (this system runs the instance) or External (an existing endpoint
 	// that is only probed and offered). It cannot change after creation.
@@ -100,6 +109,10 @@ type ProxySpec struct {
 
 	// HealthCheck says how the proxy is probed, through itself.
 	HealthCheck HealthCheck `json:"healthCheck"`
+
+	// AWS configures an EC2 instance (provider aws).
+	// +optional
+	AWS *AWSSpec `json:"aws,omitempty"`
 
 	// GCP configures a Compute Engine instance (provider gcp).
 	// +optional
@@ -344,6 +357,89 @@ type NetworkTag string
 // +kubebuilder:validation:Pattern=`^[-_a-z0-9]*$`
 // +kubebuilder:validation:MaxLength=63
 type GCPLabelValue string
+
+// AWSSpec configures an EC2 instance. Only the region is required: the defaults are the
+// smallest general-purpose type and Debian 12's current image, the shape most proxies need.
+// +kubebuilder:validation:XValidation:rule="(has(self.associatePublicIP) && !self.associatePublicIP) || (has(self.allowedSourceRanges) && size(self.allowedSourceRanges) > 0)",message="spec.aws.allowedSourceRanges is required when the instance has a public IP: list the networks crawlers connect from (or set spec.aws.associatePublicIP to false)"
+type AWSSpec struct {
+	// Region such as eu-west-1. The instance runs there; the worker's sweep of orphaned
+	// instances looks in the worker's own region (--aws-region) alone.
+	// +kubebuilder:validation:Pattern=`^[a-z]{2}(-[a-z]+)+-[0-9]{1,2}$`
+	// +kubebuilder:validation:MaxLength=32
+	Region string `json:"region"`
+
+	// InstanceType such as t3.micro (the default) or t4g.nano (Arm: give an arm64 ami).
+	// +kubebuilder:default="t3.micro"
+	// +kubebuilder:validation:Pattern=`^[a-z][a-z0-9-]*\.[a-z0-9]+$`
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	InstanceType string `json:"instanceType,omitempty"`
+
+	// AMI is the boot image: an image ID (ami-…) or the name of an SSM parameter holding
+	// one, such as Debian 12's public /aws/service/debian/release/12/latest/amd64 (the
+	// default). EC2 resolves a parameter at each launch, so new instances boot the image
+	// current then. The image must be Debian-like (apt installs Squid at boot).
+	// +kubebuilder:default="/aws/service/debian/release/12/latest/amd64"
+	// +kubebuilder:validation:MaxLength=1011
+	// +kubebuilder:validation:XValidation:rule="self.matches('^ami-([0-9a-f]{8}|[0-9a-f]{17})$') || self.matches('^(/[A-Za-z0-9_.-]+)+$')",message="spec.aws.ami must be an image ID such as ami-0123456789abcdef0 or an SSM parameter name starting with '/', such as /aws/service/debian/release/12/latest/amd64"
+	// +optional
+	AMI string `json:"ami,omitempty"`
+
+	// SubnetID is the subnet of the instance's network interface; empty is the default
+	// subnet of the region's default VPC.
+	// +kubebuilder:validation:Pattern=`^subnet-([0-9a-f]{8}|[0-9a-f]{17})$`
+	// +optional
+	SubnetID string `json:"subnetID,omitempty"`
+
+	// AssociatePublicIP gives the instance a public address (the default), which the Proxy
+	// serves on. Set it to false when crawlers reach the proxy inside the VPC; the status
+	// then carries the private address.
+	// +kubebuilder:default=true
+	// +optional
+	AssociatePublicIP *bool `json:"associatePublicIP,omitempty"`
+
+	// AllowedSourceRanges are the networks crawlers connect from. The provider keeps a
+	// security group, shared by the instances with the same VPC, ranges and port, that
+	// admits the proxy port from these alone. Required with a public IP. Without them a
+	// private instance gets only spec.aws.securityGroupIDs (or the VPC's default group).
+	// +kubebuilder:validation:MaxItems=50
+	// +listType=set
+	// +optional
+	AllowedSourceRanges []CIDR `json:"allowedSourceRanges,omitempty"`
+
+	// SecurityGroupIDs are groups of your own added to the instance's interface beside the
+	// provider's (EC2 allows five in all).
+	// +kubebuilder:validation:MaxItems=4
+	// +listType=set
+	// +optional
+	SecurityGroupIDs []SecurityGroupID `json:"securityGroupIDs,omitempty"`
+
+	// InstanceProfile is an IAM instance profile (its name or ARN) for the instance. None
+	// by default: a proxy needs no AWS permissions, and anything a crawler can reach
+	// through it should not hold any.
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^(arn:aws[a-z-]*:iam::[0-9]{12}:instance-profile/.+|[A-Za-z0-9+=,.@_-]{1,128})$`
+	// +optional
+	InstanceProfile string `json:"instanceProfile,omitempty"`
+
+	// Spot runs a one-time Spot instance: far cheaper, and EC2 may take it back at any
+	// moment (it is terminated then). The Proxy's status and workflow say "preempted" and
+	// a new instance is made at once.
+	// +optional
+	Spot bool `json:"spot,omitempty"`
+
+	// Tags are added to the instance and its volume beside the ownership tags, which they
+	// cannot override.
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) >= 1 && size(k) <= 128 && !k.startsWith('proxyfleet-') && !k.startsWith('aws:') && k != 'Name')",message="aws.tags keys must be 1-128 characters and not start with the reserved prefixes proxyfleet- or aws:, nor be Name (the provider names each instance)"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) <= 256)",message="aws.tags values must be at most 256 characters"
+	// +optional
+	Tags map[string]string `json:"tags,omitempty"`
+}
+
+// SecurityGroupID is an EC2 security group ID.
+// +kubebuilder:validation:Pattern=`^sg-([0-9a-f]{8}|[0-9a-f]{17})$`
+type SecurityGroupID string
 
 // KubernetesSpec configures a Squid pod.
 type KubernetesSpec struct {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -93,7 +94,7 @@ func TestSamplesAreAccepted(t *testing.T) {
 			}
 		})
 	}
-	for _, want := range []string{"Managed/gcp", "Managed/kubernetes", "Managed/local", "External"} {
+	for _, want := range []string{"Managed/aws", "Managed/gcp", "Managed/kubernetes", "Managed/local", "External"} {
 		assert.True(t, seen[want], "no sample for %s in deploy/samples", want)
 	}
 }
@@ -180,8 +181,46 @@ func TestInvalidProxiesAreRejected(t *testing.T) {
 			"provider local needs the spec.local block"},
 		{"two provider blocks", "provider: local\nlocal: {}\nkubernetes: {}\n" + hc,
 			"set only the block of spec.provider"},
-		{"unknown provider", "provider: aws\n" + hc,
-			`Unsupported value: "aws"`},
+		{"unknown provider", "provider: azure\n" + hc,
+			`Unsupported value: "azure"`},
+		{"aws without block", "provider: aws\n" + hc,
+			"provider aws needs the spec.aws block"},
+		{"aws without region", "provider: aws\naws: {associatePublicIP: false}\n" + hc,
+			"spec.aws.region: Required value"},
+		{"aws region not a region", "provider: aws\naws: {region: eu-west-1a, associatePublicIP: false}\n" + hc,
+			"spec.aws.region in body should match"},
+		{"aws public IP without source ranges", "provider: aws\naws: {region: eu-west-1}\n" + hc,
+			"spec.aws.allowedSourceRanges is required when the instance has a public IP"},
+		{"aws public IP with empty source ranges", "provider: aws\naws: {region: eu-west-1, associatePublicIP: true, allowedSourceRanges: []}\n" + hc,
+			"spec.aws.allowedSourceRanges is required when the instance has a public IP"},
+		{"aws source range not a CIDR", "provider: aws\naws: {region: eu-west-1, allowedSourceRanges: ['203.0.113.7']}\n" + hc,
+			`spec.aws.allowedSourceRanges[0]: Invalid value: "203.0.113.7": must be a CIDR`},
+		{"aws ami neither ID nor parameter", "provider: aws\naws: {region: eu-west-1, associatePublicIP: false, ami: debian-12}\n" + hc,
+			"spec.aws.ami must be an image ID such as ami-0123456789abcdef0 or an SSM parameter name"},
+		{"aws ami with a short ID", "provider: aws\naws: {region: eu-west-1, associatePublicIP: false, ami: ami-123}\n" + hc,
+			"spec.aws.ami must be an image ID"},
+		{"aws instance type", "provider: aws\naws: {region: eu-west-1, associatePublicIP: false, instanceType: 'T3 micro'}\n" + hc,
+			"spec.aws.instanceType in body should match"},
+		{"aws subnet", "provider: aws\naws: {region: eu-west-1, associatePublicIP: false, subnetID: my-subnet}\n" + hc,
+			"spec.aws.subnetID in body should match"},
+		{"aws security group", "provider: aws\naws: {region: eu-west-1, associatePublicIP: false, securityGroupIDs: [default]}\n" + hc,
+			"spec.aws.securityGroupIDs[0] in body should match"},
+		{"aws too many security groups", "provider: aws\naws: {region: eu-west-1, associatePublicIP: false, securityGroupIDs: [sg-00000001, sg-00000002, sg-00000003, sg-00000004, sg-00000005]}\n" + hc,
+			"spec.aws.securityGroupIDs: Too many"},
+		{"aws instance profile", "provider: aws\naws: {region: eu-west-1, associatePublicIP: false, instanceProfile: 'my profile'}\n" + hc,
+			"spec.aws.instanceProfile in body should match"},
+		{"aws reserved tag", "provider: aws\naws: {region: eu-west-1, associatePublicIP: false, tags: {proxyfleet-uid: x}}\n" + hc,
+			"not start with the reserved prefixes proxyfleet- or aws:"},
+		{"aws tag of AWS's", "provider: aws\naws: {region: eu-west-1, associatePublicIP: false, tags: {'aws:cloudformation:stack-name': x}}\n" + hc,
+			"not start with the reserved prefixes proxyfleet- or aws:"},
+		{"aws Name tag", "provider: aws\naws: {region: eu-west-1, associatePublicIP: false, tags: {Name: x}}\n" + hc,
+			"nor be Name"},
+		{"aws tag value too long", "provider: aws\naws: {region: eu-west-1, associatePublicIP: false, tags: {team: '" + strings.Repeat("x", 257) + "'}}\n" + hc,
+			"aws.tags values must be at most 256 characters"},
+		{"aws and gcp blocks", "provider: aws\naws: {region: eu-west-1, associatePublicIP: false}\ngcp: {zone: us-central1-a, machineType: e2-micro, image: img, externalIP: false}\n" + hc,
+			"set only the block of spec.provider (one of aws, gcp, kubernetes, local)"},
+		{"external with aws block", "mode: External\nendpoint: {host: a.example, port: 8080}\naws: {region: eu-west-1}\n" + hc,
+			"External proxies take no provider block (aws, gcp, kubernetes, local)"},
 		{"gcp without zone", "provider: gcp\ngcp: {machineType: e2-micro, image: img, externalIP: false}\n" + hc,
 			"spec.gcp.zone: Required value"},
 		{"gcp external IP without source ranges", "provider: gcp\ngcp: {zone: us-central1-a, machineType: e2-micro, image: img}\n" + hc,
@@ -277,6 +316,32 @@ func TestModeIsImmutable(t *testing.T) {
 	require.NoError(t, k.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "flip"}, &p))
 	p.Spec.Attributes = map[string]v1alpha1.AttributeValue{"region": "local"}
 	require.NoError(t, k.Client.Update(context.Background(), &p))
+}
+
+// TestAWSDefaults: only the region is needed; the API server fills in the smallest
+// general-purpose type, Debian 12's image parameter and a public IP, and a private instance
+// needs no source ranges.
+func TestAWSDefaults(t *testing.T) {
+	k := testenv.Kube(t)
+	ns := newNamespace(t)
+	require.NoError(t, createProxy(t, ns, "aws-private", `
+provider: aws
+aws: {region: us-gov-west-1, associatePublicIP: false, ami: ami-0123456789abcdef0, securityGroupIDs: [sg-0123456789abcdef0],
+  instanceProfile: 'arn:aws:iam::123456789012:instance-profile/proxy', tags: {team: crawl}}
+healthCheck: {url: "http://127.0.0.1:1/"}
+`))
+	require.NoError(t, createProxy(t, ns, "aws-public", `
+provider: aws
+aws: {region: eu-west-1, allowedSourceRanges: ["203.0.113.0/24", "2001:db8::/32"]}
+healthCheck: {url: "http://127.0.0.1:1/"}
+`))
+	var p v1alpha1.Proxy
+	require.NoError(t, k.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "aws-public"}, &p))
+	require.NotNil(t, p.Spec.AWS)
+	assert.Equal(t, "t3.micro", p.Spec.AWS.InstanceType)
+	assert.Equal(t, "/aws/service/debian/release/12/latest/amd64", p.Spec.AWS.AMI)
+	assert.True(t, *p.Spec.AWS.AssociatePublicIP)
+	assert.Equal(t, v1alpha1.DefaultManagedPort, p.Spec.EffectivePort())
 }
 
 // TestCRDPrinterColumns checks that `kubectl get proxies` shows what the docs promise.

@@ -340,19 +340,55 @@ func PublicAddress(seq int) string { return fmt.Sprintf("198.51.100.%d", seq%250
 func (s *Server) advance(in *instance) {
 	switch in.State {
 	case "pending":
-		if in.polls >= s.PendingPolls {
-			in.State = "running"
-			if in.PublicIPAssociated && in.PublicIP == "" {
-				n, _ := strconv.ParseInt(strings.TrimPrefix(in.ID, "i-"), 16, 64)
-				in.PublicIP = PublicAddress(int(n))
-			}
+		if in.polls < s.PendingPolls {
+			in.polls++
 			return
 		}
-		in.polls++
+		if s.Boot != nil && !in.booted {
+			s.boot(in)
+			return
+		}
+		in.State = "running"
+		if in.PublicIPAssociated && in.PublicIP == "" {
+			n, _ := strconv.ParseInt(strings.TrimPrefix(in.ID, "i-"), 16, 64)
+			in.PublicIP = PublicAddress(int(n))
+		}
 	case "shutting-down":
 		in.State = "terminated"
 		in.PublicIP = ""
 	}
+}
+
+// boot runs Boot for in, once, outside the lock; the instance runs at Boot's address once
+// it returns, unless it was terminated meanwhile.
+func (s *Server) boot(in *instance) {
+	if in.booting {
+		return
+	}
+	in.booting = true
+	snap := in.Instance
+	snap.Tags = maps.Clone(in.Tags)
+	go func() {
+		addr, stop, err := s.Boot(snap)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		in.booted = true
+		switch {
+		case err != nil:
+			s.t.Errorf("ec2test: booting %s: %v", in.ID, err)
+		case in.State != "pending":
+			if stop != nil {
+				stop() // terminated while booting
+			}
+		default:
+			in.State, in.stop = "running", stop
+			if in.PublicIPAssociated {
+				in.PublicIP = addr
+			} else {
+				in.PrivateIP = addr
+			}
+		}
+	}()
 }
 
 func (s *Server) describeInstances(form url.Values) (any, *apiError) {
@@ -445,6 +481,7 @@ func (s *Server) terminateInstances(form url.Values) (any, *apiError) {
 		prev := in.State
 		if in.State != "terminated" {
 			in.State = "shutting-down"
+			in.halt()
 		}
 		resp.Changes = append(resp.Changes, xmlStateChange{ID: id,
 			Current:  xmlState{Code: stateCodes[in.State], Name: in.State},

@@ -6,9 +6,11 @@
 // EC2 refuses them), filters by tags and states, pages DescribeInstances, and lets a test
 // fail the next call of an action, refuse for capacity, and interrupt a Spot instance.
 //
-// What it does not model is said where it matters: there is one VPC and one subnet unless
-// a test adds more, no eventual consistency (a new instance is listed at once), and an
-// instance is pending until it has been described PendingPolls times.
+// Regions are kept apart as EC2 keeps them: a request is served by the region its
+// signature names, each with instances and groups of its own. What it does not model is
+// said where it matters: there is one VPC and one subnet per region unless a test adds
+// more, no eventual consistency (a new instance is listed at once), and an instance is
+// pending until it has been described PendingPolls times (and booted, when Boot is set).
 package ec2test
 
 import (
@@ -49,8 +51,8 @@ const (
 	DebianAMI       = "ami-0debian12000000001"
 )
 
-// Region is the region the fake answers for; DefaultVPC and DefaultSubnet exist from the
-// start.
+// Region is the fake's default region (Config's); DefaultVPC and DefaultSubnet exist from
+// the start in it and in every other region a request is signed for (see InRegion).
 const (
 	Region        = "eu-west-1"
 	DefaultVPC    = "vpc-0fa4e0000000000a1"
@@ -101,7 +103,16 @@ type Server struct {
 	// before it is running with an address (default 1).
 	PendingPolls int
 
+	// Boot, when set, boots each new instance as a test wants (a real Squid run from its
+	// user data, say) and returns the address it serves on, instead of a TEST-NET one, and
+	// a function that stops it. The instance stays pending until Boot returns; stop is
+	// called when it is terminated, stopped or interrupted. Set it before the first
+	// request.
+	Boot func(Instance) (address string, stop func(), err error)
+
 	mu        sync.Mutex
+	region    string
+	regions   map[string]*Server // the other regions' state, on the default region's Server
 	seq       int
 	instances map[string]*instance
 	order     []string // instance IDs in creation order
@@ -112,11 +123,23 @@ type Server struct {
 	failures  map[string][]apiError
 	requests  map[string]int
 	forms     map[string][]url.Values
+	auths     map[string]string // the last Authorization header of each action
 }
 
 type instance struct {
 	Instance
 	polls int
+	// booting and booted follow Boot; stop is what it returned, until called.
+	booting, booted bool
+	stop            func()
+}
+
+// halt stops what Boot started for in, once.
+func (in *instance) halt() {
+	if in.stop != nil {
+		in.stop()
+		in.stop = nil
+	}
 }
 
 type group struct {
@@ -137,8 +160,19 @@ type apiError struct {
 
 // NewServer starts a fake on 127.0.0.1 that is closed when the test ends.
 func NewServer(t testing.TB) *Server {
-	s := &Server{
+	s := newRegion(t, Region, 0)
+	s.regions = map[string]*Server{}
+	s.Server = httptest.NewServer(http.HandlerFunc(s.route))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// newRegion is one region's state; its IDs start at base, apart from other regions'.
+func newRegion(t testing.TB, region string, base int) *Server {
+	return &Server{
 		t:            t,
+		region:       region,
+		seq:          base,
 		PendingPolls: 1,
 		instances:    map[string]*instance{},
 		groups:       map[string]*group{},
@@ -148,10 +182,37 @@ func NewServer(t testing.TB) *Server {
 		failures:     map[string][]apiError{},
 		requests:     map[string]int{},
 		forms:        map[string][]url.Values{},
+		auths:        map[string]string{},
 	}
-	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
-	t.Cleanup(s.Close)
-	return s
+}
+
+// InRegion is the fake's state for region, made on first use, for a test to look at or
+// change as it does the default region's (whose Server this must be).
+func (s *Server) InRegion(region string) *Server {
+	if region == s.region {
+		return s
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.regions[region]
+	if r == nil {
+		r = newRegion(s.t, region, (len(s.regions)+1)<<24)
+		r.PendingPolls = s.PendingPolls
+		s.regions[region] = r
+	}
+	return r
+}
+
+// route serves a request in the region its Signature Version 4 credential scope names
+// (Credential=<key>/<date>/<region>/ec2/aws4_request), as EC2's regional endpoints do.
+func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+	region := s.region
+	if _, cred, ok := strings.Cut(r.Header.Get("Authorization"), "Credential="); ok {
+		if scope := strings.Split(strings.SplitN(cred, ",", 2)[0], "/"); len(scope) == 5 && scope[2] != "" {
+			region = scope[2]
+		}
+	}
+	s.InRegion(region).serve(w, r)
 }
 
 // FailNext makes the next call of action fail with EC2's error code and message, and an
@@ -183,6 +244,14 @@ func (s *Server) Forms(action string) []url.Values {
 	return slices.Clone(s.forms[action])
 }
 
+// Authorizations is the Authorization header of the last call of action: how it was
+// signed (the access key and the credential scope).
+func (s *Server) Authorizations(action string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.auths[action]
+}
+
 // Interrupt takes a Spot instance back as EC2 does, by its interruption behaviour: stop
 // (stopped) or terminate (terminated), with the reason Server.SpotInstanceTermination and
 // no public address. The test fails for an instance that is not Spot.
@@ -199,6 +268,7 @@ func (s *Server) Interrupt(id string) {
 		in.State = "stopped"
 	}
 	in.StateReason, in.PublicIP = "Server.SpotInstanceTermination", ""
+	in.halt()
 }
 
 // SetState sets an instance's state as if changed outside the code under test.
@@ -207,6 +277,9 @@ func (s *Server) SetState(id, state string) {
 	defer s.mu.Unlock()
 	if in := s.instances[id]; in != nil {
 		in.State = state
+		if state != "pending" && state != "running" {
+			in.halt()
+		}
 	}
 }
 
@@ -304,6 +377,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	defer s.mu.Unlock()
 	s.requests[action]++
 	s.forms[action] = append(s.forms[action], form)
+	s.auths[action] = r.Header.Get("Authorization")
 	if f := s.failures[action]; len(f) > 0 {
 		s.failures[action] = f[1:]
 		writeError(w, f[0])
