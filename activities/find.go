@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -97,6 +98,18 @@ func (a *Activities) FindInstances(ctx context.Context, in FindInput) (FindResul
 				addProject(v1alpha1.ProviderGCP, project)
 				published = v1alpha1.ProviderGCP
 			}
+			// The same for aws, whose "project" is a region. Its provider IDs
+			// (<region>/<name>) look like a kubernetes provider's (<namespace>/<name>),
+			// so one is read as aws only for a Proxy whose spec is aws.
+			if p.Spec.AWS != nil {
+				if cleanup {
+					addProject(v1alpha1.ProviderAWS, p.Spec.AWS.Region)
+				}
+				if region := awsRegion(p.Status.ProviderID); region != "" {
+					addProject(v1alpha1.ProviderAWS, region)
+					published = v1alpha1.ProviderAWS
+				}
+			}
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(a.Providers)) {
@@ -131,6 +144,18 @@ func inProject(project string) string {
 	}
 	return " in project " + project
 }
+
+// awsRegion is the region of an aws provider ID (<region>/<instance name>), or "".
+func awsRegion(providerID string) string {
+	region, name, ok := strings.Cut(providerID, "/")
+	if !ok || name == "" || strings.Contains(name, "/") || !awsRegionPattern.MatchString(region) {
+		return ""
+	}
+	return region
+}
+
+// awsRegionPattern is spec.aws.region's.
+var awsRegionPattern = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-[0-9]{1,2}$`)
 
 // gcpProject is the project of a gcp provider ID (projects/<p>/zones/<z>/instances/<n>),
 // or "" for any other.

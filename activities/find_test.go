@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/utils/ptr"
 
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
@@ -98,4 +99,39 @@ func TestACleanupRunWaitsOutAnOutage(t *testing.T) {
 	var res activities.FindResult
 	require.NoError(t, v.Get(&res))
 	require.Len(t, res.Instances, 1)
+}
+
+// TestACleanupRunFindsAnAWSProxysRegions: for aws the "project" is a region. A cleanup
+// run lists the spec's region and the region of the instance last published, beside the
+// worker's own; a kubernetes-looking provider ID (<namespace>/<name>) of a Proxy that is
+// not aws is never read as a region.
+func TestACleanupRunFindsAnAWSProxysRegions(t *testing.T) {
+	f := newFixture(t)
+	p := &v1alpha1.Proxy{}
+	p.Namespace, p.Name, p.Finalizers = f.ns, "moved-region", []string{v1alpha1.Finalizer}
+	p.Spec = v1alpha1.ProxySpec{Provider: v1alpha1.ProviderAWS, HealthCheck: v1alpha1.HealthCheck{URL: "http://127.0.0.1:1/"},
+		AWS: &v1alpha1.AWSSpec{Region: "eu-west-2", AssociatePublicIP: ptr.To(false)}}
+	require.NoError(t, testenv.Kube(t).Client.Create(context.Background(), p))
+	_, err := f.env.ExecuteActivity(f.acts.PublishStatus, activities.PublishInput{Namespace: f.ns, Name: p.Name, UID: string(p.UID),
+		Status: v1alpha1.ProxyStatus{Phase: v1alpha1.PhaseReady, ProviderID: "us-east-1/px-c-1"}})
+	require.NoError(t, err)
+
+	inst := func(name string) provider.Instance { return owned(name, string(p.UID), "test", 0) }
+	aws := &projectLister{byProject: map[string][]provider.Instance{"eu-west-2": {inst("px-c-2")}, "us-east-1": {inst("px-c-1")}}}
+	kube := &projectLister{}
+	f.acts.Providers = provider.Registry{v1alpha1.ProviderAWS: aws, v1alpha1.ProviderKubernetes: kube}
+	names := f.found(t, activities.FindInput{ProxyUID: string(p.UID), Namespace: f.ns, Name: p.Name})
+	assert.ElementsMatch(t, []string{"px-c-1", "px-c-2"}, names, "asked: %q", aws.asked)
+	assert.ElementsMatch(t, []string{"", "eu-west-2", "us-east-1"}, aws.asked)
+	assert.Equal(t, []string{""}, kube.asked)
+
+	// A Proxy of another provider whose provider ID reads like a region's (a kubernetes
+	// pod in a namespace named us-east-1).
+	k := f.proxy(t, "pod-in-us-east-1")
+	_, err = f.env.ExecuteActivity(f.acts.PublishStatus, activities.PublishInput{Namespace: f.ns, Name: k.Name, UID: string(k.UID),
+		Status: v1alpha1.ProxyStatus{Phase: v1alpha1.PhaseReady, ProviderID: "us-east-1/px-d-1"}})
+	require.NoError(t, err)
+	aws.asked = nil
+	f.found(t, activities.FindInput{ProxyUID: string(k.UID), Namespace: f.ns, Name: k.Name})
+	assert.Equal(t, []string{""}, aws.asked)
 }

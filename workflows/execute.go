@@ -33,8 +33,11 @@ func (w *proxyWorkflow) list(ctx workflow.Context) error {
 	in := activities.FindInput{ProxyUID: s.UID, Namespace: w.in.Namespace, Name: w.in.Name}
 	if s.Spec != nil && s.Spec.EffectiveMode() == v1alpha1.ModeManaged {
 		in.Provider = s.Spec.Provider
-		if s.Spec.GCP != nil {
+		switch {
+		case s.Spec.GCP != nil:
 			in.Project = s.Spec.GCP.Project
+		case s.Spec.AWS != nil:
+			in.Project = s.Spec.AWS.Region // the provider's "project" is its region
 		}
 	}
 	_, err := w.await(ctx, w.activity(actx, a.FindInstances, in), func() {}, false, &found)

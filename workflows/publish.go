@@ -206,6 +206,10 @@ func (v view) watch() *activities.MonitorMemo {
 		spec := ii.Spec
 		ii.Spec = v1alpha1.ProxySpec{Mode: spec.Mode, Provider: spec.Provider, Port: spec.Port,
 			GCP: spec.GCP, Kubernetes: spec.Kubernetes, Local: spec.Local}
+		if spec.AWS != nil {
+			// Its region locates the instance; its tags (up to 12 KB) would only weigh.
+			ii.Spec.AWS = &v1alpha1.AWSSpec{Region: spec.AWS.Region}
+		}
 		ii.PollInterval, ii.MaxWait, ii.SpecHash = 0, 0, ""
 		in.Instance = &ii
 	}

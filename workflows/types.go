@@ -245,7 +245,8 @@ func DesiredHash(spec *v1alpha1.ProxySpec, secretHash string) string {
 		CloudInit  *v1alpha1.CloudInit      `json:"cloudInit,omitempty"`
 		SecretHash string                   `json:"secretHash,omitempty"`
 		Egress     *v1alpha1.Egress         `json:"egress,omitempty"`
-	}{spec.Provider, spec.EffectivePort(), hashedGCP(spec.GCP), spec.Kubernetes, spec.Local, spec.CloudInit, secretHash, spec.Egress}
+		AWS        *v1alpha1.AWSSpec        `json:"aws,omitempty"`
+	}{spec.Provider, spec.EffectivePort(), hashedGCP(spec.GCP), spec.Kubernetes, spec.Local, spec.CloudInit, secretHash, spec.Egress, spec.AWS}
 	b, err := json.Marshal(shape)
 	if err != nil {
 		// The struct has only marshalable fields; this cannot happen.
