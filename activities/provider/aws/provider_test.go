@@ -13,6 +13,7 @@ import (
 	"github.com/aws/smithy-go/logging"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/utils/ptr"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/activities/provider/aws"
@@ -245,4 +246,48 @@ func TestTheImageCanBeAnSSMParameter(t *testing.T) {
 	m.AMI = "/aws/service/debian/release/99/latest/amd64"
 	_, err = newProvider(t, s, m).Create(ctx, request("px-def-1", "uid-2"))
 	assert.Equal(t, provider.KindPermanent, provider.Class(err))
+}
+
+// TestRegionsAreKeptApart: a Proxy's spec.aws.region is where its instance runs and where
+// Get and Delete look; a list for that region (Owner.Project) finds it, and the sweep's list
+// (no project) finds it only in a region it is told to sweep.
+func TestRegionsAreKeptApart(t *testing.T) {
+	s := ec2test.NewServer(t)
+	ctx := context.Background()
+	newIn := func(regions ...string) *aws.Provider {
+		cfg := s.Config()
+		cfg.Retryer = func() awssdk.Retryer { return awssdk.NopRetryer{} }
+		p, err := aws.New(aws.Config{AWS: cfg, Regions: regions})
+		require.NoError(t, err)
+		return p
+	}
+	p := newIn()
+	req := request("px-far-1", "uid-far")
+	req.Spec.AWS = &v1alpha1.AWSSpec{Region: "ap-southeast-2", AssociatePublicIP: ptr.To(false)}
+	in, err := p.Create(ctx, req)
+	require.NoError(t, err)
+	assert.Equal(t, "ap-southeast-2/px-far-1", in.ProviderID)
+	assert.Empty(t, s.Instances(), "nothing in the default region")
+	require.Len(t, s.InRegion("ap-southeast-2").Instances(), 1)
+	assert.Equal(t, "t3.micro", s.InRegion("ap-southeast-2").Instances()[0].InstanceType, "the API's default type")
+	assert.Equal(t, ec2test.DebianAMI, s.InRegion("ap-southeast-2").Instances()[0].ImageID, "the API's default image, resolved by EC2")
+
+	got, err := p.Get(ctx, in.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, "px-far-1", got.Name)
+
+	owner := provider.Owner{Installation: "inst-a"}
+	list, err := p.ListOwned(ctx, owner)
+	require.NoError(t, err)
+	assert.Empty(t, list, "the default region alone is swept unless told otherwise")
+	list, err = newIn("ap-southeast-2").ListOwned(ctx, owner)
+	require.NoError(t, err)
+	assert.Len(t, list, 1)
+	owner.Project = "ap-southeast-2"
+	list, err = p.ListOwned(ctx, owner)
+	require.NoError(t, err)
+	assert.Len(t, list, 1)
+
+	require.NoError(t, p.Delete(ctx, in.ProviderID))
+	assert.Equal(t, "shutting-down", s.InRegion("ap-southeast-2").Instances()[0].State)
 }
