@@ -11,6 +11,8 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities"
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	awsprov "github.com/proxyfleet/proxyfleet/activities/provider/aws"
+	"github.com/proxyfleet/proxyfleet/activities/provider/aws/ec2test"
 	"github.com/proxyfleet/proxyfleet/activities/provider/gcp"
 	"github.com/proxyfleet/proxyfleet/activities/provider/gcp/gcptest"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
@@ -135,4 +137,39 @@ func failingProbes(t *testing.T, in *activities.InstanceInput, healthy bool) act
 		HealthCheck: v1alpha1.HealthCheck{URL: "http://127.0.0.1:1/", Interval: "1s", Timeout: "200ms", SuccessThreshold: 1, FailureThreshold: 1},
 		Last:        activities.Health{Known: true, Healthy: healthy},
 	}
+}
+
+// TestMonitorReportsASpotInterruption: an EC2 Spot instance EC2 took back is terminated,
+// not stopped; the monitor reports it gone and preempted (so the Proxy says Preempted and
+// the workflow replaces it at once), and the worker counts it under provider="aws".
+func TestMonitorReportsASpotInterruption(t *testing.T) {
+	srv := ec2test.NewServer(t)
+	a, err := awsprov.New(awsprov.Config{AWS: srv.Config()})
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderAWS: a}, Installation: "test", Keyring: testKeys(t),
+		Metrics: activities.NewMetrics(reg)}
+	var s testsuite.WorkflowTestSuite
+	env := s.NewTestActivityEnvironment()
+	env.RegisterActivity(acts)
+
+	spec := v1alpha1.ProxySpec{Provider: v1alpha1.ProviderAWS, AWS: &v1alpha1.AWSSpec{
+		Region: ec2test.Region, AllowedSourceRanges: []v1alpha1.CIDR{"203.0.113.0/24"}, Spot: true}}
+	in := activities.InstanceInput{Provider: v1alpha1.ProviderAWS, Name: "px-spot-1", ProxyUID: "uid-spot", Namespace: "ns",
+		Spec: spec, PollInterval: 10 * time.Millisecond, MaxWait: time.Hour}
+	v, err := env.ExecuteActivity(acts.CreateInstance, in)
+	require.NoError(t, err)
+	var created activities.CreateResult
+	require.NoError(t, v.Get(&created))
+	in.ProviderID = created.Instance.ProviderID
+	srv.Interrupt(srv.Instances()[0].ID)
+
+	mon := failingProbes(t, &in, false)
+	v, err = env.ExecuteActivity(acts.Monitor, mon)
+	require.NoError(t, err)
+	var res activities.MonitorResult
+	require.NoError(t, v.Get(&res))
+	assert.Equal(t, activities.MonitorGone, res.Reason)
+	assert.True(t, res.Instance.Preempted)
+	assert.Equal(t, 1.0, metricValue(t, reg, "proxyfleet_preemptions_total"))
 }

@@ -257,6 +257,9 @@ func checkDrift(ctx context.Context, env Env, prv provider.Provider, providerNam
 	defer cancel()
 	inst, err := prv.Get(cctx, providerID)
 	switch {
+	case errors.Is(err, provider.ErrPreempted):
+		env.Metrics.preempted(providerName)
+		return Result{Reason: ReasonGone, Health: h, Instance: provider.Instance{ProviderID: providerID, Preempted: true}}, true
 	case errors.Is(err, provider.ErrNotFound):
 		return Result{Reason: ReasonGone, Health: h}, true
 	case err != nil:

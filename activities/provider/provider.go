@@ -181,6 +181,11 @@ func (r Registry) Get(name v1alpha1.Provider) (Provider, error) {
 // ErrNotFound reports an instance that does not exist.
 var ErrNotFound = errors.New("instance not found")
 
+// ErrPreempted is ErrNotFound for an instance the cloud took back and deleted itself (an
+// EC2 Spot instance, which is terminated): gone, like any other, and the monitor says
+// "preempted" rather than "deleted behind the workflow's back".
+var ErrPreempted = fmt.Errorf("taken back by the cloud (preempted): %w", ErrNotFound)
+
 // ErrInUse reports a delete the provider declined because something still uses the
 // object: a shared firewall rule that an instance made since the sweep listed it uses.
 // The sweep counts it as kept, not as deleted.

@@ -319,6 +319,30 @@ func (p *Provider) find(ctx context.Context, region, name string) (*types.Instan
 	return nil, nil
 }
 
+// interrupted reports whether the instance called name was terminated by a Spot
+// interruption (EC2 lists a terminated instance, with why, for about an hour). A failed
+// look is "no": the instance is gone either way.
+func (p *Provider) interrupted(ctx context.Context, region, name string) bool {
+	out, err := p.client(region).DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []types.Filter{
+		{Name: aws.String("client-token"), Values: []string{clientToken(name)}},
+		{Name: aws.String("instance-state-name"), Values: []string{string(types.InstanceStateNameTerminated)}},
+	}})
+	if err != nil {
+		return false
+	}
+	for _, r := range out.Reservations {
+		for _, in := range r.Instances {
+			if tagOf(in.Tags, tagInstance) == name && in.StateReason != nil && aws.ToString(in.StateReason.Code) == spotTermination {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// spotTermination is the state reason of an instance EC2 took back.
+const spotTermination = "Server.SpotInstanceTermination"
+
 // liveStates are every state but terminated: EC2 lists a terminated instance for about an
 // hour, and it is gone for the provider's purposes.
 var liveStates = []string{"pending", "running", "shutting-down", "stopping", "stopped"}
@@ -347,6 +371,9 @@ func (p *Provider) Get(ctx context.Context, providerID string) (provider.Instanc
 		return provider.Instance{}, err
 	}
 	if in == nil {
+		if p.interrupted(ctx, region, name) {
+			return provider.Instance{}, fmt.Errorf("instance %s: %w", providerID, provider.ErrPreempted)
+		}
 		return provider.Instance{}, fmt.Errorf("instance %s: %w", providerID, provider.ErrNotFound)
 	}
 	return p.instanceOf(region, *in, 0), nil
@@ -484,7 +511,7 @@ func (p *Provider) instanceOf(region string, in types.Instance, port int32) prov
 	case types.InstanceStateNameStopping, types.InstanceStateNameStopped:
 		out.State = provider.StateStopped
 	}
-	if in.StateReason != nil && aws.ToString(in.StateReason.Code) == "Server.SpotInstanceTermination" {
+	if in.StateReason != nil && aws.ToString(in.StateReason.Code) == spotTermination {
 		out.State, out.Preempted, out.IP = provider.StateStopped, true, ""
 	}
 	return out

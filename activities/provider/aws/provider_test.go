@@ -120,6 +120,8 @@ func TestGetFollowsTheInstance(t *testing.T) {
 	s.Interrupt(live(s)[0].ID)
 	_, err = p.Get(ctx, inst.ProviderID)
 	assert.ErrorIs(t, err, provider.ErrNotFound, "a terminated instance is gone")
+	assert.ErrorIs(t, err, provider.ErrPreempted, "taken back by EC2, and said so")
+	require.NoError(t, p.Delete(ctx, inst.ProviderID), "deleting what EC2 took back is done")
 
 	private := machine()
 	private.PublicIP = false
@@ -134,6 +136,15 @@ func TestGetFollowsTheInstance(t *testing.T) {
 
 	_, err = p.Get(ctx, ec2test.Region+"/px-nothing-1")
 	assert.ErrorIs(t, err, provider.ErrNotFound)
+	assert.NotErrorIs(t, err, provider.ErrPreempted)
+
+	// Terminated by the provider (not EC2): gone, not preempted.
+	require.NoError(t, pp.Delete(ctx, inst.ProviderID))
+	for range 2 { // shutting-down, then terminated
+		_, err = pp.Get(ctx, inst.ProviderID)
+	}
+	assert.ErrorIs(t, err, provider.ErrNotFound)
+	assert.NotErrorIs(t, err, provider.ErrPreempted)
 	_, err = p.Get(ctx, "no-slash")
 	assert.Equal(t, provider.KindPermanent, provider.Class(err))
 }
