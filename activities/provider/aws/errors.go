@@ -26,9 +26,14 @@ var (
 	permanentCodes = []string{"UnauthorizedOperation", "InvalidParameterValue", "InvalidParameterCombination",
 		"InvalidParameter", "MissingParameter", "InvalidSubnetID.NotFound", "InvalidSubnetID.Malformed",
 		"InvalidGroup.NotFound", "InvalidGroupId.Malformed", "InvalidKeyPair.NotFound",
-		"InvalidInstanceType", "Unsupported", "UnsupportedOperation", "OptInRequired", "AuthFailure",
-		"IdempotentParameterMismatch", "InvalidUserData.Malformed", "InvalidBlockDeviceMapping",
-		"InvalidIamInstanceProfile.NotFound"}
+		"InvalidInstanceType", "Unsupported", "UnsupportedOperation", "OptInRequired",
+		"InvalidUserData.Malformed", "InvalidBlockDeviceMapping", "InvalidIamInstanceProfile.NotFound"}
+	// Left transient on purpose: the worker's own credentials (AuthFailure,
+	// ExpiredToken, RequestExpired, SignatureDoesNotMatch), which are not the Proxy's
+	// fault and would park it as Failed until an unrelated edit; and
+	// IdempotentParameterMismatch, which a create meets when DescribeInstances, being
+	// eventually consistent, did not yet list the instance an earlier attempt made, and
+	// which a later attempt gets past by finding it.
 	// permanentPrefixes cover families of such codes: every malformed or unknown AMI.
 	permanentPrefixes = []string{"InvalidAMIID."}
 )

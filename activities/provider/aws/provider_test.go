@@ -190,7 +190,8 @@ func TestListOwnedPagesAndChecksOwnership(t *testing.T) {
 }
 
 // TestErrorsAreClassified: capacity and limits are quota waits, refusals of the request
-// are permanent with EC2's message, throttling and the unexpected are transient.
+// are permanent with EC2's message; throttling, the unexpected and the worker's own
+// credentials are transient (a Proxy is not parked as Failed for the worker's fault).
 func TestErrorsAreClassified(t *testing.T) {
 	s := ec2test.NewServer(t)
 	p := newProvider(t, s, machine())
@@ -208,6 +209,9 @@ func TestErrorsAreClassified(t *testing.T) {
 		{http.StatusBadRequest, "InvalidParameterValue", "bad", provider.KindPermanent},
 		{http.StatusServiceUnavailable, "RequestLimitExceeded", "Request limit exceeded.", provider.KindTransient},
 		{http.StatusInternalServerError, "InternalError", "oops", provider.KindTransient},
+		{http.StatusUnauthorized, "AuthFailure", "AWS was not able to validate the provided access credentials", provider.KindTransient},
+		{http.StatusBadRequest, "RequestExpired", "Request has expired.", provider.KindTransient},
+		{http.StatusBadRequest, "IdempotentParameterMismatch", "differ from this request", provider.KindTransient},
 	}
 	for i, tc := range cases {
 		s.FailNext(ec2test.ActionRunInstances, tc.status, tc.code, tc.message)

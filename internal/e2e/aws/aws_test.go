@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
-	"net"
 	"net/url"
 	"strconv"
 	"sync"
@@ -37,14 +36,14 @@ type cloud struct {
 	booted []string // instance IDs, in boot order
 }
 
-func newCloud(t *testing.T, port int32) *cloud {
+func newCloud(t *testing.T) *cloud {
 	c := &cloud{Server: ec2test.NewServer(t)}
 	c.Boot = func(in ec2test.Instance) (string, func(), error) {
 		script, err := base64.StdEncoding.DecodeString(in.UserData)
 		if err != nil {
 			return "", nil, err
 		}
-		sq, err := squidtest.Boot(t, script, net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))))
+		sq, err := squidtest.Boot(t, script, "127.0.0.1")
 		if err != nil {
 			return "", nil, err
 		}
@@ -101,7 +100,7 @@ func awsProxy(s *stack.Stack, ns, name string, port int32) *v1alpha1.Proxy {
 // an orphan of the installation and the security group no instance uses any more.
 func TestAWSProxyLifecycle(t *testing.T) {
 	port := squidtest.FreePort(t)
-	c := newCloud(t, port)
+	c := newCloud(t)
 	s := startAWS(t, c)
 	ctx := context.Background()
 	ns := s.Namespace(t)

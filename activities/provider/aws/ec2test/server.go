@@ -124,6 +124,7 @@ type Server struct {
 	requests  map[string]int
 	forms     map[string][]url.Values
 	auths     map[string]string // the last Authorization header of each action
+	lose      map[string]int    // answers to do and then lose, by action
 }
 
 type instance struct {
@@ -183,6 +184,7 @@ func newRegion(t testing.TB, region string, base int) *Server {
 		requests:     map[string]int{},
 		forms:        map[string][]url.Values{},
 		auths:        map[string]string{},
+		lose:         map[string]int{},
 	}
 }
 
@@ -221,6 +223,15 @@ func (s *Server) FailNext(action string, status int, code, message string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.failures[action] = append(s.failures[action], apiError{status: status, code: code, message: message})
+}
+
+// LoseNextAnswer makes the next call of action do what it asks and then answer 500
+// InternalError, as when the answer is lost on its way (a connection reset, a worker
+// killed mid-call): whoever asked cannot tell it was done.
+func (s *Server) LoseNextAnswer(action string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lose[action]++
 }
 
 // RefuseCapacity makes the next RunInstances fail as EC2 does when a zone has no capacity
@@ -410,6 +421,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		body, err = s.describeSubnets(form)
 	default:
 		err = &apiError{http.StatusBadRequest, "InvalidAction", "the action " + action + " is not valid for this web service"}
+	}
+	if err == nil && s.lose[action] > 0 {
+		s.lose[action]--
+		err = &apiError{http.StatusInternalServerError, "InternalError", "An internal error has occurred (the answer was lost)."}
 	}
 	if err != nil {
 		writeError(w, *err)

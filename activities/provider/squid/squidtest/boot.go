@@ -2,6 +2,7 @@ package squidtest
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -15,12 +16,12 @@ import (
 
 // Boot runs a VM's boot script (squid.InstanceScript, as a cloud's user data or startup
 // script carries it) the way the instance runs it, then runs real Squid on what the script
-// wrote, on addr (loopback) instead of every interface. The script runs in a directory of
+// wrote, on host (loopback) at the script's port instead of every interface. The script runs in a directory of
 // its own (PROXYFLEET_ROOT), with apt-get, systemctl and chgrp stubbed; the paths it wrote
 // are moved to TempPaths. So a test probes, and crawls through, the very configuration an
 // instance boots with. It may be called from any goroutine (a fake cloud booting a VM):
 // it returns errors rather than failing t.
-func Boot(t testing.TB, script []byte, addr string) (*Instance, error) {
+func Boot(t testing.TB, script []byte, host string) (*Instance, error) {
 	bash, err := exec.LookPath("bash")
 	if err != nil {
 		return nil, err
@@ -53,16 +54,14 @@ func Boot(t testing.TB, script []byte, addr string) (*Instance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the boot script wrote no passwd file: %w", err)
 	}
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, err
+	// The instance listens on every interface at its port; here, on host alone.
+	listen := regexp.MustCompile(`(?m)^http_port ([0-9]+)$`)
+	m := listen.FindSubmatch(conf)
+	if m == nil {
+		return nil, errors.New("the boot script's squid.conf has no http_port")
 	}
-	// The instance listens on every interface at its port; here, addr alone.
-	listen := regexp.MustCompile(`(?m)^http_port ` + regexp.QuoteMeta(port) + `$`)
-	if !listen.Match(conf) {
-		return nil, fmt.Errorf("the boot script's squid.conf does not listen on port %s", port)
-	}
-	conf = listen.ReplaceAll(conf, []byte("http_port "+net.JoinHostPort(host, port)))
+	addr := net.JoinHostPort(host, string(m[1]))
+	conf = listen.ReplaceAll(conf, []byte("http_port "+addr))
 	paths := TempPaths(t)
 	for _, r := range [][2]string{{def.Passwd, paths.Passwd}, {def.PidFile, paths.PidFile}, {def.CacheLog, paths.CacheLog}, {def.AuthHelper, paths.AuthHelper}} {
 		conf = bytes.ReplaceAll(conf, []byte(r[0]), []byte(r[1]))
