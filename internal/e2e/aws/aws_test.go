@@ -33,11 +33,11 @@ import (
 type cloud struct {
 	*ec2test.Server
 	mu     sync.Mutex
-	booted []string // instance IDs, in boot order
+	booted map[string]string // instance ID → the directory its boot script ran in
 }
 
 func newCloud(t *testing.T) *cloud {
-	c := &cloud{Server: ec2test.NewServer(t)}
+	c := &cloud{Server: ec2test.NewServer(t), booted: map[string]string{}}
 	c.Boot = func(in ec2test.Instance) (string, func(), error) {
 		script, err := base64.StdEncoding.DecodeString(in.UserData)
 		if err != nil {
@@ -48,11 +48,18 @@ func newCloud(t *testing.T) *cloud {
 			return "", nil, err
 		}
 		c.mu.Lock()
-		c.booted = append(c.booted, in.ID)
+		c.booted[in.ID] = sq.Root
 		c.mu.Unlock()
 		return "127.0.0.1", sq.Stop, nil
 	}
 	return c
+}
+
+// root is the directory instance id's boot script ran in ("" if it never booted).
+func (c *cloud) root(id string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.booted[id]
 }
 
 // live is the fake's instances that are not terminated or being terminated.
@@ -69,8 +76,13 @@ func (c *cloud) live() []ec2test.Instance {
 // startAWS is a stack whose worker runs the aws provider (and the local one) against c,
 // as --providers aws,local with the SDK's configuration pointed at the fake. Groups the
 // provider makes are tagged an hour old, so the sweep's minimum age does not spare them.
-func startAWS(t *testing.T, c *cloud) *stack.Stack {
-	s := stack.Start(t, stack.Options{NoWorker: true})
+func startAWS(t *testing.T, c *cloud, opts ...stack.Options) *stack.Stack {
+	o := stack.Options{}
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	o.NoWorker = true
+	s := stack.Start(t, o)
 	w := s.NewWorker(t, s.TaskQueue, func(cfg *worker.Config) {
 		cfg.Providers.Enabled = []v1alpha1.Provider{v1alpha1.ProviderAWS, v1alpha1.ProviderLocal}
 		cfg.Providers.AWS = awsprov.Config{AWS: c.Config(), Now: func() time.Time { return time.Now().Add(-time.Hour) }}

@@ -66,5 +66,10 @@ func Boot(t testing.TB, script []byte, host string) (*Instance, error) {
 	for _, r := range [][2]string{{def.Passwd, paths.Passwd}, {def.PidFile, paths.PidFile}, {def.CacheLog, paths.CacheLog}, {def.AuthHelper, paths.AuthHelper}} {
 		conf = bytes.ReplaceAll(conf, []byte(r[0]), []byte(r[1]))
 	}
-	return run(t, squid.Files{Conf: conf, Passwd: passwd, Paths: paths}, addr)
+	inst, err := run(t, squid.Files{Conf: conf, Passwd: passwd, Paths: paths}, addr)
+	if err != nil {
+		return nil, err
+	}
+	inst.Root = root
+	return inst, nil
 }

@@ -124,6 +124,9 @@ type Instance struct {
 	Addr string
 	// Files are what it runs.
 	Files squid.Files
+	// Root is the directory a boot script ran in (Boot; empty otherwise): what it wrote
+	// as the instance's files, under their paths.
+	Root string
 
 	cmd     *exec.Cmd
 	name    string // the service name (-n)
