@@ -308,6 +308,20 @@ stringData:
 			},
 		},
 		{
+			dir:      "deploy/overlays/aws",
+			replicas: map[string]int32{"proxyfleet-operator": 2, "proxyfleet-worker": 2, "proxyfleet-discovery": 3},
+			config:   map[string]string{"PROXYFLEET_PROVIDERS": "aws,kubernetes"},
+			check: func(t *testing.T, objs []object) {
+				var cm corev1.ConfigMap
+				find(t, objs, "ConfigMap", "proxyfleet-config", &cm)
+				assert.NotEmpty(t, cm.Data["AWS_REGION"], "the aws provider needs a default region")
+				assert.NotEqual(t, "default", cm.Data["PROXYFLEET_INSTALLATION"])
+				var sa corev1.ServiceAccount
+				find(t, objs, "ServiceAccount", "proxyfleet-worker", &sa)
+				assert.Regexp(t, `^arn:aws:iam::[0-9]{12}:role/`, sa.Annotations["eks.amazonaws.com/role-arn"], "IRSA: the worker's role")
+			},
+		},
+		{
 			dir:      "deploy/overlays/kind",
 			replicas: map[string]int32{"proxyfleet-operator": 1, "proxyfleet-worker": 1, "proxyfleet-discovery": 1},
 			config: map[string]string{"PROXYFLEET_PROVIDERS": "kubernetes", "PROXYFLEET_INSTALLATION": "kind",
