@@ -80,6 +80,8 @@ type cluster struct {
 	binaries map[string]string
 	kubelet  *kubelet
 	pods     []*pod
+	// aws are the stand-ins of AWS's EC2 and STS the pods reach, when the test runs them.
+	aws *awsStandIns
 }
 
 func TestShippedManifestsRunTheSystem(t *testing.T) {
@@ -99,51 +101,9 @@ func walk(t *testing.T, overlay string, replicas int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	c := &cluster{ctx: ctx, k: testenv.Kube(t), temporal: testenv.Temporal(t), binaries: buildBinaries(t)}
-	root, err := testenv.RepoRoot()
-	require.NoError(t, err)
-
-	// What a user does before the first apply (deploy/base/kustomization.yaml): the
-	// namespace, the discovery token and the fleet key.
-	token := randomHex(16)
-	prereqs := fmt.Sprintf(`apiVersion: v1
-kind: Secret
-metadata: {name: proxyfleet-discovery-token, namespace: %[1]s}
-stringData: {token: %[2]s}
----
-apiVersion: v1
-kind: Secret
-metadata: {name: proxyfleet-fleet-key, namespace: %[1]s}
-stringData: {key: %[3]s}
-`, systemNS, token, base64.StdEncoding.EncodeToString([]byte(randomHex(16))))
-	ns, err := os.ReadFile(filepath.Join(root, "deploy", "base", "namespace.yaml"))
-	require.NoError(t, err)
-	kubectl(t, c, string(ns)+"\n---\n"+prereqs, "apply", "--server-side", "--force-conflicts", "-f", "-")
-
-	// A user's overlay: the shipped one, pointed at the Temporal it runs against.
-	rendered := kustomize(t, c, filepath.Join(root, overlay), map[string]string{
-		"TEMPORAL_ADDRESS":        c.temporal.HostPort,
-		"TEMPORAL_NAMESPACE":      c.temporal.Namespace,
-		"PROXYFLEET_INSTALLATION": installation,
-	})
-	kubectl(t, c, string(rendered), "apply", "--server-side", "--force-conflicts", "-f", "-")
-
-	// The pods, from what the API server holds. Discovery first: the operator and worker
-	// need nothing of it, and its replicas wait for each other.
-	pods := podsOf(t, c, []string{"proxyfleet-worker", "proxyfleet-operator"}, []string{"proxyfleet-discovery"})
-	c.pods = pods
-	for _, p := range pods {
-		p.start(t, c, pods)
-	}
-	for _, p := range pods {
-		p.waitReady(t)
-	}
-	var discovery []*pod
-	for _, p := range pods {
-		if p.labels["app.kubernetes.io/component"] == "discovery" {
-			discovery = append(discovery, p)
-		}
-	}
+	discovery, token := c.deploy(t, overlay, nil)
 	require.Len(t, discovery, replicas, "discovery replicas")
+	var err error
 
 	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "hello from the site\n")
@@ -325,6 +285,58 @@ spec:
 
 	// Nothing any component did was refused by the API server.
 	c.refused(t)
+}
+
+// deploy applies overlay as a user does (the namespace, the discovery token and the fleet
+// key first), its proxyfleet-config pointed at the test's Temporal and merged with config,
+// and runs its pods; it returns discovery's pods and the token crawlers use.
+func (c *cluster) deploy(t *testing.T, overlay string, config map[string]string) (discovery []*pod, token string) {
+	root, err := testenv.RepoRoot()
+	require.NoError(t, err)
+
+	// What a user does before the first apply (deploy/base/kustomization.yaml): the
+	// namespace, the discovery token and the fleet key.
+	token = randomHex(16)
+	prereqs := fmt.Sprintf(`apiVersion: v1
+kind: Secret
+metadata: {name: proxyfleet-discovery-token, namespace: %[1]s}
+stringData: {token: %[2]s}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: proxyfleet-fleet-key, namespace: %[1]s}
+stringData: {key: %[3]s}
+`, systemNS, token, base64.StdEncoding.EncodeToString([]byte(randomHex(16))))
+	ns, err := os.ReadFile(filepath.Join(root, "deploy", "base", "namespace.yaml"))
+	require.NoError(t, err)
+	kubectl(t, c, string(ns)+"\n---\n"+prereqs, "apply", "--server-side", "--force-conflicts", "-f", "-")
+
+	// A user's overlay: the shipped one, pointed at the Temporal it runs against.
+	merged := map[string]string{
+		"TEMPORAL_ADDRESS":        c.temporal.HostPort,
+		"TEMPORAL_NAMESPACE":      c.temporal.Namespace,
+		"PROXYFLEET_INSTALLATION": installation,
+	}
+	maps.Copy(merged, config)
+	rendered := kustomize(t, c, filepath.Join(root, overlay), merged)
+	kubectl(t, c, string(rendered), "apply", "--server-side", "--force-conflicts", "-f", "-")
+
+	// The pods, from what the API server holds. Discovery first: the operator and worker
+	// need nothing of it, and its replicas wait for each other.
+	pods := podsOf(t, c, []string{"proxyfleet-worker", "proxyfleet-operator"}, []string{"proxyfleet-discovery"})
+	c.pods = pods
+	for _, p := range pods {
+		p.start(t, c, pods)
+	}
+	for _, p := range pods {
+		p.waitReady(t)
+	}
+	for _, p := range pods {
+		if p.labels["app.kubernetes.io/component"] == "discovery" {
+			discovery = append(discovery, p)
+		}
+	}
+	return discovery, token
 }
 
 // refused fails the test as soon as a component logs that the API server refused it

@@ -1,6 +1,7 @@
 package deployed_test
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"maps"
@@ -101,6 +102,7 @@ func (p *pod) start(t *testing.T, c *cluster, all []*pod) {
 
 	mounts := p.mountVolumes(t, c, ctr)
 	env := p.environment(t, c, ctr)
+	p.awsIdentity(t, c, env)
 	var args []string
 	for _, a := range append(slices.Clone(ctr.Command[1:]), ctr.Args...) {
 		// Kubernetes passes a reference to a variable the container lacks on as it is
@@ -468,6 +470,33 @@ func (p *pod) serviceAccountKubeconfig(t *testing.T, c *cluster) string {
 	path := filepath.Join(p.dir, "kubeconfig")
 	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
 	return path
+}
+
+// awsIdentity plays EKS's pod identity webhook and the cluster's way to AWS. A pod whose
+// ServiceAccount names an IAM role (eks.amazonaws.com/role-arn) gets what the webhook
+// injects: the role and a projected token file (AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE),
+// for the SDK's default chain to exchange at STS. When the test runs AWS stand-ins, every
+// pod reaches EC2 and STS there (the SDK's endpoint variables), and none reaches an
+// instance metadata service: this machine's network must not be asked for one.
+func (p *pod) awsIdentity(t *testing.T, c *cluster, env map[string]string) {
+	t.Helper()
+	if c.aws != nil {
+		env["AWS_ENDPOINT_URL_EC2"], env["AWS_ENDPOINT_URL_STS"] = c.aws.ec2.URL, c.aws.sts.URL
+		env["AWS_EC2_METADATA_DISABLED"] = "true"
+	}
+	saName := cmp.Or(p.spec.ServiceAccountName, "default")
+	var sa corev1.ServiceAccount
+	require.NoError(t, c.k.Client.Get(c.ctx, types.NamespacedName{Namespace: p.namespace, Name: saName}, &sa),
+		"%s: ServiceAccount %s", p.name, saName)
+	role := sa.Annotations["eks.amazonaws.com/role-arn"]
+	if role == "" {
+		return
+	}
+	require.NotNil(t, c.aws, "%s: its ServiceAccount asks for an IAM role, and the test runs no AWS stand-ins", p.name)
+	token := filepath.Join(p.dir, "eks.amazonaws.com", "serviceaccount", "token")
+	require.NoError(t, os.MkdirAll(filepath.Dir(token), 0o755))
+	require.NoError(t, os.WriteFile(token, []byte(c.aws.sts.Token), 0o600))
+	env["AWS_ROLE_ARN"], env["AWS_WEB_IDENTITY_TOKEN_FILE"] = role, token
 }
 
 // waitReady waits until the container's readiness probe answers 2xx, as the kubelet would

@@ -2,14 +2,9 @@ package registry
 
 import (
 	"context"
-	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -73,24 +68,7 @@ func TestAWSCredentialsFromTheEnvironment(t *testing.T) {
 func TestAWSWebIdentity(t *testing.T) {
 	isolateAWS(t)
 	srv := ec2test.NewServer(t)
-	var exchanged atomic.Int32
-	sts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = r.ParseForm()
-		if r.PostForm.Get("Action") != "AssumeRoleWithWebIdentity" || r.PostForm.Get("WebIdentityToken") != "projected-token" ||
-			r.PostForm.Get("RoleArn") != "arn:aws:iam::123456789012:role/proxyfleet-worker" {
-			http.Error(w, "unexpected "+r.PostForm.Encode(), http.StatusBadRequest)
-			return
-		}
-		exchanged.Add(1)
-		w.Header().Set("Content-Type", "text/xml")
-		_, _ = fmt.Fprintf(w, `<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
-<AssumeRoleWithWebIdentityResult><Credentials><AccessKeyId>ASIAWEBIDENTITY00001</AccessKeyId>
-<SecretAccessKey>role-secret</SecretAccessKey><SessionToken>role-session</SessionToken>
-<Expiration>%s</Expiration></Credentials></AssumeRoleWithWebIdentityResult>
-<ResponseMetadata><RequestId>req-sts</RequestId></ResponseMetadata></AssumeRoleWithWebIdentityResponse>`,
-			time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
-	}))
-	t.Cleanup(sts.Close)
+	sts := ec2test.NewSTS(t, "arn:aws:iam::123456789012:role/proxyfleet-worker", "projected-token")
 	token := filepath.Join(t.TempDir(), "token")
 	require.NoError(t, os.WriteFile(token, []byte("projected-token"), 0o600))
 	t.Setenv("AWS_WEB_IDENTITY_TOKEN_FILE", token)
@@ -101,11 +79,11 @@ func TestAWSWebIdentity(t *testing.T) {
 	reg, release, err := Build(context.Background(), Config{Enabled: []v1alpha1.Provider{v1alpha1.ProviderAWS}, AWSRegion: ec2test.Region})
 	require.NoError(t, err)
 	defer release()
-	assert.Zero(t, exchanged.Load(), "nothing is asked of AWS until the first call")
+	assert.Zero(t, sts.Exchanges(), "nothing is asked of AWS until the first call")
 	p, err := reg.Get(v1alpha1.ProviderAWS)
 	require.NoError(t, err)
 	_, err = p.ListOwned(context.Background(), provider.Owner{Installation: "inst-a"})
 	require.NoError(t, err)
-	assert.Equal(t, int32(1), exchanged.Load())
+	assert.Equal(t, 1, sts.Exchanges())
 	assert.Contains(t, srv.Authorizations(ec2test.ActionDescribeInstances), "Credential=ASIAWEBIDENTITY00001/")
 }
