@@ -154,6 +154,9 @@ func New(ctx context.Context, cfg Config, tc client.Client, kube ctrlclient.Clie
 	if pcfg.GCP.Logger == nil {
 		pcfg.GCP.Logger = log // what Get repairs (a shared firewall rule) goes to the worker's log
 	}
+	if pcfg.AWS.Logger == nil {
+		pcfg.AWS.Logger = log // the same for a shared security group
+	}
 	var actMetrics *activities.Metrics
 	if reg != nil {
 		pcfg.Metrics = provider.NewMetrics(reg)

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -90,8 +91,11 @@ type Config struct {
 	// MachineOf turns a Proxy's spec into its instance's shape; nil is MachineOf, the
 	// spec's own aws block (tests give a fixed shape).
 	MachineOf func(v1alpha1.ProxySpec) (Machine, error)
-	// Now is the clock (a group's creation tag); nil is time.Now.
+	// Now is the clock (a group's creation tag, its checks); nil is time.Now.
 	Now func() time.Time
+	// Logger receives what Get cannot report in its answer: a shared security group it
+	// found drifted and could not put back. Nil is slog.Default().
+	Logger *slog.Logger
 }
 
 // Provider runs Proxy instances on EC2. An instance is found by its name, which is its
@@ -102,6 +106,7 @@ type Provider struct {
 
 	mu      sync.Mutex
 	clients map[string]*ec2.Client
+	checked map[string]time.Time // shared groups by "<region>/<ID>": when Get last read them
 }
 
 // Tags the provider puts on every instance beside the ownership labels.
@@ -128,7 +133,7 @@ func New(cfg Config) (*Provider, error) {
 	if !slices.Contains(cfg.Regions, cfg.AWS.Region) {
 		cfg.Regions = append([]string{cfg.AWS.Region}, cfg.Regions...)
 	}
-	return &Provider{cfg: cfg, clients: map[string]*ec2.Client{}}, nil
+	return &Provider{cfg: cfg, clients: map[string]*ec2.Client{}, checked: map[string]time.Time{}}, nil
 }
 
 // client is the EC2 client of region, made once.
@@ -160,6 +165,13 @@ func (p *Provider) ProviderID(req provider.CreateRequest) string {
 		region = m.Region
 	}
 	return region + "/" + req.Name
+}
+
+func (p *Provider) log() *slog.Logger {
+	if p.cfg.Logger != nil {
+		return p.cfg.Logger
+	}
+	return slog.Default()
 }
 
 func (p *Provider) now() time.Time {
@@ -347,7 +359,10 @@ const spotTermination = "Server.SpotInstanceTermination"
 // hour, and it is gone for the provider's purposes.
 var liveStates = []string{"pending", "running", "shutting-down", "stopping", "stopped"}
 
-// Get returns the instance; a terminated one, or none, is provider.ErrNotFound.
+// Get returns the instance; a terminated one, or none, is provider.ErrNotFound (and
+// provider.ErrPreempted when EC2 took a Spot instance back). Of a live instance it also
+// puts its shared security groups back when they drifted (checkGroups): the workflow's
+// wait for a new instance and the monitor's drift checks call it.
 //
 // The provider ID of an unused shared group (as ListOwned reports one to the sweep) is
 // answered with that group, being deleted, until it is gone.
@@ -375,6 +390,9 @@ func (p *Provider) Get(ctx context.Context, providerID string) (provider.Instanc
 			return provider.Instance{}, fmt.Errorf("instance %s: %w", providerID, provider.ErrPreempted)
 		}
 		return provider.Instance{}, fmt.Errorf("instance %s: %w", providerID, provider.ErrNotFound)
+	}
+	if st := in.State; st != nil && (st.Name == types.InstanceStateNamePending || st.Name == types.InstanceStateNameRunning) {
+		p.checkGroups(ctx, region, *in)
 	}
 	return p.instanceOf(region, *in, 0), nil
 }

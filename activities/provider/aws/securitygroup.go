@@ -41,6 +41,55 @@ const (
 	tagGroupCreated = "proxyfleet-created"
 )
 
+// Tags that record a group's configuration, so that Get, which has no spec at hand, can
+// put a drifted group back: the VPC ("" for the default one), the port, and the ranges,
+// comma-separated, in pieces of at most 256 characters (a tag value's limit) tagged
+// proxyfleet-ranges-0, -1, …. The group's name is a hash of them all: tags edited by hand
+// no longer match it, and are then not trusted (see configOf).
+const (
+	tagGroupVPC    = "proxyfleet-vpc"
+	tagGroupPort   = "proxyfleet-port"
+	tagGroupRanges = "proxyfleet-ranges-"
+	maxTagValue    = 256
+)
+
+// configTags are the tags that record c.
+func configTags(c groupConfig) []types.Tag {
+	tags := []types.Tag{
+		{Key: aws.String(tagGroupVPC), Value: aws.String(c.vpc)},
+		{Key: aws.String(tagGroupPort), Value: aws.String(strconv.Itoa(int(c.port)))},
+	}
+	joined := strings.Join(c.ranges, ",")
+	for i := 0; len(joined) > 0; i++ {
+		piece := joined
+		if len(piece) > maxTagValue {
+			cut := strings.LastIndex(piece[:maxTagValue+1], ",")
+			piece = piece[:cut]
+		}
+		tags = append(tags, types.Tag{Key: aws.String(tagGroupRanges + strconv.Itoa(i)), Value: aws.String(piece)})
+		joined = strings.TrimPrefix(joined[len(piece):], ",")
+	}
+	return tags
+}
+
+// configOf reads the configuration g's tags record; ok is false when g is not a shared
+// group of ours or its tags do not hash to its name (edited by hand: not to be trusted).
+func configOf(g types.SecurityGroup) (c groupConfig, ok bool) {
+	port, err := strconv.Atoi(tagOf(g.Tags, tagGroupPort))
+	if err != nil || tagOf(g.Tags, tagGroupConfig) == "" {
+		return groupConfig{}, false
+	}
+	c = groupConfig{installation: tagOf(g.Tags, provider.LabelInstallation), vpc: tagOf(g.Tags, tagGroupVPC), port: int32(port)}
+	for i := 0; ; i++ {
+		piece := tagOf(g.Tags, tagGroupRanges+strconv.Itoa(i))
+		if piece == "" {
+			break
+		}
+		c.ranges = append(c.ranges, strings.Split(piece, ",")...)
+	}
+	return c, c.name() == aws.ToString(g.GroupName) && c.name() == tagOf(g.Tags, tagGroupConfig)
+}
+
 // sharedGroupUID stands in the Proxy UID label of an unused shared group as ListOwned
 // reports it to the sweep. It is no Kubernetes UID, so it never belongs to a live Proxy,
 // and the sweep treats the group like an instance whose Proxy is gone, minimum age
@@ -147,6 +196,7 @@ func (p *Provider) createGroup(ctx context.Context, region string, c groupConfig
 		{Key: aws.String(tagGroupConfig), Value: aws.String(c.name())},
 		{Key: aws.String(tagGroupCreated), Value: aws.String(p.now().UTC().Format(time.RFC3339))},
 	}
+	tags = append(tags, configTags(c)...)
 	in := &ec2.CreateSecurityGroupInput{
 		GroupName:         aws.String(c.name()),
 		Description:       aws.String(fmt.Sprintf("proxyfleet: Squid port %d from the allowed source ranges", c.port)),
@@ -239,6 +289,54 @@ func (p *Provider) keepIngress(ctx context.Context, region string, g *types.Secu
 		}
 	}
 	return nil
+}
+
+// groupCheckEvery is how often Get reads one shared group again, however many instances
+// use it.
+const groupCheckEvery = time.Minute
+
+// checkGroups puts the shared groups of a live instance back as their configuration
+// wants, if they drifted (a rule added or removed by hand), reading each at most once
+// a groupCheckEvery per worker. What it cannot do is logged, not returned: the instance
+// itself is fine, and the next check tries again.
+func (p *Provider) checkGroups(ctx context.Context, region string, in types.Instance) {
+	for _, gi := range in.SecurityGroups {
+		id := aws.ToString(gi.GroupId)
+		if !strings.HasPrefix(aws.ToString(gi.GroupName), "proxyfleet-") || !p.dueForCheck(region+"/"+id) {
+			continue
+		}
+		g, err := p.describeGroup(ctx, region, id)
+		if err != nil || g == nil {
+			if err != nil {
+				p.log().WarnContext(ctx, "checking a shared security group failed; will check again", "group", id, "error", err)
+			}
+			continue
+		}
+		c, ok := configOf(*g)
+		if !ok {
+			if tagOf(g.Tags, tagGroupConfig) != "" {
+				p.log().WarnContext(ctx, "a shared security group's configuration tags were edited; its rules are left as they are",
+					"group", id, "name", aws.ToString(g.GroupName))
+			}
+			continue
+		}
+		if err := p.keepIngress(ctx, region, g, c); err != nil {
+			p.log().WarnContext(ctx, "putting a drifted security group back failed; will try again", "group", id, "error", err)
+		}
+	}
+}
+
+// dueForCheck reports whether the group key was last checked a groupCheckEvery ago or
+// never, and if so counts it checked now.
+func (p *Provider) dueForCheck(key string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	if last, ok := p.checked[key]; ok && now.Sub(last) < groupCheckEvery {
+		return false
+	}
+	p.checked[key] = now
+	return true
 }
 
 // listGroups lists the installation's shared groups in region.

@@ -1,14 +1,22 @@
 package aws_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
 	"testing"
+	"time"
+
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/aws"
 	"github.com/proxyfleet/proxyfleet/activities/provider/aws/ec2test"
+	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
 // TestInstancesShareOneGroupPerConfiguration: instances with the same VPC, port and
@@ -60,6 +68,57 @@ func TestTheGroupIsPutBackWhenItDrifts(t *testing.T) {
 	_, err = p.Create(ctx, request("px-b-1", "uid-b"))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"tcp:3128:203.0.113.0/24"}, s.SecurityGroups()[0].Ingress)
+}
+
+// TestGetPutsADriftedGroupBack: a running fleet's shared group that someone opened is put
+// back by the next Get of an instance that uses it (the monitor's drift checks), with no
+// create of that configuration needed; each group is read at most once a minute per
+// worker; a group whose configuration tags were edited by hand is not trusted, left as
+// it is, and said so in the log. Fifty ranges, more than one tag holds, are put back too.
+func TestGetPutsADriftedGroupBack(t *testing.T) {
+	s := ec2test.NewServer(t)
+	ctx := context.Background()
+	m := machine()
+	m.AllowedSourceRanges = nil
+	for i := range 50 {
+		m.AllowedSourceRanges = append(m.AllowedSourceRanges, fmt.Sprintf("203.0.%d.0/24", i))
+	}
+	now := time.Date(2026, 12, 3, 8, 0, 0, 0, time.UTC)
+	var logs bytes.Buffer
+	cfg := s.Config()
+	cfg.Retryer = func() awssdk.Retryer { return awssdk.NopRetryer{} }
+	p, err := aws.New(aws.Config{AWS: cfg, MachineOf: func(v1alpha1.ProxySpec) (aws.Machine, error) { return m, nil },
+		Now: func() time.Time { return now }, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	in, err := p.Create(ctx, request("px-a-1", "uid-a"))
+	require.NoError(t, err)
+	g := s.SecurityGroups()[0]
+	want := g.Ingress
+	require.Len(t, want, 50)
+
+	s.SetIngress(g.ID, "tcp:3128:0.0.0.0/0", "tcp:22:0.0.0.0/0")
+	_, err = p.Get(ctx, in.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, want, s.SecurityGroups()[0].Ingress, "put back by Get")
+
+	s.SetIngress(g.ID, "tcp:3128:0.0.0.0/0")
+	reads := s.Requests(ec2test.ActionDescribeSecurityGroups)
+	_, err = p.Get(ctx, in.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, reads, s.Requests(ec2test.ActionDescribeSecurityGroups), "read once a minute at most")
+	now = now.Add(time.Minute)
+	_, err = p.Get(ctx, in.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, want, s.SecurityGroups()[0].Ingress, "put back a minute later")
+
+	// Tags edited to make the group admit everyone: the name no longer matches them.
+	s.SetTags(g.ID, map[string]string{"proxyfleet-ranges-0": "0.0.0.0/0"})
+	s.SetIngress(g.ID, "tcp:3128:198.51.100.0/24")
+	now = now.Add(time.Minute)
+	_, err = p.Get(ctx, in.ProviderID)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"tcp:3128:198.51.100.0/24"}, s.SecurityGroups()[0].Ingress, "nothing done on edited tags")
+	assert.Contains(t, logs.String(), "configuration tags were edited")
 }
 
 // TestAPublicInstanceNeedsSourceRanges: a public address without allowed source ranges

@@ -368,6 +368,19 @@ func (s *Server) SetIngress(id string, rules ...string) {
 	}
 }
 
+// SetTags sets tags on an instance or group, as an edit made outside the code under test
+// would.
+func (s *Server) SetTags(id string, tags map[string]string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if in := s.instances[id]; in != nil {
+		maps.Copy(in.Tags, tags)
+	}
+	if g := s.groups[id]; g != nil {
+		maps.Copy(g.Tags, tags)
+	}
+}
+
 func (s *Server) newID(prefix string) string {
 	s.seq++
 	return fmt.Sprintf("%s-%017x", prefix, 0xfa4e0000000+s.seq)
