@@ -40,6 +40,12 @@
 //	                                          External credentials need the label; the
 //	                                          worker refuses namespaces and images off its
 //	                                          allowlist
+//	aws            aws, errors, secrets       aws Proxies against the fake EC2 API, whose
+//	                                          instances boot their user data into real
+//	                                          Squid: created once and hardened, a Spot
+//	                                          interruption replaced, deleted, swept;
+//	                                          throttling, capacity, a missing image, a
+//	                                          lost answer; canaries out of history and logs
 //
 // Each group is a package of its own, so `go test ./internal/e2e/...` starts one pair of
 // servers per group and runs two groups at once: on a 2-core machine that costs about 6%
