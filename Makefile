@@ -107,6 +107,6 @@ fuzz: ## run every fuzz target for FUZZTIME each (their seed corpora also run in
 	$(GO) test ./discovery -run '^$$' -fuzz '^FuzzDecodeLeaseRequest$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./discovery -run '^$$' -fuzz '^FuzzParseQuerySelector$$' -fuzztime $(FUZZTIME)
 
-RECORD_TESTS = TestProxyLifecycle|TestDeleteWhileProvisioning|TestCloudInitSecretNeverInHistory|TestTerminatedRunIsRestartedAndAdopts|TestTimersReportsAndBans|TestQuotaThenPermanentFailure|TestContinuedRun|TestScheduledGCDeletesExactlyTheOrphans|TestExternalProxyBehindRealSquid|TestKilledInstanceIsDetectedAndRecreated|TestWorkerKeepsItsMonitorShards|TestPoolBannedEverywhereReplacesWithinTheSurge|TestPoolRollsASecretRotationWithinTheSurge
+RECORD_TESTS = TestProxyLifecycle|TestDeleteWhileProvisioning|TestCloudInitSecretNeverInHistory|TestTerminatedRunIsRestartedAndAdopts|TestTimersReportsAndBans|TestQuotaThenPermanentFailure|TestContinuedRun|TestScheduledGCDeletesExactlyTheOrphans|TestExternalProxyBehindRealSquid|TestKilledInstanceIsDetectedAndRecreated|TestWorkerKeepsItsMonitorShards|TestPoolBannedEverywhereReplacesWithinTheSurge|TestPoolRollsASecretRotationWithinTheSurge|TestAWSProxyLifecycle
 record-histories: tools ## record histories of real runs into workflows/testdata/histories/v<latest> (older versions' stay)
 	RECORD_HISTORIES=1 $(GO) test ./internal/e2e/... -run '^($(RECORD_TESTS))$$' -count=1

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.temporal.io/api/enums/v1"
 	"go.temporal.io/sdk/client"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/utils/ptr"
@@ -20,6 +21,7 @@ import (
 	awsprov "github.com/proxyfleet/proxyfleet/activities/provider/aws"
 	"github.com/proxyfleet/proxyfleet/activities/provider/aws/ec2test"
 	"github.com/proxyfleet/proxyfleet/activities/provider/squid/squidtest"
+	"github.com/proxyfleet/proxyfleet/internal/e2e"
 	"github.com/proxyfleet/proxyfleet/internal/stack"
 	"github.com/proxyfleet/proxyfleet/internal/worker"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
@@ -163,6 +165,11 @@ func TestAWSProxyLifecycle(t *testing.T) {
 	s.WaitGone(t, ns, "spot-1", 2*time.Minute)
 	assert.Empty(t, c.live(), "an instance was left behind")
 	assert.Equal(t, 2, c.Requests(ec2test.ActionRunInstances), "one create per instance, none repeated")
+	require.Eventually(t, func() bool {
+		desc, err := s.Temporal.Client.DescribeWorkflow(ctx, contract.ProxyWorkflowID(ns, "spot-1"), "")
+		return err == nil && desc.Status == enums.WORKFLOW_EXECUTION_STATUS_COMPLETED
+	}, 30*time.Second, 50*time.Millisecond, "the workflow did not complete after deleting")
+	e2e.RecordHistory(t, s, contract.ProxyWorkflowID(ns, "spot-1"), "aws-spot-interrupted.json")
 
 	// An orphan of this installation (its Proxy long gone) and one of another; the sweep
 	// deletes the first and the group nothing uses, and leaves the rest.
