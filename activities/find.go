@@ -37,6 +37,9 @@ type FindResult struct {
 	// Replacements is status.replacements as earlier runs published it, so the count goes
 	// on instead of starting over.
 	Replacements int32 `json:"replacements,omitempty"`
+	// Published is status.instanceName, the instance earlier runs last published, found
+	// or not: new instance names start past it.
+	Published string `json:"published,omitempty"`
 }
 
 // FindInstances lists the instances labelled with this installation and the Proxy's UID. A
@@ -86,7 +89,7 @@ func (a *Activities) FindInstances(ctx context.Context, in FindInput) (FindResul
 		case err != nil:
 			a.log().WarnContext(ctx, "reading the Proxy's published replacement count failed; counting from the instances", "error", err)
 		case p != nil:
-			out.Replacements = p.Status.Replacements
+			out.Replacements, out.Published = p.Status.Replacements, p.Status.InstanceName
 			if cleanup && p.Spec.EffectiveMode() == v1alpha1.ModeManaged && p.Spec.GCP != nil {
 				addProject(v1alpha1.ProviderGCP, p.Spec.GCP.Project)
 			}
@@ -145,17 +148,18 @@ func inProject(project string) string {
 	return " in project " + project
 }
 
-// awsRegion is the region of an aws provider ID (<region>/<instance name>), or "".
+// awsRegion is the region of an aws provider ID (<region>/<instance name>, or the form
+// Create reports, <region>/<name>/<EC2 ID>/<launch time>), or "".
 func awsRegion(providerID string) string {
-	region, name, ok := strings.Cut(providerID, "/")
-	if !ok || name == "" || strings.Contains(name, "/") || !awsRegionPattern.MatchString(region) {
+	parts := strings.Split(providerID, "/")
+	if (len(parts) != 2 && len(parts) != 4) || parts[1] == "" || !awsRegionPattern.MatchString(parts[0]) {
 		return ""
 	}
-	return region
+	return parts[0]
 }
 
 // awsRegionPattern is spec.aws.region's.
-var awsRegionPattern = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-[0-9]{1,2}$`)
+var awsRegionPattern = regexp.MustCompile(`^[a-z]{2,4}(-[a-z]+)+-[0-9]{1,2}$`)
 
 // gcpProject is the project of a gcp provider ID (projects/<p>/zones/<z>/instances/<n>),
 // or "" for any other.

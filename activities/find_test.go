@@ -113,7 +113,7 @@ func TestACleanupRunFindsAnAWSProxysRegions(t *testing.T) {
 		AWS: &v1alpha1.AWSSpec{Region: "eu-west-2", AssociatePublicIP: ptr.To(false)}}
 	require.NoError(t, testenv.Kube(t).Client.Create(context.Background(), p))
 	_, err := f.env.ExecuteActivity(f.acts.PublishStatus, activities.PublishInput{Namespace: f.ns, Name: p.Name, UID: string(p.UID),
-		Status: v1alpha1.ProxyStatus{Phase: v1alpha1.PhaseReady, ProviderID: "us-east-1/px-c-1"}})
+		Status: v1alpha1.ProxyStatus{Phase: v1alpha1.PhaseReady, InstanceName: "px-c-1", ProviderID: "us-east-1/px-c-1/i-0123456789abcdef0/1764748800"}})
 	require.NoError(t, err)
 
 	inst := func(name string) provider.Instance { return owned(name, string(p.UID), "test", 0) }
@@ -124,6 +124,12 @@ func TestACleanupRunFindsAnAWSProxysRegions(t *testing.T) {
 	assert.ElementsMatch(t, []string{"px-c-1", "px-c-2"}, names, "asked: %q", aws.asked)
 	assert.ElementsMatch(t, []string{"", "eu-west-2", "us-east-1"}, aws.asked)
 	assert.Equal(t, []string{""}, kube.asked)
+	v, err := f.env.ExecuteActivity(f.acts.FindInstances, activities.FindInput{ProxyUID: string(p.UID), Namespace: f.ns, Name: p.Name,
+		Provider: v1alpha1.ProviderAWS, Project: "eu-west-2"})
+	require.NoError(t, err)
+	var res activities.FindResult
+	require.NoError(t, v.Get(&res))
+	assert.Equal(t, "px-c-1", res.Published, "the instance last published, for the run's counter")
 
 	// A Proxy of another provider whose provider ID reads like a region's (a kubernetes
 	// pod in a namespace named us-east-1).

@@ -21,7 +21,8 @@ import (
 // becomes the current instance when there is none and the Proxy is not being deleted: kept
 // as-is if its spec-hash label says it was built from the spec now wanted, otherwise
 // replaced make-before-break like any outdated instance. Everything else is retired. The
-// counter moves past every number found, so no new instance reuses an old name.
+// counter moves past every number found and the instance last published, so no new
+// instance reuses an old name.
 func (s *ProxyState) adopt(res activities.FindResult, now time.Time) effect {
 	found := res.Instances
 	s.Unlisted = false
@@ -35,6 +36,10 @@ func (s *ProxyState) adopt(res activities.FindResult, now time.Time) effect {
 		}
 		return n
 	}
+	// The instance the Proxy last published may be gone from every list (and its name
+	// still held by a cloud: EC2 keeps a client token for a while after its instance is
+	// terminated), so new names start past it too.
+	s.Counter = max(s.Counter, number(res.Published))
 	var unknown []activities.OwnedInstance
 	for _, f := range found {
 		if s.find(f.Instance.Name) == nil {

@@ -663,6 +663,17 @@ func TestAdopt(t *testing.T) {
 		s.adopt(activities.FindResult{Replacements: 7}, t0)
 		assert.Equal(t, int32(7), s.Replacements)
 	})
+	t.Run("nothing found but a published instance: new names start past it", func(t *testing.T) {
+		// Its instance is gone (a Spot instance EC2 took back, say), but EC2 keeps its
+		// name's client token for a while: a new instance under that name would be
+		// answered with the terminated one.
+		s := fresh()
+		s.adopt(activities.FindResult{Published: n(7)}, t0)
+		assert.Equal(t, n(8), s.ensureInstance(t0))
+		other := fresh()
+		other.adopt(activities.FindResult{Published: "px-someone-else-9"}, t0)
+		assert.Equal(t, n(1), other.ensureInstance(t0), "a name not of this Proxy's is ignored")
+	})
 	t.Run("nothing found: create as usual, from 1", func(t *testing.T) {
 		s := fresh()
 		e := s.adopt(activities.FindResult{}, t0)

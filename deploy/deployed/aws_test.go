@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,7 +85,7 @@ spec:
 	px := c.waitProxy(t, key, "Ready", func(px *v1alpha1.Proxy) bool {
 		return px.Status.Phase == v1alpha1.PhaseReady && px.Status.InstanceName != ""
 	})
-	assert.Equal(t, ec2test.Region+"/"+px.Status.InstanceName, px.Status.ProviderID)
+	assert.True(t, strings.HasPrefix(px.Status.ProviderID, ec2test.Region+"/"+px.Status.InstanceName+"/i-"), px.Status.ProviderID)
 	assert.Positive(t, c.aws.sts.Exchanges(), "the worker's credentials came from its role")
 	assert.Contains(t, ec2.Authorizations(ec2test.ActionRunInstances), "Credential="+c.aws.sts.AccessKeyID+"/", "signed with the role's credentials")
 	assert.Equal(t, 1, ec2.Requests(ec2test.ActionRunInstances))

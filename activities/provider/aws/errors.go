@@ -20,14 +20,16 @@ var (
 	// and Spot capacity.
 	quotaCodes = []string{"InsufficientInstanceCapacity", "InstanceLimitExceeded", "VcpuLimitExceeded",
 		"InsufficientCapacity", "InsufficientHostCapacity", "InsufficientReservedInstanceCapacity",
-		"MaxSpotInstanceCountExceeded", "SpotMaxPriceTooLow", "InsufficientFreeAddressesInSubnet"}
+		"MaxSpotInstanceCountExceeded", "SpotMaxPriceTooLow", "InsufficientFreeAddressesInSubnet",
+		"SecurityGroupLimitExceeded", "RulesPerSecurityGroupLimitExceeded", "AddressLimitExceeded"}
 	// permanentCodes are refusals a retry repeats: the request is wrong or not allowed.
 	// The message goes into the Proxy's condition as EC2 wrote it.
 	permanentCodes = []string{"UnauthorizedOperation", "InvalidParameterValue", "InvalidParameterCombination",
 		"InvalidParameter", "MissingParameter", "InvalidSubnetID.NotFound", "InvalidSubnetID.Malformed",
 		"InvalidGroup.NotFound", "InvalidGroupId.Malformed", "InvalidKeyPair.NotFound",
 		"InvalidInstanceType", "Unsupported", "UnsupportedOperation", "OptInRequired",
-		"InvalidUserData.Malformed", "InvalidBlockDeviceMapping", "InvalidIamInstanceProfile.NotFound"}
+		"InvalidUserData.Malformed", "InvalidBlockDeviceMapping", "InvalidIamInstanceProfile.NotFound",
+		"VPCIdNotSpecified", "AuthFailure.ServiceLinkedRoleCreationNotPermitted"}
 	// Left transient on purpose: the worker's own credentials (AuthFailure,
 	// ExpiredToken, RequestExpired, SignatureDoesNotMatch), which are not the Proxy's
 	// fault and would park it as Failed until an unrelated edit; and
@@ -58,6 +60,15 @@ func classify(op string, err error) error {
 		return provider.Permanent(wrapped)
 	}
 	return wrapped
+}
+
+// errorMessage is EC2's message of err ("" when it is no API error).
+func errorMessage(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorMessage()
+	}
+	return ""
 }
 
 // isCode reports whether err is EC2's error code.

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -129,10 +130,15 @@ func New(cfg Config) (*Provider, error) {
 	// data): whatever the configuration asked, the SDK never logs request or response
 	// bodies.
 	cfg.AWS.ClientLogMode &^= aws.LogRequestWithBody | aws.LogResponseWithBody
-	// The default region is always swept: Proxies that name no other run there.
-	if !slices.Contains(cfg.Regions, cfg.AWS.Region) {
-		cfg.Regions = append([]string{cfg.AWS.Region}, cfg.Regions...)
+	// The default region is always swept (Proxies that name no other run there), and
+	// each region once, however often it was named.
+	regions := []string{cfg.AWS.Region}
+	for _, r := range cfg.Regions {
+		if r = strings.TrimSpace(r); r != "" && !slices.Contains(regions, r) {
+			regions = append(regions, r)
+		}
 	}
+	cfg.Regions = regions
 	return &Provider{cfg: cfg, clients: map[string]*ec2.Client{}, checked: map[string]time.Time{}}, nil
 }
 
@@ -159,6 +165,9 @@ func clientToken(name string) string {
 }
 
 // ProviderID is "<region>/<instance name>": known before EC2 assigns the instance ID.
+// Create reports a longer form, "<region>/<name>/<EC2 instance ID>/<launch time in Unix
+// seconds>", which Get and Delete accept as well: with it they tell an instance EC2's
+// eventually consistent lists do not show yet from one that is gone (see listLag).
 func (p *Provider) ProviderID(req provider.CreateRequest) string {
 	region := p.cfg.AWS.Region
 	if m, err := p.cfg.MachineOf(req.Spec); err == nil && m.Region != "" {
@@ -188,12 +197,49 @@ func parseGroupID(providerID string) (region, id string, ok bool) {
 	return region, id, ok && region != "" && id != ""
 }
 
-func parseID(providerID string) (region, name string, err error) {
-	region, name, ok := strings.Cut(providerID, "/")
-	if !ok || region == "" || name == "" || strings.Contains(name, "/") {
-		return "", "", provider.Permanent(fmt.Errorf("aws: provider ID %q is not <region>/<instance name>", providerID))
+func parseID(providerID string) (id instanceID, err error) {
+	parts := strings.Split(providerID, "/")
+	id.region, id.name = parts[0], parts[len(parts)-1]
+	switch len(parts) {
+	case 2:
+	case 4:
+		id.name, id.ec2ID = parts[1], parts[2]
+		unix, perr := strconv.ParseInt(parts[3], 10, 64)
+		if perr != nil || !strings.HasPrefix(id.ec2ID, "i-") {
+			return instanceID{}, provider.Permanent(fmt.Errorf("aws: provider ID %q is not <region>/<instance name>[/<instance ID>/<launch time>]", providerID))
+		}
+		id.launched = time.Unix(unix, 0)
+	default:
+		id.name = ""
 	}
-	return region, name, nil
+	if id.region == "" || id.name == "" {
+		return instanceID{}, provider.Permanent(fmt.Errorf("aws: provider ID %q is not <region>/<instance name>[/<instance ID>/<launch time>]", providerID))
+	}
+	return id, nil
+}
+
+// instanceID is what a provider ID says of an instance: its region and name, and, in
+// the form Create reports, EC2's ID for it and its launch time.
+type instanceID struct {
+	region, name string
+	ec2ID        string
+	launched     time.Time
+}
+
+// listLag is how long after its launch an instance EC2 does not list is taken for one
+// its eventually consistent lists have yet to show, rather than one that is gone. EC2's
+// lag is seconds; a terminated instance stays listed for about an hour, so one gone
+// from the lists was launched far longer ago than this.
+const listLag = 10 * time.Minute
+
+// fresh reports whether id names an instance launched within listLag.
+func (p *Provider) fresh(id instanceID) bool {
+	return id.ec2ID != "" && p.now().Sub(id.launched) < listLag
+}
+
+// errNotListedYet is the transient answer for a fresh instance EC2 does not list yet.
+func errNotListedYet(id instanceID) error {
+	return fmt.Errorf("instance %s (%s) is not listed by EC2 yet (its lists are eventually consistent): try again", id.name, id.ec2ID)
 }
 
 // Create runs the instance, or returns the one an earlier call with the same name ran.
@@ -213,7 +259,7 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		if err != nil {
 			return provider.Instance{}, err
 		}
-		return p.instanceOf(m.Region, *in, req.Port), nil
+		return p.created(m.Region, *in, req.Port), nil
 	}
 	vpc, err := p.vpcOf(ctx, m.Region, m.SubnetID)
 	if err != nil {
@@ -235,10 +281,20 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		return provider.Instance{}, err
 	}
 	out, err := p.client(m.Region).RunInstances(ctx, in)
-	if gc != nil && isCode(err, "InvalidGroup.NotFound") {
+	if gc != nil && isCode(err, "InvalidGroup.NotFound") && strings.Contains(errorMessage(err), m.SecurityGroupIDs[len(m.SecurityGroupIDs)-1]) {
 		// The sweep deleted the shared group between its check and this call: the
-		// retry makes it again.
+		// retry makes it again. (A group of the spec's own that does not exist is the
+		// request's fault, and permanent: classify says so.)
 		return provider.Instance{}, fmt.Errorf("run instance %s: its security group went meanwhile: %w", req.Name, err)
+	}
+	if isCode(err, "IdempotentParameterMismatch") {
+		// The name's token is EC2's for an instance launched with other parameters:
+		// one an earlier attempt made that the lists do not show yet (retried), or one
+		// terminated since (EC2 keeps a token for a while after): that instance is the
+		// name's, and gone, so the workflow moves on to another name.
+		if old, lerr := p.terminated(ctx, m.Region, req.Name); lerr == nil && old != nil {
+			return p.created(m.Region, *old, req.Port), nil
+		}
 	}
 	if err != nil {
 		return provider.Instance{}, classify("run instance "+req.Name, err)
@@ -246,7 +302,20 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	if len(out.Instances) != 1 {
 		return provider.Instance{}, fmt.Errorf("run instance %s: EC2 answered %d instances", req.Name, len(out.Instances))
 	}
-	return p.instanceOf(m.Region, out.Instances[0], req.Port), nil
+	// A token of an instance terminated since is answered with that instance: reported
+	// as it is (being deleted), so the workflow takes it for lost and uses another name.
+	return p.created(m.Region, out.Instances[0], req.Port), nil
+}
+
+// created is what Create reports of in: instanceOf with the provider ID's long form.
+func (p *Provider) created(region string, in types.Instance, port int32) provider.Instance {
+	out := p.instanceOf(region, in, port)
+	launched := aws.ToTime(in.LaunchTime)
+	if launched.IsZero() {
+		launched = p.now()
+	}
+	out.ProviderID = fmt.Sprintf("%s/%s/%s/%d", region, out.Name, aws.ToString(in.InstanceId), launched.Unix())
+	return out
 }
 
 // maxUserData is EC2's limit on user data before base64.
@@ -331,25 +400,24 @@ func (p *Provider) find(ctx context.Context, region, name string) (*types.Instan
 	return nil, nil
 }
 
-// interrupted reports whether the instance called name was terminated by a Spot
-// interruption (EC2 lists a terminated instance, with why, for about an hour). A failed
-// look is "no": the instance is gone either way.
-func (p *Provider) interrupted(ctx context.Context, region, name string) bool {
+// terminated is the instance called name that is terminated (EC2 lists a terminated
+// instance, with why, for about an hour), or nil.
+func (p *Provider) terminated(ctx context.Context, region, name string) (*types.Instance, error) {
 	out, err := p.client(region).DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []types.Filter{
 		{Name: aws.String("client-token"), Values: []string{clientToken(name)}},
 		{Name: aws.String("instance-state-name"), Values: []string{string(types.InstanceStateNameTerminated)}},
 	}})
 	if err != nil {
-		return false
+		return nil, classify("describe instance "+name, err)
 	}
 	for _, r := range out.Reservations {
-		for _, in := range r.Instances {
-			if tagOf(in.Tags, tagInstance) == name && in.StateReason != nil && aws.ToString(in.StateReason.Code) == spotTermination {
-				return true
+		for i := range r.Instances {
+			if tagOf(r.Instances[i].Tags, tagInstance) == name {
+				return &r.Instances[i], nil
 			}
 		}
 	}
-	return false
+	return nil, nil
 }
 
 // spotTermination is the state reason of an instance EC2 took back.
@@ -377,17 +445,24 @@ func (p *Provider) Get(ctx context.Context, providerID string) (provider.Instanc
 		}
 		return unusedGroup(region, tagOf(g.Tags, provider.LabelInstallation), *g), nil
 	}
-	region, name, err := parseID(providerID)
+	id, err := parseID(providerID)
 	if err != nil {
 		return provider.Instance{}, err
 	}
+	region, name := id.region, id.name
 	in, err := p.find(ctx, region, name)
 	if err != nil {
 		return provider.Instance{}, err
 	}
 	if in == nil {
-		if p.interrupted(ctx, region, name) {
+		gone, err := p.terminated(ctx, region, name)
+		switch {
+		case err != nil && p.fresh(id):
+			return provider.Instance{}, err
+		case gone != nil && gone.StateReason != nil && aws.ToString(gone.StateReason.Code) == spotTermination:
 			return provider.Instance{}, fmt.Errorf("instance %s: %w", providerID, provider.ErrPreempted)
+		case gone == nil && p.fresh(id):
+			return provider.Instance{}, errNotListedYet(id)
 		}
 		return provider.Instance{}, fmt.Errorf("instance %s: %w", providerID, provider.ErrNotFound)
 	}
@@ -403,13 +478,29 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 	if region, id, ok := parseGroupID(providerID); ok {
 		return p.deleteGroup(ctx, region, id)
 	}
-	region, name, err := parseID(providerID)
+	id, err := parseID(providerID)
 	if err != nil {
 		return err
 	}
+	region, name := id.region, id.name
 	in, err := p.find(ctx, region, name)
-	if err != nil || in == nil {
+	if err != nil {
 		return err
+	}
+	if in == nil {
+		if !p.fresh(id) {
+			return nil
+		}
+		if gone, err := p.terminated(ctx, region, name); err != nil || gone != nil {
+			return err
+		}
+		// Launched moments ago and not listed yet: terminate it by its ID, which EC2
+		// may not know everywhere yet either (then the delete is tried again).
+		_, err := p.client(region).TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id.ec2ID}})
+		if isCode(err, "InvalidInstanceID.NotFound") {
+			return errNotListedYet(id)
+		}
+		return classify("terminate instance "+name, err)
 	}
 	if in.State != nil && in.State.Name == types.InstanceStateNameShuttingDown {
 		return nil // terminated already; Get says Deleting until it is gone

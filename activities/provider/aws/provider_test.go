@@ -72,7 +72,9 @@ func TestCreateIsExactlyOnce(t *testing.T) {
 	again, err := p.Create(ctx, req)
 	require.NoError(t, err)
 	assert.Equal(t, first.ProviderID, again.ProviderID)
-	assert.Equal(t, p.ProviderID(req), first.ProviderID, "the provider ID is known before the create")
+	ec2ID := live(s)[0].ID
+	assert.Regexp(t, `^`+p.ProviderID(req)+`/`+ec2ID+`/[0-9]+$`, first.ProviderID,
+		"the provider ID known before the create, with EC2's ID and the launch time")
 	require.Len(t, live(s), 1, "one instance whatever the retries")
 	runs := s.Forms(ec2test.ActionRunInstances)
 	require.Len(t, runs, 1, "a create that finds its instance asks for none")
@@ -281,7 +283,7 @@ func TestRegionsAreKeptApart(t *testing.T) {
 	req.Spec.AWS = &v1alpha1.AWSSpec{Region: "ap-southeast-2", AssociatePublicIP: ptr.To(false)}
 	in, err := p.Create(ctx, req)
 	require.NoError(t, err)
-	assert.Equal(t, "ap-southeast-2/px-far-1", in.ProviderID)
+	assert.True(t, strings.HasPrefix(in.ProviderID, "ap-southeast-2/px-far-1/i-"), in.ProviderID)
 	assert.Empty(t, s.Instances(), "nothing in the default region")
 	require.Len(t, s.InRegion("ap-southeast-2").Instances(), 1)
 	assert.Equal(t, "t3.micro", s.InRegion("ap-southeast-2").Instances()[0].InstanceType, "the API's default type")

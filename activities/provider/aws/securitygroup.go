@@ -220,8 +220,32 @@ func (p *Provider) createGroup(ctx context.Context, region string, c groupConfig
 	return &types.SecurityGroup{GroupId: out.GroupId, GroupName: aws.String(c.name()), Tags: tags}, nil
 }
 
-// keepIngress makes g's ingress exactly c's rules.
+// keepIngress makes g's ingress exactly c's rules. EC2 applies a revoke or authorize
+// of several rules all or nothing: one that fails because a rule is gone, or there,
+// already (another worker repairing the same group) changed none of the others, so the
+// group is read again and the repair made again from what it holds then.
 func (p *Provider) keepIngress(ctx context.Context, region string, g *types.SecurityGroup, c groupConfig) error {
+	for attempt := 0; ; attempt++ {
+		raced, err := p.setIngress(ctx, region, g, c)
+		if err != nil || !raced {
+			return err
+		}
+		if attempt == 3 {
+			return fmt.Errorf("security group %s keeps changing under its repair: will try again", c.name())
+		}
+		id := aws.ToString(g.GroupId)
+		if g, err = p.describeGroup(ctx, region, id); err != nil || g == nil {
+			if g == nil && err == nil {
+				err = fmt.Errorf("security group %s (%s) went during its repair", c.name(), id)
+			}
+			return err
+		}
+	}
+}
+
+// setIngress is one attempt of keepIngress on g as read; raced reports a call EC2
+// refused because g had changed since.
+func (p *Provider) setIngress(ctx context.Context, region string, g *types.SecurityGroup, c groupConfig) (raced bool, err error) {
 	have := map[string]types.IpPermission{}
 	for _, perm := range g.IpPermissions {
 		key := func(cidr string) string {
@@ -278,17 +302,23 @@ func (p *Provider) keepIngress(ctx context.Context, region string, g *types.Secu
 	id := g.GroupId
 	if len(extra) > 0 {
 		_, err := p.client(region).RevokeSecurityGroupIngress(ctx, &ec2.RevokeSecurityGroupIngressInput{GroupId: id, IpPermissions: extra})
-		if err != nil && !isCode(err, "InvalidPermission.NotFound") {
-			return classify("revoke ingress of "+c.name(), err)
+		if isCode(err, "InvalidPermission.NotFound") {
+			return true, nil
+		}
+		if err != nil {
+			return false, classify("revoke ingress of "+c.name(), err)
 		}
 	}
 	if len(missing) > 0 {
 		_, err := p.client(region).AuthorizeSecurityGroupIngress(ctx, &ec2.AuthorizeSecurityGroupIngressInput{GroupId: id, IpPermissions: missing})
-		if err != nil && !isCode(err, "InvalidPermission.Duplicate") {
-			return classify("authorize ingress of "+c.name(), err)
+		if isCode(err, "InvalidPermission.Duplicate") {
+			return true, nil
+		}
+		if err != nil {
+			return false, classify("authorize ingress of "+c.name(), err)
 		}
 	}
-	return nil
+	return false, nil
 }
 
 // groupCheckEvery is how often Get reads one shared group again, however many instances

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -122,7 +123,7 @@ func TestAWSProxyLifecycle(t *testing.T) {
 
 	p := s.WaitFor(t, ns, "spot-1", 2*time.Minute, "Ready", stack.Ready)
 	assert.Equal(t, "127.0.0.1", p.Status.IP)
-	assert.Equal(t, ec2test.Region+"/"+p.Status.InstanceName, p.Status.ProviderID)
+	assert.True(t, strings.HasPrefix(p.Status.ProviderID, ec2test.Region+"/"+p.Status.InstanceName+"/i-"), p.Status.ProviderID)
 	body, err := s.Fetch(p, "/through-ec2")
 	require.NoError(t, err)
 	assert.Equal(t, "hello from the target: /through-ec2", body)

@@ -364,7 +364,7 @@ type GCPLabelValue string
 type AWSSpec struct {
 	// Region such as eu-west-1. The instance runs there; the worker's sweep of orphaned
 	// instances looks in the worker's own region (--aws-region) alone.
-	// +kubebuilder:validation:Pattern=`^[a-z]{2}(-[a-z]+)+-[0-9]{1,2}$`
+	// +kubebuilder:validation:Pattern=`^[a-z]{2,4}(-[a-z]+)+-[0-9]{1,2}$`
 	// +kubebuilder:validation:MaxLength=32
 	Region string `json:"region"`
 
@@ -431,7 +431,7 @@ type AWSSpec struct {
 	// Tags are added to the instance and its volume beside the ownership tags, which they
 	// cannot override.
 	// +kubebuilder:validation:MaxProperties=32
-	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) >= 1 && size(k) <= 128 && !k.startsWith('proxyfleet-') && !k.startsWith('aws:') && k != 'Name')",message="aws.tags keys must be 1-128 characters and not start with the reserved prefixes proxyfleet- or aws:, nor be Name (the provider names each instance)"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) >= 1 && size(k) <= 128 && !k.startsWith('proxyfleet-') && !k.lowerAscii().startsWith('aws:') && k != 'Name')",message="aws.tags keys must be 1-128 characters and not start with the reserved prefixes proxyfleet- or aws: (in any case), nor be Name (the provider names each instance)"
 	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) <= 256)",message="aws.tags values must be at most 256 characters"
 	// +optional
 	Tags map[string]string `json:"tags,omitempty"`

@@ -199,7 +199,7 @@ func (s *Server) InRegion(region string) *Server {
 	r := s.regions[region]
 	if r == nil {
 		r = newRegion(s.t, region, (len(s.regions)+1)<<24)
-		r.PendingPolls = s.PendingPolls
+		r.PendingPolls, r.Boot = s.PendingPolls, s.Boot
 		s.regions[region] = r
 	}
 	return r
