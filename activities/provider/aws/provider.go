@@ -108,6 +108,7 @@ type Provider struct {
 	mu      sync.Mutex
 	clients map[string]*ec2.Client
 	checked map[string]time.Time // shared groups by "<region>/<ID>": when Get last read them
+	finders map[string]*finds    // Get's coalesced lookups, by region
 }
 
 // Tags the provider puts on every instance beside the ownership labels.
@@ -139,7 +140,7 @@ func New(cfg Config) (*Provider, error) {
 		}
 	}
 	cfg.Regions = regions
-	return &Provider{cfg: cfg, clients: map[string]*ec2.Client{}, checked: map[string]time.Time{}}, nil
+	return &Provider{cfg: cfg, clients: map[string]*ec2.Client{}, checked: map[string]time.Time{}, finders: map[string]*finds{}}, nil
 }
 
 // client is the EC2 client of region, made once.
@@ -450,7 +451,7 @@ func (p *Provider) Get(ctx context.Context, providerID string) (provider.Instanc
 		return provider.Instance{}, err
 	}
 	region, name := id.region, id.name
-	in, err := p.find(ctx, region, name)
+	in, err := p.findBatched(ctx, region, name)
 	if err != nil {
 		return provider.Instance{}, err
 	}
