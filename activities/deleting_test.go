@@ -75,39 +75,44 @@ func TestAnInstanceBeingDeletedIsGone(t *testing.T) {
 // reported stopped and preempted by the monitor that starts after the unhealthy verdict,
 // and the worker counts it in proxyfleet_preemptions_total{provider="gcp"}.
 func TestMonitorReportsAPreemption(t *testing.T) {
-	const project = "test-project"
 	srv := gcptest.NewServer(t)
-	g, err := gcp.New(t.Context(), gcp.Config{DefaultProject: project, ClientOptions: srv.ClientOptions()})
+	g, err := gcp.New(t.Context(), gcp.Config{DefaultProject: "test-project", ClientOptions: srv.ClientOptions()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = g.Close() })
-	reg := prometheus.NewRegistry()
-	acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderGCP: g}, Installation: "test", Keyring: testKeys(t),
-		Metrics: activities.NewMetrics(reg)}
-	var s testsuite.WorkflowTestSuite
-	env := s.NewTestActivityEnvironment()
-	env.RegisterActivity(acts)
-
 	spec := v1alpha1.ProxySpec{Provider: v1alpha1.ProviderGCP, GCP: &v1alpha1.GCPSpec{
 		Zone: "europe-west1-b", MachineType: "e2-micro", Image: "projects/debian-cloud/global/images/family/debian-12",
 		AllowedSourceRanges: []v1alpha1.CIDR{"203.0.113.0/24"}, Spot: true,
 	}}
-	in := activities.InstanceInput{Provider: v1alpha1.ProviderGCP, Name: "px-spot-1", ProxyUID: "uid-spot", Namespace: "ns",
+	res, preemptions := monitorAfterLoss(t, g, spec, func() { srv.Preempt("px-spot-1") })
+	assert.Equal(t, activities.MonitorStopped, res.Reason)
+	assert.True(t, res.Instance.Preempted)
+	assert.Equal(t, 1.0, preemptions)
+}
+
+// monitorAfterLoss creates px-spot-1 of spec with p, calls lose (the cloud takes it back),
+// and runs the monitor that starts after an unhealthy verdict: its result, and how many
+// preemptions the worker counted.
+func monitorAfterLoss(t *testing.T, p provider.Provider, spec v1alpha1.ProxySpec, lose func()) (activities.MonitorResult, float64) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	acts := &activities.Activities{Providers: provider.Registry{spec.Provider: p}, Installation: "test", Keyring: testKeys(t),
+		Metrics: activities.NewMetrics(reg)}
+	var s testsuite.WorkflowTestSuite
+	env := s.NewTestActivityEnvironment()
+	env.RegisterActivity(acts)
+	in := activities.InstanceInput{Provider: spec.Provider, Name: "px-spot-1", ProxyUID: "uid-spot", Namespace: "ns",
 		Spec: spec, PollInterval: 10 * time.Millisecond, MaxWait: time.Hour}
 	v, err := env.ExecuteActivity(acts.CreateInstance, in)
 	require.NoError(t, err)
 	var created activities.CreateResult
 	require.NoError(t, v.Get(&created))
 	in.ProviderID = created.Instance.ProviderID
-	srv.Preempt("px-spot-1")
-
-	mon := failingProbes(t, &in, false)
-	v, err = env.ExecuteActivity(acts.Monitor, mon)
+	lose()
+	v, err = env.ExecuteActivity(acts.Monitor, failingProbes(t, &in, false))
 	require.NoError(t, err)
 	var res activities.MonitorResult
 	require.NoError(t, v.Get(&res))
-	assert.Equal(t, activities.MonitorStopped, res.Reason)
-	assert.True(t, res.Instance.Preempted)
-	assert.Equal(t, 1.0, metricValue(t, reg, "proxyfleet_preemptions_total"))
+	return res, metricValue(t, reg, "proxyfleet_preemptions_total")
 }
 
 // metricValue sums the series of the metric family called name that reg holds (counters
@@ -146,30 +151,10 @@ func TestMonitorReportsASpotInterruption(t *testing.T) {
 	srv := ec2test.NewServer(t)
 	a, err := awsprov.New(awsprov.Config{AWS: srv.Config()})
 	require.NoError(t, err)
-	reg := prometheus.NewRegistry()
-	acts := &activities.Activities{Providers: provider.Registry{v1alpha1.ProviderAWS: a}, Installation: "test", Keyring: testKeys(t),
-		Metrics: activities.NewMetrics(reg)}
-	var s testsuite.WorkflowTestSuite
-	env := s.NewTestActivityEnvironment()
-	env.RegisterActivity(acts)
-
 	spec := v1alpha1.ProxySpec{Provider: v1alpha1.ProviderAWS, AWS: &v1alpha1.AWSSpec{
 		Region: ec2test.Region, AllowedSourceRanges: []v1alpha1.CIDR{"203.0.113.0/24"}, Spot: true}}
-	in := activities.InstanceInput{Provider: v1alpha1.ProviderAWS, Name: "px-spot-1", ProxyUID: "uid-spot", Namespace: "ns",
-		Spec: spec, PollInterval: 10 * time.Millisecond, MaxWait: time.Hour}
-	v, err := env.ExecuteActivity(acts.CreateInstance, in)
-	require.NoError(t, err)
-	var created activities.CreateResult
-	require.NoError(t, v.Get(&created))
-	in.ProviderID = created.Instance.ProviderID
-	srv.Interrupt(srv.Instances()[0].ID)
-
-	mon := failingProbes(t, &in, false)
-	v, err = env.ExecuteActivity(acts.Monitor, mon)
-	require.NoError(t, err)
-	var res activities.MonitorResult
-	require.NoError(t, v.Get(&res))
+	res, preemptions := monitorAfterLoss(t, a, spec, func() { srv.Interrupt(srv.Instances()[0].ID) })
 	assert.Equal(t, activities.MonitorGone, res.Reason)
 	assert.True(t, res.Instance.Preempted)
-	assert.Equal(t, 1.0, metricValue(t, reg, "proxyfleet_preemptions_total"))
+	assert.Equal(t, 1.0, preemptions)
 }

@@ -2,7 +2,6 @@ package deployed_test
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,7 +17,6 @@ import (
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	"github.com/proxyfleet/proxyfleet/activities/provider/aws/ec2test"
-	"github.com/proxyfleet/proxyfleet/activities/provider/squid/squidtest"
 	dclient "github.com/proxyfleet/proxyfleet/discovery/client"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
@@ -42,17 +40,7 @@ func TestShippedAWSOverlayRunsAProxyOnEC2(t *testing.T) {
 	defer cancel()
 	c := &cluster{ctx: ctx, k: testenv.Kube(t), temporal: testenv.Temporal(t), binaries: buildBinaries(t)}
 	ec2 := ec2test.NewServer(t)
-	ec2.Boot = func(in ec2test.Instance) (string, func(), error) {
-		script, err := base64.StdEncoding.DecodeString(in.UserData)
-		if err != nil {
-			return "", nil, err
-		}
-		sq, err := squidtest.Boot(t, script, "127.0.0.1")
-		if err != nil {
-			return "", nil, err
-		}
-		return "127.0.0.1", sq.Stop, nil
-	}
+	ec2.BootSquid(t, nil)
 	c.aws = &awsStandIns{ec2: ec2, sts: ec2test.NewSTS(t, "arn:aws:iam::123456789012:role/proxyfleet-worker", "eks-projected-token")}
 	// The overlay's regions but the default: the fake's.
 	discovery, token := c.deploy(t, "deploy/overlays/aws", map[string]string{"AWS_REGION": ec2test.Region})

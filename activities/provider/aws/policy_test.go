@@ -23,28 +23,10 @@ import (
 // cannot prove the conditions hold on real IAM (see docs/providers.md): the fake does not
 // evaluate policies.
 func TestTheDocumentedPolicyCoversEveryCall(t *testing.T) {
-	root, err := testenv.RepoRoot()
-	require.NoError(t, err)
-	raw, err := os.ReadFile(filepath.Join(root, "docs", "aws-worker-policy.json"))
-	require.NoError(t, err)
-	var doc struct {
-		Statement []struct {
-			Effect string
-			Action any
-		}
-	}
-	require.NoError(t, json.Unmarshal(raw, &doc))
 	var allowed []string
-	for _, st := range doc.Statement {
+	for _, st := range workerPolicy(t) {
 		require.Equal(t, "Allow", st.Effect)
-		switch a := st.Action.(type) {
-		case string:
-			allowed = append(allowed, a)
-		case []any:
-			for _, x := range a {
-				allowed = append(allowed, x.(string))
-			}
-		}
+		allowed = append(allowed, st.Actions...)
 	}
 
 	s := ec2test.NewServer(t)
@@ -84,4 +66,44 @@ func TestTheDocumentedPolicyCoversEveryCall(t *testing.T) {
 	for _, a := range append(called, "ec2:CreateTags", "ssm:GetParameters") {
 		assert.True(t, slices.Contains(allowed, a), "the policy does not allow %s", a)
 	}
+}
+
+// statement is one statement of docs/aws-worker-policy.json, its lists as lists.
+type statement struct {
+	Effect             string
+	Actions, Resources []string
+}
+
+// workerPolicy reads docs/aws-worker-policy.json, the policy the docs give the worker.
+func workerPolicy(t *testing.T) []statement {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	require.NoError(t, err)
+	raw, err := os.ReadFile(filepath.Join(root, "docs", "aws-worker-policy.json"))
+	require.NoError(t, err)
+	var doc struct {
+		Statement []struct {
+			Effect           string
+			Action, Resource any
+		}
+	}
+	require.NoError(t, json.Unmarshal(raw, &doc))
+	list := func(v any) []string {
+		switch x := v.(type) {
+		case string:
+			return []string{x}
+		case []any:
+			var out []string
+			for _, e := range x {
+				out = append(out, e.(string))
+			}
+			return out
+		}
+		return nil
+	}
+	var out []statement
+	for _, st := range doc.Statement {
+		out = append(out, statement{Effect: st.Effect, Actions: list(st.Action), Resources: list(st.Resource)})
+	}
+	return out
 }

@@ -3,7 +3,7 @@ package aws_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -112,37 +112,14 @@ func TestReview33ErrorCodesLeftTransient(t *testing.T) {
 // TestTheDocumentedPolicyCoversEveryCall misses both: it walks a non-Spot machine and
 // compares action names only.
 func TestReview33PolicyAllowsSpotLaunches(t *testing.T) {
-	root, err := testenv.RepoRoot()
-	require.NoError(t, err)
-	raw, err := os.ReadFile(filepath.Join(root, "docs", "aws-worker-policy.json"))
-	require.NoError(t, err)
-	var doc struct {
-		Statement []struct {
-			Effect   string
-			Action   any
-			Resource any
-		}
-	}
-	require.NoError(t, json.Unmarshal(raw, &doc))
-	list := func(v any) []string {
-		switch x := v.(type) {
-		case string:
-			return []string{x}
-		case []any:
-			var out []string
-			for _, e := range x {
-				out = append(out, e.(string))
-			}
-			return out
-		}
-		return nil
-	}
 	spotRequest := false
-	for _, st := range doc.Statement {
-		if st.Effect != "Allow" || !slices.Contains(list(st.Action), "ec2:RunInstances") {
+	var raw []byte
+	for _, st := range workerPolicy(t) {
+		raw = fmt.Append(raw, st.Actions, " ")
+		if st.Effect != "Allow" || !slices.Contains(st.Actions, "ec2:RunInstances") {
 			continue
 		}
-		for _, r := range list(st.Resource) {
+		for _, r := range st.Resources {
 			if r == "*" || strings.Contains(r, ":spot-instances-request/") {
 				spotRequest = true
 			}
@@ -150,6 +127,8 @@ func TestReview33PolicyAllowsSpotLaunches(t *testing.T) {
 	}
 	assert.True(t, spotRequest, "no statement allows ec2:RunInstances on spot-instances-request: every Spot launch is denied")
 
+	root, err := testenv.RepoRoot()
+	require.NoError(t, err)
 	docs, err := os.ReadFile(filepath.Join(root, "docs", "providers.md"))
 	require.NoError(t, err)
 	assert.True(t, bytes.Contains(raw, []byte("iam:CreateServiceLinkedRole")) || bytes.Contains(docs, []byte("AWSServiceRoleForEC2Spot")),

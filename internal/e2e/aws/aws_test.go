@@ -2,7 +2,6 @@ package aws
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -41,20 +40,11 @@ type cloud struct {
 
 func newCloud(t *testing.T) *cloud {
 	c := &cloud{Server: ec2test.NewServer(t), booted: map[string]string{}}
-	c.Boot = func(in ec2test.Instance) (string, func(), error) {
-		script, err := base64.StdEncoding.DecodeString(in.UserData)
-		if err != nil {
-			return "", nil, err
-		}
-		sq, err := squidtest.Boot(t, script, "127.0.0.1")
-		if err != nil {
-			return "", nil, err
-		}
+	c.BootSquid(t, func(id, root string) {
 		c.mu.Lock()
-		c.booted[in.ID] = sq.Root
-		c.mu.Unlock()
-		return "127.0.0.1", sq.Stop, nil
-	}
+		defer c.mu.Unlock()
+		c.booted[id] = root
+	})
 	return c
 }
 
