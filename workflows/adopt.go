@@ -16,6 +16,10 @@ import (
 // A run that starts without state (after a terminate, a server limit or a reset) first
 // finds what earlier runs left: adopt is the transition that takes it.
 
+// maxInstanceNumber bounds the instance numbers adopt believes: far beyond any Proxy's
+// count of instances, far below where the counter would wrap around.
+const maxInstanceNumber = 1 << 31
+
 // adopt takes what the providers hold for this Proxy, on a run that started without state.
 // Instances already recorded are left alone. Of the others, the newest that can serve
 // becomes the current instance when there is none and the Proxy is not being deleted: kept
@@ -31,8 +35,8 @@ func (s *ProxyState) adopt(res activities.FindResult, now time.Time) effect {
 	prefix := strings.TrimSuffix(InstanceName(s.UID, 0), "0")
 	number := func(name string) int {
 		n, err := strconv.Atoi(strings.TrimPrefix(name, prefix))
-		if err != nil || !strings.HasPrefix(name, prefix) {
-			return 0
+		if err != nil || !strings.HasPrefix(name, prefix) || n < 0 || n > maxInstanceNumber {
+			return 0 // not one of this Proxy's names, or one no run made (a hand-edited status)
 		}
 		return n
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -155,13 +156,27 @@ func (p *Provider) client(region string) *ec2.Client {
 	return c
 }
 
-// clientToken is RunInstances' idempotency token for an instance: its name, which the
-// workflow never gives two instances (hashed when longer than EC2's 64 characters).
-func clientToken(name string) string {
-	if len(name) <= 64 {
-		return name
+// clientToken is RunInstances' idempotency token for the instance name asked for with in:
+// the name and a hash of everything else asked (hashed whole when that is longer than
+// EC2's 64 characters). A retried or replayed create asks the same and gets the instance
+// the first call made. EC2 keeps a token for a day after its instance is terminated,
+// which the name alone would make a trap: a name used again after its instance went
+// (by a run that started without state) would be answered with the dead instance, or
+// refused outright when anything else differs (its security group made again since).
+// With the request in the token, a different request is a new instance, and the same
+// one is answered with the dead instance, which the workflow takes for lost and moves on.
+func clientToken(name string, in *ec2.RunInstancesInput) string {
+	c := *in
+	c.ClientToken = nil
+	b, err := json.Marshal(&c)
+	if err != nil {
+		// RunInstancesInput holds only marshalable fields; this cannot happen.
+		panic(fmt.Sprintf("aws: hash a RunInstances request: %v", err))
 	}
-	sum := sha256.Sum256([]byte(name))
+	sum := sha256.Sum256(append([]byte(name+"\x00"), b...))
+	if t := name + "-" + hex.EncodeToString(sum[:8]); len(t) <= 64 {
+		return t
+	}
 	return hex.EncodeToString(sum[:])
 }
 
@@ -233,9 +248,15 @@ type instanceID struct {
 // from the lists was launched far longer ago than this.
 const listLag = 10 * time.Minute
 
-// fresh reports whether id names an instance launched within listLag.
-func (p *Provider) fresh(id instanceID) bool {
-	return id.ec2ID != "" && p.now().Sub(id.launched) < listLag
+// fresh reports whether id names an instance launched within listLag of now, EC2's
+// time when known (the worker's clock may be off; launch times are EC2's). A launch
+// time in the future beyond a minute's slack is not believed.
+func (p *Provider) fresh(id instanceID, now time.Time) bool {
+	if now.IsZero() {
+		now = p.now()
+	}
+	age := now.Sub(id.launched)
+	return id.ec2ID != "" && age > -time.Minute && age < listLag
 }
 
 // errNotListedYet is the transient answer for a fresh instance EC2 does not list yet.
@@ -256,11 +277,11 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	// An earlier attempt may have made it (its answer lost with a worker): return that one
 	// as it is, rather than ask again with parameters (a security group made again since)
 	// that EC2 would refuse under the same token.
-	if in, err := p.find(ctx, m.Region, req.Name); err != nil || in != nil {
+	if l, err := p.lookup(ctx, m.Region, req.Name); err != nil || l.live != nil {
 		if err != nil {
 			return provider.Instance{}, err
 		}
-		return p.created(m.Region, *in, req.Port), nil
+		return p.created(m.Region, *l.live, req.Port), nil
 	}
 	vpc, err := p.vpcOf(ctx, m.Region, m.SubnetID)
 	if err != nil {
@@ -287,15 +308,6 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		// retry makes it again. (A group of the spec's own that does not exist is the
 		// request's fault, and permanent: classify says so.)
 		return provider.Instance{}, fmt.Errorf("run instance %s: its security group went meanwhile: %w", req.Name, err)
-	}
-	if isCode(err, "IdempotentParameterMismatch") {
-		// The name's token is EC2's for an instance launched with other parameters:
-		// one an earlier attempt made that the lists do not show yet (retried), or one
-		// terminated since (EC2 keeps a token for a while after): that instance is the
-		// name's, and gone, so the workflow moves on to another name.
-		if old, lerr := p.terminated(ctx, m.Region, req.Name); lerr == nil && old != nil {
-			return p.created(m.Region, *old, req.Port), nil
-		}
 	}
 	if err != nil {
 		return provider.Instance{}, classify("run instance "+req.Name, err)
@@ -351,8 +363,7 @@ func runInput(req provider.CreateRequest, m Machine, script []byte) (*ec2.RunIns
 	in := &ec2.RunInstancesInput{
 		ImageId: aws.String(image), InstanceType: types.InstanceType(m.InstanceType),
 		MinCount: aws.Int32(1), MaxCount: aws.Int32(1),
-		ClientToken: aws.String(clientToken(req.Name)),
-		UserData:    aws.String(base64.StdEncoding.EncodeToString(script)),
+		UserData: aws.String(base64.StdEncoding.EncodeToString(script)),
 		MetadataOptions: &types.InstanceMetadataOptionsRequest{
 			HttpTokens: types.HttpTokensStateRequired, HttpPutResponseHopLimit: aws.Int32(1),
 			HttpEndpoint: types.InstanceMetadataEndpointStateEnabled,
@@ -376,49 +387,26 @@ func runInput(req provider.CreateRequest, m Machine, script []byte) (*ec2.RunIns
 			SpotOptions: &types.SpotMarketOptions{SpotInstanceType: types.SpotInstanceTypeOneTime,
 				InstanceInterruptionBehavior: types.InstanceInterruptionBehaviorTerminate}}
 	}
+	in.ClientToken = aws.String(clientToken(req.Name, in))
 	return in, nil
 }
 
-// find is the instance called name in region that is not terminated, or nil.
-func (p *Provider) find(ctx context.Context, region, name string) (*types.Instance, error) {
-	out, err := p.client(region).DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []types.Filter{
-		{Name: aws.String("client-token"), Values: []string{clientToken(name)}},
-		{Name: aws.String("instance-state-name"), Values: liveStates},
-	}})
+// lookup is what EC2 lists of the instance called name in region, on its own (Create and
+// Delete; Get's lookups go in batches, see findBatched).
+func (p *Provider) lookup(ctx context.Context, region, name string) (listed, error) {
+	got, err := p.describeNames(ctx, region, []string{name})
 	if err != nil {
-		return nil, classify("describe instance "+name, err)
+		return listed{}, err
 	}
-	for _, r := range out.Reservations {
-		for i := range r.Instances {
-			if st := r.Instances[i].State; st != nil && st.Name == types.InstanceStateNameTerminated {
-				continue // terminated since the filter was applied
-			}
-			if tagOf(r.Instances[i].Tags, tagInstance) == name {
-				return &r.Instances[i], nil
-			}
-		}
-	}
-	return nil, nil
+	return got[name], nil
 }
 
-// terminated is the instance called name that is terminated (EC2 lists a terminated
-// instance, with why, for about an hour), or nil.
-func (p *Provider) terminated(ctx context.Context, region, name string) (*types.Instance, error) {
-	out, err := p.client(region).DescribeInstances(ctx, &ec2.DescribeInstancesInput{Filters: []types.Filter{
-		{Name: aws.String("client-token"), Values: []string{clientToken(name)}},
-		{Name: aws.String("instance-state-name"), Values: []string{string(types.InstanceStateNameTerminated)}},
-	}})
-	if err != nil {
-		return nil, classify("describe instance "+name, err)
-	}
-	for _, r := range out.Reservations {
-		for i := range r.Instances {
-			if tagOf(r.Instances[i].Tags, tagInstance) == name {
-				return &r.Instances[i], nil
-			}
-		}
-	}
-	return nil, nil
+// listed is what EC2 lists of one instance name: the instance that is not terminated, if
+// any; else the newest terminated one (EC2 lists a terminated instance, with why, for
+// about an hour); and EC2's time when it answered.
+type listed struct {
+	live, gone *types.Instance
+	at         time.Time
 }
 
 // spotTermination is the state reason of an instance EC2 took back.
@@ -451,18 +439,16 @@ func (p *Provider) Get(ctx context.Context, providerID string) (provider.Instanc
 		return provider.Instance{}, err
 	}
 	region, name := id.region, id.name
-	in, err := p.findBatched(ctx, region, name)
+	l, err := p.findBatched(ctx, region, name)
 	if err != nil {
 		return provider.Instance{}, err
 	}
+	in := l.live
 	if in == nil {
-		gone, err := p.terminated(ctx, region, name)
-		switch {
-		case err != nil && p.fresh(id):
-			return provider.Instance{}, err
+		switch gone := l.gone; {
 		case gone != nil && gone.StateReason != nil && aws.ToString(gone.StateReason.Code) == spotTermination:
 			return provider.Instance{}, fmt.Errorf("instance %s: %w", providerID, provider.ErrPreempted)
-		case gone == nil && p.fresh(id):
+		case gone == nil && p.fresh(id, l.at):
 			return provider.Instance{}, errNotListedYet(id)
 		}
 		return provider.Instance{}, fmt.Errorf("instance %s: %w", providerID, provider.ErrNotFound)
@@ -484,16 +470,14 @@ func (p *Provider) Delete(ctx context.Context, providerID string) error {
 		return err
 	}
 	region, name := id.region, id.name
-	in, err := p.find(ctx, region, name)
+	l, err := p.lookup(ctx, region, name)
 	if err != nil {
 		return err
 	}
+	in := l.live
 	if in == nil {
-		if !p.fresh(id) {
+		if l.gone != nil || !p.fresh(id, l.at) {
 			return nil
-		}
-		if gone, err := p.terminated(ctx, region, name); err != nil || gone != nil {
-			return err
 		}
 		// Launched moments ago and not listed yet: terminate it by its ID, which EC2
 		// may not know everywhere yet either (then the delete is tried again).

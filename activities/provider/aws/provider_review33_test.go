@@ -192,13 +192,15 @@ func TestReview33NameReusedAfterGroupSweepRetriesForever(t *testing.T) {
 	require.NoError(t, p.Delete(ctx, list[0].ProviderID))
 	require.Empty(t, s.SecurityGroups())
 
-	// (Fixed: the mismatch is looked into; the token's instance is terminated, and is
-	// reported so, which the workflow takes for lost and moves on to a new name.)
+	// (Fixed: the token is the name and a hash of the request: this one differs (its
+	// group is new), so it is a new instance, not a refusal retried for a day.)
 	again, err := p.Create(ctx, req)
 	require.NoError(t, err, "not a transient error retried for as long as EC2 keeps the token")
-	assert.Equal(t, provider.StateDeleting, again.State)
+	_, err = p.Create(ctx, req)
+	require.NoError(t, err)
 	_, err = p.Get(ctx, again.ProviderID)
-	assert.ErrorIs(t, err, provider.ErrNotFound)
+	require.NoError(t, err)
+	assert.Len(t, live(s), 1, "one new instance")
 }
 
 // interceptEC2 forwards to the fake, first giving hook each call's action: a hook that

@@ -78,7 +78,7 @@ func TestCreateIsExactlyOnce(t *testing.T) {
 	require.Len(t, live(s), 1, "one instance whatever the retries")
 	runs := s.Forms(ec2test.ActionRunInstances)
 	require.Len(t, runs, 1, "a create that finds its instance asks for none")
-	assert.Equal(t, "px-abc-1", runs[0].Get("ClientToken"), "two creates racing past the lookup are one instance by the token")
+	assert.Regexp(t, `^px-abc-1-[0-9a-f]{16}$`, runs[0].Get("ClientToken"), "two creates racing past the lookup are one instance by the token: the name and a hash of the request")
 
 	in := live(s)[0]
 	assert.Equal(t, "required", in.HTTPTokens)

@@ -220,14 +220,15 @@ func (p *Provider) createGroup(ctx context.Context, region string, c groupConfig
 	return &types.SecurityGroup{GroupId: out.GroupId, GroupName: aws.String(c.name()), Tags: tags}, nil
 }
 
-// keepIngress makes g's ingress exactly c's rules. EC2 applies a revoke or authorize
-// of several rules all or nothing: one that fails because a rule is gone, or there,
-// already (another worker repairing the same group) changed none of the others, so the
-// group is read again and the repair made again from what it holds then.
+// keepIngress makes g's ingress exactly c's rules, and reads the group again after any
+// change until it holds them. A revoke or authorize of several rules that fails because a
+// rule is gone, or there, already (another worker repairing the same group) changed none
+// of the others in a VPC, and a revoke in a default VPC may succeed while leaving rules
+// it did not know: what the group holds then decides the next step, not what was asked.
 func (p *Provider) keepIngress(ctx context.Context, region string, g *types.SecurityGroup, c groupConfig) error {
 	for attempt := 0; ; attempt++ {
-		raced, err := p.setIngress(ctx, region, g, c)
-		if err != nil || !raced {
+		changed, err := p.setIngress(ctx, region, g, c)
+		if err != nil || !changed {
 			return err
 		}
 		if attempt == 3 {
@@ -243,9 +244,9 @@ func (p *Provider) keepIngress(ctx context.Context, region string, g *types.Secu
 	}
 }
 
-// setIngress is one attempt of keepIngress on g as read; raced reports a call EC2
-// refused because g had changed since.
-func (p *Provider) setIngress(ctx context.Context, region string, g *types.SecurityGroup, c groupConfig) (raced bool, err error) {
+// setIngress is one attempt of keepIngress on g as read; changed reports that it asked
+// EC2 for a change (made, or refused because g had changed since).
+func (p *Provider) setIngress(ctx context.Context, region string, g *types.SecurityGroup, c groupConfig) (changed bool, err error) {
 	have := map[string]types.IpPermission{}
 	for _, perm := range g.IpPermissions {
 		key := func(cidr string) string {
@@ -318,7 +319,7 @@ func (p *Provider) setIngress(ctx context.Context, region string, g *types.Secur
 			return false, classify("authorize ingress of "+c.name(), err)
 		}
 	}
-	return false, nil
+	return len(extra) > 0 || len(missing) > 0, nil
 }
 
 // groupCheckEvery is how often Get reads one shared group again, however many instances

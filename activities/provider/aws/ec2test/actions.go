@@ -391,9 +391,19 @@ func (s *Server) boot(in *instance) {
 	}()
 }
 
+// maxFilterValues is EC2's limit on the filter values of one call, all filters together.
+const maxFilterValues = 200
+
 func (s *Server) describeInstances(form url.Values) (any, *apiError) {
 	ids := list(form, "InstanceId")
 	f := filters(form)
+	values := 0
+	for _, v := range f {
+		values += len(v)
+	}
+	if values > maxFilterValues {
+		return nil, invalid("FilterLimitExceeded", "The maximum number of filter values specified on a single call is %d", maxFilterValues)
+	}
 	maxResults := 0
 	if v := form.Get("MaxResults"); v != "" {
 		if len(ids) > 0 {
