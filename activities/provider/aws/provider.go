@@ -100,9 +100,10 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Provider runs Proxy instances on EC2. An instance is found by its name, which is its
-// RunInstances ClientToken and a tag: so a retried or replayed create never makes a
-// second instance, and an instance whose create was cut short is still found and deleted.
+// Provider runs Proxy instances on EC2. An instance is found by its name, a tag, and made
+// under a client token of its name and request: so a retried or replayed create never
+// makes a second instance, and an instance whose create was cut short is still found and
+// deleted.
 type Provider struct {
 	cfg Config
 
