@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.temporal.io/api/enums/v1"
@@ -78,7 +80,12 @@ func startAWS(t *testing.T, c *cloud, opts ...stack.Options) *stack.Stack {
 	s := stack.Start(t, o)
 	w := s.NewWorker(t, s.TaskQueue, func(cfg *worker.Config) {
 		cfg.Providers.Enabled = []v1alpha1.Provider{v1alpha1.ProviderAWS, v1alpha1.ProviderLocal}
-		cfg.Providers.AWS = awsprov.Config{AWS: c.Config(), Now: func() time.Time { return time.Now().Add(-time.Hour) }}
+		sdk := c.Config()
+		// The SDK's own retryer, as in production, with its backoff shortened for a test.
+		sdk.Retryer = func() awssdk.Retryer {
+			return retry.NewStandard(func(o *retry.StandardOptions) { o.MaxBackoff = 100 * time.Millisecond })
+		}
+		cfg.Providers.AWS = awsprov.Config{AWS: sdk, Now: func() time.Time { return time.Now().Add(-time.Hour) }}
 	})
 	t.Cleanup(w.Stop)
 	require.NoError(t, w.Start(context.Background()))
