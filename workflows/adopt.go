@@ -25,8 +25,9 @@ const maxInstanceNumber = 1 << 31
 // becomes the current instance when there is none and the Proxy is not being deleted: kept
 // as-is if its spec-hash label says it was built from the spec now wanted, otherwise
 // replaced make-before-break like any outdated instance. Everything else is retired. The
-// counter moves past every number found and the instance last published, so no new
-// instance reuses an old name.
+// counter moves past every number found and the instance last published, so a new
+// instance reuses an old name only if that one never served (a replacement lost while it
+// was made, published nowhere).
 func (s *ProxyState) adopt(res activities.FindResult, now time.Time) effect {
 	found := res.Instances
 	s.Unlisted = false

@@ -2,6 +2,7 @@ package aws
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -82,13 +83,7 @@ func (p *Provider) findBatched(ctx context.Context, region, name string) (listed
 // while more wait.
 func (f *finds) flush() {
 	f.mu.Lock()
-	names := slices.Sorted(func(yield func(string) bool) {
-		for n := range f.waiting {
-			if !yield(n) {
-				return
-			}
-		}
-	})
+	names := slices.Sorted(maps.Keys(f.waiting))
 	if len(names) > maxNames {
 		names = names[:maxNames]
 	}

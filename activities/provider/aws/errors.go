@@ -32,10 +32,9 @@ var (
 		"VPCIdNotSpecified", "AuthFailure.ServiceLinkedRoleCreationNotPermitted"}
 	// Left transient on purpose: the worker's own credentials (AuthFailure,
 	// ExpiredToken, RequestExpired, SignatureDoesNotMatch), which are not the Proxy's
-	// fault and would park it as Failed until an unrelated edit; and
-	// IdempotentParameterMismatch, which a create meets when DescribeInstances, being
-	// eventually consistent, did not yet list the instance an earlier attempt made, and
-	// which a later attempt gets past by finding it.
+	// fault and would park it as Failed until an unrelated edit. (And
+	// IdempotentParameterMismatch, which the client token, a hash of the request, never
+	// meets: were it met, a retry could still succeed.)
 	// permanentPrefixes cover families of such codes: every malformed or unknown AMI.
 	permanentPrefixes = []string{"InvalidAMIID."}
 )

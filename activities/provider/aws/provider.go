@@ -214,20 +214,17 @@ func parseGroupID(providerID string) (region, id string, ok bool) {
 	return region, id, ok && region != "" && id != ""
 }
 
-func parseID(providerID string) (id instanceID, err error) {
+func parseID(providerID string) (instanceID, error) {
 	parts := strings.Split(providerID, "/")
-	id.region, id.name = parts[0], parts[len(parts)-1]
+	var id instanceID
 	switch len(parts) {
 	case 2:
+		id = instanceID{region: parts[0], name: parts[1]}
 	case 4:
-		id.name, id.ec2ID = parts[1], parts[2]
-		unix, perr := strconv.ParseInt(parts[3], 10, 64)
-		if perr != nil || !strings.HasPrefix(id.ec2ID, "i-") {
-			return instanceID{}, provider.Permanent(fmt.Errorf("aws: provider ID %q is not <region>/<instance name>[/<instance ID>/<launch time>]", providerID))
+		unix, err := strconv.ParseInt(parts[3], 10, 64)
+		if err == nil && strings.HasPrefix(parts[2], "i-") {
+			id = instanceID{region: parts[0], name: parts[1], ec2ID: parts[2], launched: time.Unix(unix, 0)}
 		}
-		id.launched = time.Unix(unix, 0)
-	default:
-		id.name = ""
 	}
 	if id.region == "" || id.name == "" {
 		return instanceID{}, provider.Permanent(fmt.Errorf("aws: provider ID %q is not <region>/<instance name>[/<instance ID>/<launch time>]", providerID))
@@ -276,8 +273,8 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 		return provider.Instance{}, provider.Permanent(err)
 	}
 	// An earlier attempt may have made it (its answer lost with a worker): return that one
-	// as it is, rather than ask again with parameters (a security group made again since)
-	// that EC2 would refuse under the same token.
+	// as it is, rather than ask again with parameters that may differ now (a security
+	// group made again since), which would be another token and a second instance.
 	if l, err := p.lookup(ctx, m.Region, req.Name); err != nil || l.live != nil {
 		if err != nil {
 			return provider.Instance{}, err
@@ -292,19 +289,19 @@ func (p *Provider) Create(ctx context.Context, req provider.CreateRequest) (prov
 	if err != nil {
 		return provider.Instance{}, err
 	}
+	var shared string // the shared group's ID, if the instance has one
 	if gc != nil {
-		id, err := p.ensureGroup(ctx, m.Region, *gc)
-		if err != nil {
+		if shared, err = p.ensureGroup(ctx, m.Region, *gc); err != nil {
 			return provider.Instance{}, err
 		}
-		m.SecurityGroupIDs = append(slices.Clone(m.SecurityGroupIDs), id)
+		m.SecurityGroupIDs = append(slices.Clone(m.SecurityGroupIDs), shared)
 	}
 	in, err := runInput(req, m, script)
 	if err != nil {
 		return provider.Instance{}, err
 	}
 	out, err := p.client(m.Region).RunInstances(ctx, in)
-	if gc != nil && isCode(err, "InvalidGroup.NotFound") && strings.Contains(errorMessage(err), m.SecurityGroupIDs[len(m.SecurityGroupIDs)-1]) {
+	if shared != "" && isCode(err, "InvalidGroup.NotFound") && strings.Contains(errorMessage(err), shared) {
 		// The sweep deleted the shared group between its check and this call: the
 		// retry makes it again. (A group of the spec's own that does not exist is the
 		// request's fault, and permanent: classify says so.)
