@@ -3,6 +3,7 @@ package workflows
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -673,6 +674,15 @@ func TestAdopt(t *testing.T) {
 		other := fresh()
 		other.adopt(activities.FindResult{Published: "px-someone-else-9"}, t0)
 		assert.Equal(t, n(1), other.ensureInstance(t0), "a name not of this Proxy's is ignored")
+	})
+	t.Run("a published number no run could have made is ignored", func(t *testing.T) {
+		// A hand-edited status naming px-<hash>-9223372036854775807 would make the next
+		// number wrap around to a negative one (review 33b).
+		s := fresh()
+		s.adopt(activities.FindResult{Published: n(math.MaxInt)}, t0)
+		name := s.ensureInstance(t0)
+		assert.Positive(t, s.Counter, "the counter wrapped around: %d", s.Counter)
+		assert.NotContains(t, name, "--", "a negative instance number: %s", name)
 	})
 	t.Run("nothing found: create as usual, from 1", func(t *testing.T) {
 		s := fresh()

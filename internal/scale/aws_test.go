@@ -3,24 +3,16 @@ package scale_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
-	"go.temporal.io/sdk/client"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
 	awsprov "github.com/proxyfleet/proxyfleet/activities/provider/aws"
 	"github.com/proxyfleet/proxyfleet/activities/provider/aws/ec2test"
 	"github.com/proxyfleet/proxyfleet/activities/provider/registry"
-	"github.com/proxyfleet/proxyfleet/internal/testenv"
-	"github.com/proxyfleet/proxyfleet/internal/worker"
 	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
-	"github.com/proxyfleet/proxyfleet/workflows"
-	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
 
 // TestGCSweeps20000AWSInstances: an installation of 20,000 EC2 instances in two regions,
@@ -32,7 +24,6 @@ func TestGCSweeps20000AWSInstances(t *testing.T) {
 	const installation, other = "scale-aws", "us-east-1"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	tenv := testenv.Temporal(t)
 	srv := ec2test.NewServer(t)
 	old := time.Now().Add(-time.Hour)
 	for i := range total {
@@ -50,21 +41,8 @@ func TestGCSweeps20000AWSInstances(t *testing.T) {
 		region.AddInstance(in)
 	}
 
-	queue := "scale-aws-" + fmt.Sprint(time.Now().UnixNano())
-	w, err := worker.New(ctx, worker.Config{
-		TaskQueue: queue, Installation: installation, MonitorShards: 1,
-		Providers: registry.Config{Enabled: []v1alpha1.Provider{v1alpha1.ProviderAWS},
-			AWS: awsprov.Config{AWS: srv.Config(), Regions: []string{other}}},
-	}, tenv.Client, testenv.Kube(t).Client, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	require.NoError(t, err)
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(w.Stop)
-
-	run, err := tenv.Client.ExecuteWorkflow(ctx, client.StartWorkflowOptions{TaskQueue: queue, ID: "gc-" + queue},
-		contract.GCWorkflowType, workflows.GCInput{Installation: installation, Providers: []v1alpha1.Provider{v1alpha1.ProviderAWS}, MinAge: 10 * time.Minute})
-	require.NoError(t, err)
-	var res workflows.GCResult
-	require.NoError(t, run.Get(ctx, &res), "the sweep completes: no payload of it is over the limit")
+	res := sweep(ctx, t, installation, registry.Config{Enabled: []v1alpha1.Provider{v1alpha1.ProviderAWS},
+		AWS: awsprov.Config{AWS: srv.Config(), Regions: []string{other}}})
 	assert.False(t, res.Skipped, res.SkipReason)
 	assert.Equal(t, orphans, res.DeletedCount)
 	assert.Equal(t, total-orphans, res.SparedCount)

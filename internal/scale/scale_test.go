@@ -59,7 +59,6 @@ func TestGCSweeps20000Instances(t *testing.T) {
 	const total, orphans = 20000, 5000
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	tenv := testenv.Temporal(t)
 	srv := gcptest.NewServer(t)
 	const project, zone, installation = "scale", "europe-west1-b", "scale-gc"
 	old := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
@@ -77,21 +76,8 @@ func TestGCSweeps20000Instances(t *testing.T) {
 		srv.AddInstance(project, zone, inst)
 	}
 
-	queue := "scale-" + fmt.Sprint(time.Now().UnixNano())
-	w, err := worker.New(ctx, worker.Config{
-		TaskQueue: queue, Installation: installation, MonitorShards: 1,
-		Providers: registry.Config{Enabled: []v1alpha1.Provider{v1alpha1.ProviderGCP},
-			GCP: gcp.Config{DefaultProject: project, ClientOptions: srv.ClientOptions()}},
-	}, tenv.Client, testenv.Kube(t).Client, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	require.NoError(t, err)
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(w.Stop)
-
-	run, err := tenv.Client.ExecuteWorkflow(ctx, client.StartWorkflowOptions{TaskQueue: queue, ID: "gc-" + queue},
-		contract.GCWorkflowType, workflows.GCInput{Installation: installation, Providers: []v1alpha1.Provider{v1alpha1.ProviderGCP}, MinAge: 10 * time.Minute})
-	require.NoError(t, err)
-	var res workflows.GCResult
-	require.NoError(t, run.Get(ctx, &res), "the sweep completes: no payload of it is over the limit")
+	res := sweep(ctx, t, installation, registry.Config{Enabled: []v1alpha1.Provider{v1alpha1.ProviderGCP},
+		GCP: gcp.Config{DefaultProject: project, ClientOptions: srv.ClientOptions()}})
 	assert.False(t, res.Skipped, res.SkipReason)
 	assert.Equal(t, orphans, res.DeletedCount)
 	assert.Equal(t, total-orphans, res.SparedCount)
@@ -103,4 +89,24 @@ func TestGCSweeps20000Instances(t *testing.T) {
 	for _, inst := range left {
 		assert.NotEqual(t, old, inst.Resource.GetCreationTimestamp(), "%s was an orphan", inst.Name)
 	}
+}
+
+// sweep runs GCWorkflow once, with a 10-minute minimum age, on a worker of its own
+// with the providers pcfg enables, and returns its result; the run completing is the
+// proof that no payload of it is over the limit.
+func sweep(ctx context.Context, t *testing.T, installation string, pcfg registry.Config) workflows.GCResult {
+	t.Helper()
+	tenv := testenv.Temporal(t)
+	queue := "scale-" + fmt.Sprint(time.Now().UnixNano())
+	w, err := worker.New(ctx, worker.Config{TaskQueue: queue, Installation: installation, MonitorShards: 1, Providers: pcfg},
+		tenv.Client, testenv.Kube(t).Client, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(w.Stop)
+	run, err := tenv.Client.ExecuteWorkflow(ctx, client.StartWorkflowOptions{TaskQueue: queue, ID: "gc-" + queue},
+		contract.GCWorkflowType, workflows.GCInput{Installation: installation, Providers: pcfg.Enabled, MinAge: 10 * time.Minute})
+	require.NoError(t, err)
+	var res workflows.GCResult
+	require.NoError(t, run.Get(ctx, &res), "the sweep completes: no payload of it is over the limit")
+	return res
 }

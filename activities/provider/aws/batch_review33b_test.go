@@ -1,13 +1,7 @@
 package aws_test
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"net/http"
-	"net/url"
-	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -36,16 +30,7 @@ func TestReview33bGetsOfGoneInstancesAreNotCoalesced(t *testing.T) {
 			Tags: map[string]string{"proxyfleet-instance": name, provider.LabelInstallation: "inst-a"}})
 	}
 	before := s.Requests(ec2test.ActionDescribeInstances)
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, errs[i] = p.Get(context.Background(), fmt.Sprintf("%s/px-reclaimed-%d", ec2test.Region, i))
-		}()
-	}
-	wg.Wait()
+	_, errs := getAll(p, "px-reclaimed-%d", n)
 	for i := range n {
 		assert.ErrorIs(t, errs[i], provider.ErrPreempted)
 	}
@@ -58,49 +43,20 @@ func TestReview33bGetsOfGoneInstancesAreNotCoalesced(t *testing.T) {
 // Defect: EC2 limits the filter values of ONE call, all filters together, to 200
 // ("FilterLimitExceeded: The maximum number of filter values specified on a single call
 // is 200", as DescribeInstances answers; callers elsewhere send 199 IDs beside one state
-// value). A full batch sends 200 client tokens AND the 5 live states: 205 values, so
-// EC2 refuses it, and every Get in it fails. A batch is full from 196 Gets in a window
-// (784 Gets a second), i.e. exactly at the load the batching exists for ("up to 800
-// Gets a second"): above it, no Get of the region succeeds. The fake has no such limit;
-// here a proxy in front of it enforces EC2's.
+// value). A full batch sent 200 client tokens AND the 5 live states: 205 values, so EC2
+// refused it, and every Get in it failed. A batch is full from 196 Gets in a window (784
+// Gets a second), i.e. exactly at the load the batching exists for ("up to 800 Gets a
+// second"): above it, no Get of the region succeeded. The fake enforces EC2's limit.
 func TestReview33bFullBatchExceedsEC2FilterLimit(t *testing.T) {
 	s := ec2test.NewServer(t)
-	srv := review33bProxy(t, s, func(form url.Values, w http.ResponseWriter) bool {
-		if form.Get("Action") != ec2test.ActionDescribeInstances {
-			return false
-		}
-		values := 0
-		for k := range form {
-			if strings.HasPrefix(k, "Filter.") && strings.Contains(k, ".Value.") {
-				values++
-			}
-		}
-		if values <= 200 {
-			return false
-		}
-		w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
-		w.WriteHeader(http.StatusBadRequest)
-		_, _ = io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?>
-<Response><Errors><Error><Code>FilterLimitExceeded</Code><Message>The maximum number of filter values specified on a single call is 200</Message></Error></Errors><RequestID>r33b</RequestID></Response>`)
-		return true
-	})
-	p := providerVia(t, s, srv, machine())
+	p := newProvider(t, s, machine())
 	const n = 1000 // however the goroutines fall into 250 ms windows, one window holds 200
 	for i := range n {
 		name := fmt.Sprintf("px-full-%d", i)
 		s.AddInstance(ec2test.Instance{ClientToken: name, PublicIP: "198.51.100.7",
 			Tags: map[string]string{"proxyfleet-instance": name, provider.LabelInstallation: "inst-a"}})
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, errs[i] = p.Get(context.Background(), fmt.Sprintf("%s/px-full-%d", ec2test.Region, i))
-		}()
-	}
-	wg.Wait()
+	_, errs := getAll(p, "px-full-%d", n)
 	failed := 0
 	var first error
 	for _, err := range errs {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
+	"github.com/proxyfleet/proxyfleet/activities/provider/aws"
 	"github.com/proxyfleet/proxyfleet/activities/provider/aws/ec2test"
 )
 
@@ -28,23 +29,14 @@ func TestGetsAreCoalesced(t *testing.T) {
 			Tags: map[string]string{"proxyfleet-instance": name, provider.LabelInstallation: "inst-a"}})
 	}
 	before := s.Requests(ec2test.ActionDescribeInstances)
-	var wg sync.WaitGroup
-	got := make([]provider.Instance, n)
-	errs := make([]error, n)
 	var missing error
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			got[i], errs[i] = p.Get(context.Background(), fmt.Sprintf("%s/px-batch-%d", ec2test.Region, i))
-		}()
-	}
-	wg.Add(1)
+	done := make(chan struct{})
 	go func() {
-		defer wg.Done()
+		defer close(done)
 		_, missing = p.Get(context.Background(), ec2test.Region+"/px-batch-none")
 	}()
-	wg.Wait()
+	got, errs := getAll(p, "px-batch-%d", n)
+	<-done
 	for i := range n {
 		require.NoError(t, errs[i])
 		assert.Equal(t, fmt.Sprintf("px-batch-%d", i), got[i].Name)
@@ -70,4 +62,20 @@ func TestACancelledGetLeavesTheBatch(t *testing.T) {
 	got, err := p.Get(context.Background(), in.ProviderID)
 	require.NoError(t, err)
 	assert.Equal(t, "px-keep-1", got.Name)
+}
+
+// getAll Gets instances fmt.Sprintf(format, i) for i below n with p, all at once, as a
+// fleet's drift checks come: what each got, and each error.
+func getAll(p *aws.Provider, format string, n int) ([]provider.Instance, []error) {
+	got, errs := make([]provider.Instance, n), make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = p.Get(context.Background(), ec2test.Region+"/"+fmt.Sprintf(format, i))
+		}()
+	}
+	wg.Wait()
+	return got, errs
 }

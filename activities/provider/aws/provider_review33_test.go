@@ -24,7 +24,6 @@ import (
 	"github.com/proxyfleet/proxyfleet/activities/provider/aws"
 	"github.com/proxyfleet/proxyfleet/activities/provider/aws/ec2test"
 	"github.com/proxyfleet/proxyfleet/internal/testenv"
-	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
 
 // TestReview33UserSecurityGroupNotFoundIsPermanent
@@ -151,10 +150,7 @@ func TestReview33NameReusedAfterTerminationGetsTheDeadInstance(t *testing.T) {
 	p := newProvider(t, s, machine())
 	ctx := context.Background()
 	req := request("px-reuse-1", "uid-reuse")
-	first, err := p.Create(ctx, req)
-	require.NoError(t, err)
-	require.NoError(t, p.Delete(ctx, first.ProviderID))
-	s.SetState(s.Instances()[0].ID, "terminated")
+	terminatedAfterCreate(t, s, p, req)
 
 	// A later run allocates the same name (its counter restarted from what it found).
 	// (Fixed two ways: the workflow's counter now also moves past the instance the Proxy
@@ -181,10 +177,7 @@ func TestReview33NameReusedAfterGroupSweepRetriesForever(t *testing.T) {
 	p := newProvider(t, s, machine())
 	ctx := context.Background()
 	req := request("px-reuse-1", "uid-reuse")
-	first, err := p.Create(ctx, req)
-	require.NoError(t, err)
-	require.NoError(t, p.Delete(ctx, first.ProviderID))
-	s.SetState(s.Instances()[0].ID, "terminated")
+	terminatedAfterCreate(t, s, p, req)
 	// The sweep: the group is now unused, and deleted.
 	list, err := p.ListOwned(ctx, provider.Owner{Installation: "inst-a"})
 	require.NoError(t, err)
@@ -246,17 +239,6 @@ func laggingEC2(t *testing.T, s *ec2test.Server) (*httptest.Server, *atomic.Bool
 	return srv, &lag
 }
 
-// providerVia is a provider of machine m whose calls go through srv.
-func providerVia(t *testing.T, s *ec2test.Server, srv *httptest.Server, m aws.Machine) *aws.Provider {
-	t.Helper()
-	cfg := s.Config()
-	cfg.BaseEndpoint = awssdk.String(srv.URL)
-	cfg.Retryer = func() awssdk.Retryer { return awssdk.NopRetryer{} }
-	p, err := aws.New(aws.Config{AWS: cfg, MachineOf: func(v1alpha1.ProxySpec) (aws.Machine, error) { return m, nil }})
-	require.NoError(t, err)
-	return p
-}
-
 // TestReview33PartlyRevokedDriftIsLeftOpen
 //
 // Defect: keepIngress revokes every unwanted rule in one RevokeSecurityGroupIngress call
@@ -279,7 +261,7 @@ func TestReview33PartlyRevokedDriftIsLeftOpen(t *testing.T) {
 		}
 		return false
 	})
-	p := providerVia(t, s, srv, machine())
+	p := providerAt(t, s, srv.URL, machine(), nil)
 	ctx := context.Background()
 	_, err := p.Create(ctx, request("px-a-1", "uid-a"))
 	require.NoError(t, err)
@@ -307,7 +289,7 @@ func TestReview33PartlyRevokedDriftIsLeftOpen(t *testing.T) {
 func TestReview33UnlistedNewInstanceIsReportedGoneAndLeaks(t *testing.T) {
 	s := ec2test.NewServer(t)
 	proxy, lag := laggingEC2(t, s)
-	p := providerVia(t, s, proxy, machine())
+	p := providerAt(t, s, proxy.URL, machine(), nil)
 	ctx := context.Background()
 
 	in, err := p.Create(ctx, request("px-lag-1", "uid-lag"))

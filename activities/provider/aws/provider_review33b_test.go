@@ -1,109 +1,17 @@
 package aws_test
 
 import (
-	"bytes"
 	"context"
-	"io"
-	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
-	"strconv"
+	"fmt"
 	"testing"
 	"time"
 
-	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider"
-	"github.com/proxyfleet/proxyfleet/activities/provider/aws"
 	"github.com/proxyfleet/proxyfleet/activities/provider/aws/ec2test"
-	"github.com/proxyfleet/proxyfleet/operator/api/v1alpha1"
 )
-
-// review33bProxy forwards to the fake, first giving hook each call's decoded form: a hook
-// that returns true has answered the call itself.
-func review33bProxy(t *testing.T, s *ec2test.Server, hook func(form url.Values, w http.ResponseWriter) bool) *httptest.Server {
-	t.Helper()
-	target, err := url.Parse(s.URL)
-	require.NoError(t, err)
-	fwd := httputil.NewSingleHostReverseProxy(target)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(r.Body)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		form, _ := url.ParseQuery(string(body))
-		if hook(form, w) {
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		r.ContentLength = int64(len(body))
-		fwd.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	return srv
-}
-
-// asksForTerminated reports whether a DescribeInstances form filters on the terminated
-// state (the provider's look for an instance that is gone).
-func asksForTerminated(form url.Values) bool {
-	if form.Get("Action") != ec2test.ActionDescribeInstances {
-		return false
-	}
-	for i := 1; ; i++ {
-		p := "Filter." + strconv.Itoa(i)
-		name, ok := form[p+".Name"]
-		if !ok {
-			return false
-		}
-		if name[0] != "instance-state-name" {
-			continue
-		}
-		for j := 1; ; j++ {
-			v, ok := form[p+".Value."+strconv.Itoa(j)]
-			if !ok {
-				break
-			}
-			if v[0] == "terminated" {
-				return true
-			}
-		}
-	}
-}
-
-// emptyDescribe answers a DescribeInstances with no reservations.
-func emptyDescribe(w http.ResponseWriter) {
-	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
-	_, _ = io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?>
-<DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>r33b</requestId><reservationSet/></DescribeInstancesResponse>`)
-}
-
-// purgedTerminated forwards to the fake but, as EC2 does about an hour after a
-// termination, lists no terminated instance any more (EC2 still holds the client token
-// of such an instance for at least 24 hours).
-func purgedTerminated(t *testing.T, s *ec2test.Server) *httptest.Server {
-	return review33bProxy(t, s, func(form url.Values, w http.ResponseWriter) bool {
-		if !asksForTerminated(form) {
-			return false
-		}
-		emptyDescribe(w)
-		return true
-	})
-}
-
-// providerAt is providerVia with a clock of its own.
-func providerAt(t *testing.T, s *ec2test.Server, srv *httptest.Server, m aws.Machine, now func() time.Time) *aws.Provider {
-	t.Helper()
-	cfg := s.Config()
-	cfg.BaseEndpoint = awssdk.String(srv.URL)
-	cfg.Retryer = func() awssdk.Retryer { return awssdk.NopRetryer{} }
-	p, err := aws.New(aws.Config{AWS: cfg, Now: now, MachineOf: func(v1alpha1.ProxySpec) (aws.Machine, error) { return m, nil }})
-	require.NoError(t, err)
-	return p
-}
 
 // TestReview33bMismatchUnderPurgedTokenRetriesForever
 //
@@ -119,14 +27,10 @@ func providerAt(t *testing.T, s *ec2test.Server, srv *httptest.Server, m aws.Mac
 // Names are reused in practice: see workflows' TestReview33bUnpublishedReplacementNameIsReused.
 func TestReview33bMismatchUnderPurgedTokenRetriesForever(t *testing.T) {
 	s := ec2test.NewServer(t)
-	p := providerVia(t, s, purgedTerminated(t, s), machine())
+	p := newProvider(t, s, machine())
 	ctx := context.Background()
 	req := request("px-purged-2", "uid-purged")
-
-	first, err := p.Create(ctx, req)
-	require.NoError(t, err)
-	require.NoError(t, p.Delete(ctx, first.ProviderID))
-	s.SetState(s.Instances()[0].ID, "terminated")
+	s.Forget(terminatedAfterCreate(t, s, p, req).ID) // no longer listed; its token still held
 	// The sweep: the group is unused now, and deleted.
 	list, err := p.ListOwned(ctx, provider.Owner{Installation: "inst-a"})
 	require.NoError(t, err)
@@ -163,7 +67,7 @@ func TestReview33bSkewedWorkerClock(t *testing.T) {
 	t.Run("ahead: a new instance is taken for gone and leaks", func(t *testing.T) {
 		s := ec2test.NewServer(t)
 		srv, lag := laggingEC2(t, s)
-		p := providerAt(t, s, srv, machine(), func() time.Time { return time.Now().Add(15 * time.Minute) })
+		p := providerAt(t, s, srv.URL, machine(), func() time.Time { return time.Now().Add(15 * time.Minute) })
 		ctx := context.Background()
 		in, err := p.Create(ctx, request("px-skew-1", "uid-skew"))
 		require.NoError(t, err)
@@ -180,13 +84,15 @@ func TestReview33bSkewedWorkerClock(t *testing.T) {
 		}
 	})
 	t.Run("behind: a gone instance is never reported gone", func(t *testing.T) {
+		// Launched two hours ago by EC2's clock, terminated and no longer listed; to a
+		// worker two hours behind, the launch was a moment ago.
 		s := ec2test.NewServer(t)
-		p := providerAt(t, s, purgedTerminated(t, s), machine(), func() time.Time { return time.Now().Add(-2 * time.Hour) })
-		ctx := context.Background()
-		in, err := p.Create(ctx, request("px-skew-2", "uid-skew"))
-		require.NoError(t, err)
-		s.SetState(live(s)[0].ID, "terminated") // terminated, and since dropped from EC2's lists
-		_, err = p.Get(ctx, in.ProviderID)
+		p := providerAt(t, s, s.URL, machine(), func() time.Time { return time.Now().Add(-2 * time.Hour) })
+		launched := time.Now().Add(-2 * time.Hour)
+		id := s.AddInstance(ec2test.Instance{State: "terminated", LaunchTime: launched,
+			Tags: map[string]string{"proxyfleet-instance": "px-skew-2", provider.LabelInstallation: "inst-a"}})
+		s.Forget(id)
+		_, err := p.Get(context.Background(), fmt.Sprintf("%s/px-skew-2/%s/%d", ec2test.Region, id, launched.Unix()))
 		assert.ErrorIs(t, err, provider.ErrNotFound, "an instance gone from every list is reported 'not listed yet'")
 	})
 }

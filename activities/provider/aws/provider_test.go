@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/smithy-go/logging"
@@ -32,11 +33,38 @@ func machine() aws.Machine {
 
 func newProvider(t *testing.T, s *ec2test.Server, m aws.Machine) *aws.Provider {
 	t.Helper()
+	return providerAt(t, s, s.URL, m, nil)
+}
+
+// providerAt is a provider of machine m whose calls go to endpoint (the fake, or a
+// stand-in in front of it), on the clock now (nil: the machine's), with no retries.
+func providerAt(t *testing.T, s *ec2test.Server, endpoint string, m aws.Machine, now func() time.Time) *aws.Provider {
+	t.Helper()
 	cfg := s.Config()
+	cfg.BaseEndpoint = awssdk.String(endpoint)
 	cfg.Retryer = func() awssdk.Retryer { return awssdk.NopRetryer{} }
-	p, err := aws.New(aws.Config{AWS: cfg, MachineOf: func(v1alpha1.ProxySpec) (aws.Machine, error) { return m, nil }})
+	p, err := aws.New(aws.Config{AWS: cfg, Now: now, MachineOf: func(v1alpha1.ProxySpec) (aws.Machine, error) { return m, nil }})
 	require.NoError(t, err)
 	return p
+}
+
+// terminatedAfterCreate creates req's instance with p, deletes it, and moves it on to
+// terminated, as EC2 would.
+func terminatedAfterCreate(t *testing.T, s *ec2test.Server, p *aws.Provider, req provider.CreateRequest) ec2test.Instance {
+	t.Helper()
+	ctx := context.Background()
+	in, err := p.Create(ctx, req)
+	require.NoError(t, err)
+	require.NoError(t, p.Delete(ctx, in.ProviderID))
+	for _, i := range s.Instances() {
+		if i.Tags["proxyfleet-instance"] == req.Name && i.State != "terminated" {
+			s.SetState(i.ID, "terminated")
+			i.State = "terminated"
+			return i
+		}
+	}
+	t.Fatalf("no instance of %s to terminate", req.Name)
+	return ec2test.Instance{}
 }
 
 func request(name, uid string) provider.CreateRequest {

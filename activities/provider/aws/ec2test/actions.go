@@ -416,14 +416,14 @@ func (s *Server) describeInstances(form url.Values) (any, *apiError) {
 		maxResults = n
 	}
 	for _, id := range ids {
-		if s.instances[id] == nil {
+		if in := s.instances[id]; in == nil || in.forgotten {
 			return nil, invalid("InvalidInstanceID.NotFound", "The instance ID '%s' does not exist", id)
 		}
 	}
 	var match []*instance
 	for _, id := range s.order {
 		in := s.instances[id]
-		if len(ids) > 0 && !slices.Contains(ids, id) {
+		if in.forgotten || len(ids) > 0 && !slices.Contains(ids, id) {
 			continue
 		}
 		if states, ok := f["instance-state-name"]; ok && !slices.Contains(states, in.State) {

@@ -133,6 +133,8 @@ type instance struct {
 	// booting and booted follow Boot; stop is what it returned, until called.
 	booting, booted bool
 	stop            func()
+	// forgotten is set once EC2 no longer lists the (terminated) instance (Forget).
+	forgotten bool
 }
 
 // halt stops what Boot started for in, once.
@@ -366,6 +368,20 @@ func (s *Server) SetIngress(id string, rules ...string) {
 			g.rules[r] = true
 		}
 	}
+}
+
+// Forget makes a terminated instance vanish from DescribeInstances, as EC2 does about an
+// hour after a termination, while its client token still answers RunInstances with it
+// (EC2 keeps a token for a day or more). The test fails for an instance not terminated.
+func (s *Server) Forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := s.instances[id]
+	if in == nil || in.State != "terminated" {
+		s.t.Errorf("ec2test: Forget(%s): not a terminated instance", id)
+		return
+	}
+	in.forgotten = true
 }
 
 // SetTags sets tags on an instance or group, as an edit made outside the code under test
