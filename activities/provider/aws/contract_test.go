@@ -30,6 +30,6 @@ func TestContract(t *testing.T) {
 			require.NoError(t, err)
 			return p
 		},
-		Instances: func(*testing.T) int { return len(live(srv)) },
+		Instances: func(*testing.T) int { return len(srv.Live()) },
 	})
 }

@@ -48,7 +48,7 @@ func TestReview33UserSecurityGroupNotFoundIsPermanent(t *testing.T) {
 			"attempt %d: a missing user group is a refusal no retry fixes: %v", attempt, err)
 		assert.Contains(t, err.Error(), "sg-0123456789abcdef0", "EC2's message naming the group reaches the condition")
 	}
-	assert.Empty(t, live(s))
+	assert.Empty(t, s.Live())
 }
 
 // TestReview33ErrorCodesLeftTransient
@@ -193,7 +193,7 @@ func TestReview33NameReusedAfterGroupSweepRetriesForever(t *testing.T) {
 	require.NoError(t, err)
 	_, err = p.Get(ctx, again.ProviderID)
 	require.NoError(t, err)
-	assert.Len(t, live(s), 1, "one new instance")
+	assert.Len(t, s.Live(), 1, "one new instance")
 }
 
 // interceptEC2 forwards to the fake, first giving hook each call's action: a hook that

@@ -48,7 +48,7 @@ func TestReview33bMismatchUnderPurgedTokenRetriesForever(t *testing.T) {
 		_, err = p.Get(ctx, again.ProviderID)
 		assert.NoError(t, err, "a new instance under the name")
 	}
-	assert.Len(t, live(s), 1, "one new instance, however often asked for")
+	assert.Len(t, s.Live(), 1, "one new instance, however often asked for")
 }
 
 // TestReview33bSkewedWorkerClock

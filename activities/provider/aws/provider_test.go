@@ -73,17 +73,6 @@ func request(name, uid string) provider.CreateRequest {
 		Credentials: proxyauth.Credentials{Username: "proxyfleet", Password: password}, KeyID: "k1", SpecHash: "0123456789abcdef"}
 }
 
-// live is the fake's instances that are not terminated or being terminated.
-func live(s *ec2test.Server) []ec2test.Instance {
-	var out []ec2test.Instance
-	for _, in := range s.Instances() {
-		if in.State != "terminated" && in.State != "shutting-down" {
-			out = append(out, in)
-		}
-	}
-	return out
-}
-
 // TestCreateIsExactlyOnce: creating the same instance again (a retried activity, a
 // replayed workflow) returns the instance the first call made; the request asks for
 // IMDSv2 with a hop limit of 1, no instance profile, the ownership tags (which the
@@ -100,15 +89,15 @@ func TestCreateIsExactlyOnce(t *testing.T) {
 	again, err := p.Create(ctx, req)
 	require.NoError(t, err)
 	assert.Equal(t, first.ProviderID, again.ProviderID)
-	ec2ID := live(s)[0].ID
+	ec2ID := s.Live()[0].ID
 	assert.Regexp(t, `^`+p.ProviderID(req)+`/`+ec2ID+`/[0-9]+$`, first.ProviderID,
 		"the provider ID known before the create, with EC2's ID and the launch time")
-	require.Len(t, live(s), 1, "one instance whatever the retries")
+	require.Len(t, s.Live(), 1, "one instance whatever the retries")
 	runs := s.Forms(ec2test.ActionRunInstances)
 	require.Len(t, runs, 1, "a create that finds its instance asks for none")
 	assert.Regexp(t, `^px-abc-1-[0-9a-f]{16}$`, runs[0].Get("ClientToken"), "two creates racing past the lookup are one instance by the token: the name and a hash of the request")
 
-	in := live(s)[0]
+	in := s.Live()[0]
 	assert.Equal(t, "required", in.HTTPTokens)
 	assert.Equal(t, 1, in.HopLimit)
 	assert.Empty(t, in.InstanceProfile)
@@ -147,7 +136,7 @@ func TestGetFollowsTheInstance(t *testing.T) {
 	assert.Equal(t, "uid-1", got.ProxyUID())
 	assert.Equal(t, "px-abc-1", got.Name)
 
-	s.Interrupt(live(s)[0].ID)
+	s.Interrupt(s.Live()[0].ID)
 	_, err = p.Get(ctx, inst.ProviderID)
 	assert.ErrorIs(t, err, provider.ErrNotFound, "a terminated instance is gone")
 	assert.ErrorIs(t, err, provider.ErrPreempted, "taken back by EC2, and said so")
@@ -188,7 +177,7 @@ func TestDeleteIsIdempotent(t *testing.T) {
 	inst, err := p.Create(ctx, request("px-abc-1", "uid-1"))
 	require.NoError(t, err)
 	require.NoError(t, p.Delete(ctx, inst.ProviderID))
-	assert.Empty(t, live(s))
+	assert.Empty(t, s.Live())
 	require.NoError(t, p.Delete(ctx, inst.ProviderID))
 	require.NoError(t, p.Delete(ctx, ec2test.Region+"/px-never-1"))
 	assert.Equal(t, 1, s.Requests(ec2test.ActionTerminateInstances), "nothing left to terminate the second time")
@@ -252,7 +241,7 @@ func TestErrorsAreClassified(t *testing.T) {
 		var canary = errors.New(password)
 		assert.NotErrorIs(t, err, canary)
 	}
-	assert.Empty(t, live(s))
+	assert.Empty(t, s.Live())
 }
 
 // TestTheSDKNeverLogsTheUserData: a configuration that asks the SDK to log request bodies

@@ -57,17 +57,6 @@ func (c *cloud) root(id string) string {
 	return c.booted[id]
 }
 
-// live is the fake's instances that are not terminated or being terminated.
-func (c *cloud) live() []ec2test.Instance {
-	var out []ec2test.Instance
-	for _, in := range c.Instances() {
-		if in.State != "terminated" && in.State != "shutting-down" {
-			out = append(out, in)
-		}
-	}
-	return out
-}
-
 // startAWS is a stack whose worker runs the aws provider (and the local one) against c,
 // as --providers aws,local with the SDK's configuration pointed at the fake. Groups the
 // provider makes are tagged an hour old, so the sweep's minimum age does not spare them.
@@ -125,7 +114,7 @@ func TestAWSProxyLifecycle(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "hello from the target: /through-ec2", body)
 
-	live := c.live()
+	live := c.Live()
 	require.Len(t, live, 1, "one instance")
 	in := live[0]
 	assert.Equal(t, 1, c.Requests(ec2test.ActionRunInstances), "created once")
@@ -152,7 +141,7 @@ func TestAWSProxyLifecycle(t *testing.T) {
 		return stack.Ready(p) && p.Status.InstanceName != first
 	})
 	assert.True(t, sawPreempted, "the Proxy said Preempted while it was replaced")
-	require.Len(t, c.live(), 1)
+	require.Len(t, c.Live(), 1)
 	body, err = s.Fetch(p, "/after-the-interruption")
 	require.NoError(t, err)
 	assert.Equal(t, "hello from the target: /after-the-interruption", body)
@@ -161,7 +150,7 @@ func TestAWSProxyLifecycle(t *testing.T) {
 	uid := p.UID
 	require.NoError(t, s.Kube.Client.Delete(ctx, p))
 	s.WaitGone(t, ns, "spot-1", 2*time.Minute)
-	assert.Empty(t, c.live(), "an instance was left behind")
+	assert.Empty(t, c.Live(), "an instance was left behind")
 	assert.Equal(t, 2, c.Requests(ec2test.ActionRunInstances), "one create per instance, none repeated")
 	require.Eventually(t, func() bool {
 		desc, err := s.Temporal.Client.DescribeWorkflow(ctx, contract.ProxyWorkflowID(ns, "spot-1"), "")

@@ -89,7 +89,7 @@ func TestAWSRefusals(t *testing.T) {
 // owned is the live instances of the fake tagged with p's UID.
 func owned(c *cloud, p *v1alpha1.Proxy) []ec2test.Instance {
 	var out []ec2test.Instance
-	for _, in := range c.live() {
+	for _, in := range c.Live() {
 		if in.Tags["proxyfleet-uid"] == string(p.UID) {
 			out = append(out, in)
 		}

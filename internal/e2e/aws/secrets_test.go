@@ -48,7 +48,7 @@ func TestAWSSecretsStayOut(t *testing.T) {
 	_, err := s.Fetch(p, "/guarded")
 	require.NoError(t, err)
 
-	live := c.live()
+	live := c.Live()
 	require.Len(t, live, 1)
 	script, err := base64.StdEncoding.DecodeString(live[0].UserData)
 	require.NoError(t, err)

@@ -328,6 +328,17 @@ func (s *Server) Instances() []Instance {
 	return out
 }
 
+// Live is the instances that are not terminated or being terminated, in creation order.
+func (s *Server) Live() []Instance {
+	var out []Instance
+	for _, in := range s.Instances() {
+		if in.State != "terminated" && in.State != "shutting-down" {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
 // SecurityGroups is a snapshot of every stored security group, by ID.
 func (s *Server) SecurityGroups() []SecurityGroup {
 	s.mu.Lock()
