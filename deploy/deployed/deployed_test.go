@@ -103,7 +103,6 @@ func walk(t *testing.T, overlay string, replicas int) {
 	c := &cluster{ctx: ctx, k: testenv.Kube(t), temporal: testenv.Temporal(t), binaries: buildBinaries(t)}
 	discovery, token := c.deploy(t, overlay, nil)
 	require.Len(t, discovery, replicas, "discovery replicas")
-	var err error
 
 	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "hello from the site\n")
@@ -157,7 +156,7 @@ spec:
 	lease := c.acquire(t, api(0), map[string]string{"pool": "walk"})
 	assert.Equal(t, "walk", lease.Proxy.Name)
 	assert.Equal(t, "hello from the site\n", fetchThrough(t, lease.Proxy.URL, site.URL))
-	_, err = api(1).Renew(ctx, lease.ID, time.Minute)
+	_, err := api(1).Renew(ctx, lease.ID, time.Minute)
 	require.NoError(t, err, "renewal through another replica")
 	require.NoError(t, api(2).Release(ctx, lease.ID), "release through the third replica")
 

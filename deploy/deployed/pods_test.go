@@ -102,7 +102,8 @@ func (p *pod) start(t *testing.T, c *cluster, all []*pod) {
 
 	mounts := p.mountVolumes(t, c, ctr)
 	env := p.environment(t, c, ctr)
-	p.awsIdentity(t, c, env)
+	sa := p.serviceAccount(t, c)
+	p.awsIdentity(t, c, sa, env)
 	var args []string
 	for _, a := range append(slices.Clone(ctr.Command[1:]), ctr.Args...) {
 		// Kubernetes passes a reference to a variable the container lacks on as it is
@@ -119,7 +120,7 @@ func (p *pod) start(t *testing.T, c *cluster, all []*pod) {
 	for _, k := range slices.Sorted(maps.Keys(env)) {
 		environ = append(environ, k+"="+rewrite(env[k]))
 	}
-	if kc := p.serviceAccountKubeconfig(t, c); kc != "" {
+	if kc := p.serviceAccountKubeconfig(t, c, sa); kc != "" {
 		environ = append(environ, "KUBECONFIG="+kc)
 	}
 	p.proc = startProcess(t, p.name, bin, environ, args)
@@ -442,15 +443,8 @@ func (p *pod) network(t *testing.T, c *cluster, all []*pod, s string) string {
 
 // serviceAccountKubeconfig writes a kubeconfig that acts as the pod's ServiceAccount, if
 // the pod mounts that account's token, and returns its path; "" if it mounts none.
-func (p *pod) serviceAccountKubeconfig(t *testing.T, c *cluster) string {
+func (p *pod) serviceAccountKubeconfig(t *testing.T, c *cluster, sa *corev1.ServiceAccount) string {
 	t.Helper()
-	saName := p.spec.ServiceAccountName
-	if saName == "" {
-		saName = "default"
-	}
-	var sa corev1.ServiceAccount
-	require.NoError(t, c.k.Client.Get(c.ctx, types.NamespacedName{Namespace: p.namespace, Name: saName}, &sa),
-		"%s: ServiceAccount %s", p.name, saName)
 	mount := true
 	if sa.AutomountServiceAccountToken != nil {
 		mount = *sa.AutomountServiceAccountToken
@@ -464,12 +458,22 @@ func (p *pod) serviceAccountKubeconfig(t *testing.T, c *cluster) string {
 	cfg, err := clientcmd.LoadFromFile(c.k.Kubeconfig(t))
 	require.NoError(t, err)
 	for _, ai := range cfg.AuthInfos {
-		ai.Impersonate = "system:serviceaccount:" + p.namespace + ":" + saName
+		ai.Impersonate = "system:serviceaccount:" + p.namespace + ":" + sa.Name
 		ai.ImpersonateGroups = []string{"system:serviceaccounts", "system:serviceaccounts:" + p.namespace, "system:authenticated"}
 	}
 	path := filepath.Join(p.dir, "kubeconfig")
 	require.NoError(t, clientcmd.WriteToFile(*cfg, path))
 	return path
+}
+
+// serviceAccount is the pod's ServiceAccount, as the API server holds it.
+func (p *pod) serviceAccount(t *testing.T, c *cluster) *corev1.ServiceAccount {
+	t.Helper()
+	name := cmp.Or(p.spec.ServiceAccountName, "default")
+	var sa corev1.ServiceAccount
+	require.NoError(t, c.k.Client.Get(c.ctx, types.NamespacedName{Namespace: p.namespace, Name: name}, &sa),
+		"%s: ServiceAccount %s", p.name, name)
+	return &sa
 }
 
 // awsIdentity plays EKS's pod identity webhook and the cluster's way to AWS. A pod whose
@@ -478,16 +482,12 @@ func (p *pod) serviceAccountKubeconfig(t *testing.T, c *cluster) string {
 // for the SDK's default chain to exchange at STS. When the test runs AWS stand-ins, every
 // pod reaches EC2 and STS there (the SDK's endpoint variables), and none reaches an
 // instance metadata service: this machine's network must not be asked for one.
-func (p *pod) awsIdentity(t *testing.T, c *cluster, env map[string]string) {
+func (p *pod) awsIdentity(t *testing.T, c *cluster, sa *corev1.ServiceAccount, env map[string]string) {
 	t.Helper()
 	if c.aws != nil {
 		env["AWS_ENDPOINT_URL_EC2"], env["AWS_ENDPOINT_URL_STS"] = c.aws.ec2.URL, c.aws.sts.URL
 		env["AWS_EC2_METADATA_DISABLED"] = "true"
 	}
-	saName := cmp.Or(p.spec.ServiceAccountName, "default")
-	var sa corev1.ServiceAccount
-	require.NoError(t, c.k.Client.Get(c.ctx, types.NamespacedName{Namespace: p.namespace, Name: saName}, &sa),
-		"%s: ServiceAccount %s", p.name, saName)
 	role := sa.Annotations["eks.amazonaws.com/role-arn"]
 	if role == "" {
 		return
