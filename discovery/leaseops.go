@@ -204,6 +204,11 @@ func (s *Server) ClientOf(token string) (cl *Client, open bool) {
 // Open says the server has no clients, and takes anyone: authentication is off.
 func (s *Server) Open() bool { return s.clients == nil }
 
+// Alone says the server runs without peers: every lease operation is answered from this
+// process's memory, without waiting on another replica, so a caller may make it where it
+// must not block (the gateway's event loop).
+func (s *Server) Alone() bool { return s.peers == nil }
+
 // Loaded says the index has been read from Temporal in full (Store.Loaded).
 func (s *Server) Loaded() bool { return s.store.Loaded() }
 

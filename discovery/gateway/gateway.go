@@ -78,6 +78,11 @@ type Config struct {
 	// lost) and frees the slot. Set at the dial, it would cost four system calls for every
 	// tunnel, most of which carry one fetch and end within this.
 	KeepAliveAfter time.Duration
+	// Loops is how many event loops serve CONNECT tunnels (Linux; default one per
+	// processor Go uses; negative: none, a goroutine per connection as elsewhere). A loop
+	// serves a tunnel from its head to its end with no goroutine of its own, which costs
+	// about a third less CPU per tunnel; everything else goes to the HTTP server.
+	Loops int
 }
 
 // Defaults of Config.
@@ -136,6 +141,9 @@ func (c *Config) defaults() {
 	}
 	orDefault(&c.HalfClosedTimeout, DefaultHalfClosed)
 	orDefault(&c.KeepAliveAfter, DefaultKeepAliveAfter)
+	if c.Loops == 0 {
+		c.Loops = loopCount()
+	}
 }
 
 // Headers of the gateway's answers to the crawler.
@@ -198,6 +206,8 @@ type Gateway struct {
 	tunnels  map[*tunnel]struct{}
 	switched map[*leaseConn]struct{}
 	closed   bool
+	// loops are the event loops Serve runs, if any.
+	loops *loopSet
 
 	// waitPoll bounds how long a request waiting for a slot goes without looking by
 	// itself (0: the domain's); every change of the store that can free a slot wakes the
@@ -221,6 +231,9 @@ type leaseOps interface {
 	// that can free a slot (Store.Freed).
 	Loaded() bool
 	Freed() uint64
+	// Alone says every operation is answered from memory, without a peer (no replica set):
+	// the event loop then grants and releases inline instead of on a goroutine.
+	Alone() bool
 	// WaitForProxy waits for a lease Grant refused, in the queue the API's waiting
 	// acquires share (discovery.Server.WaitForProxy).
 	WaitForProxy(ctx context.Context, w discovery.Want, wait time.Duration, refusal error, freed uint64, how discovery.Waiting) (*discovery.LeaseResponse, error)
@@ -313,6 +326,8 @@ type exchange struct {
 	span     trace.Span
 	tried    []string
 	failures []upstreamFailure
+	// final says a proxy refused the request itself: no other is tried.
+	final bool
 	// result is a forwarded request's outcome when it is not ok.
 	result string
 	// body is the answer handed to the reverse proxy, whose Close ends the lease.
@@ -348,6 +363,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, span := g.tracer.Start(r.Context(), "gateway "+r.Method, trace.WithSpanKind(trace.SpanKindServer))
 	defer span.End()
 	x := &exchange{span: span}
+	h := takeHandoff(r.Context())
+	if h != nil {
+		// The event loop began this CONNECT: it goes on where the loop stopped.
+		x = h.x
+		x.span = span
+		x.span.SetAttributes(attribute.String("server.address", x.target))
+	}
 	record := func(outcome string) {
 		span.SetAttributes(attribute.String("proxyfleet.gateway.outcome", outcome),
 			attribute.String("proxyfleet.client", x.clientName()), attribute.Int("proxyfleet.gateway.attempts", len(x.tried)))
@@ -370,6 +392,14 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			panic(p)
 		}
 	}()
+	if h != nil {
+		if h.refusal != nil {
+			record(g.fail(w, h.refusal))
+			return
+		}
+		record(g.tunnel(w, r.WithContext(ctx), x))
+		return
+	}
 	record(g.serve(w, r.WithContext(ctx), x, kind))
 }
 
@@ -423,7 +453,16 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange, kin
 // authenticate finds the client whose token is the password of the request's proxy
 // credentials, reads the options of its username and holds it to its rate limit.
 func (g *Gateway) authenticate(r *http.Request, x *exchange) *discovery.APIError {
-	user, password, ok := proxyCredentials(r.Header)
+	if ae := g.identify(r.Header, x); ae != nil || x.client == nil {
+		return ae
+	}
+	return g.ops.Throttle(x.client)
+}
+
+// identify is authenticate without the rate limit: it finds the client and reads the
+// username's options, and changes nothing.
+func (g *Gateway) identify(h http.Header, x *exchange) *discovery.APIError {
+	user, password, ok := proxyCredentials(h)
 	cl, open := g.ops.ClientOf(password)
 	if open {
 		u, err := parseGatewayUser(user, "")
@@ -445,7 +484,7 @@ func (g *Gateway) authenticate(r *http.Request, x *exchange) *discovery.APIError
 		return discovery.Errorf(codes.Invalid, "%v", err)
 	}
 	x.client, x.user, x.auth = cl, u, "Bearer "+password
-	return g.ops.Throttle(cl)
+	return nil
 }
 
 // proxyCredentials reads Basic credentials from Proxy-Authorization (the scheme in any
@@ -511,6 +550,7 @@ func (g *Gateway) failed(x *exchange, f upstreamFailure) {
 	if f.retry && len(x.tried) < g.cfg.Attempts {
 		g.metrics.retries.Inc()
 	}
+	x.final = x.final || !f.retry
 	x.span.AddEvent("upstream failure", trace.WithAttributes(attribute.String("proxyfleet.proxy", f.proxy),
 		attribute.String("proxyfleet.gateway.failure", f.kind)))
 	g.log.Info("fleet proxy failed", "proxy", f.proxy, "kind", f.kind, "detail", f.detail, "client", x.clientName())

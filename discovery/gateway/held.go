@@ -12,6 +12,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -121,6 +122,13 @@ func (g *Gateway) renewOne(ctx context.Context, auth, id string) error {
 	return err
 }
 
+// headerTimeout bounds a crawler's request head (the server's ReadHeaderTimeout, and the
+// event loop's): a crawler that sends nothing holds nothing.
+const headerTimeout = 10 * time.Second
+
+// loopCount is how many event loops a gateway runs by default: one per processor Go uses.
+func loopCount() int { return runtime.GOMAXPROCS(0) }
+
 // Serve runs the gateway on ln until ctx ends. Then it stops accepting, gives plain
 // requests in flight up to 10s, closes the tunnels still open and releases their leases.
 func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
@@ -130,10 +138,27 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	go func() { g.renewHeld(ctx); close(renewed) }()
 	// No read or write timeout: a plain answer may stream for as long as the site sends
 	// it, and a tunnel lives past its handler. The header timeout bounds a silent client.
-	hs := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
-		MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)}
-	err, _ := httpserve.Until(ctx, hs, ln)
+	hs := &http.Server{Handler: g, ReadHeaderTimeout: headerTimeout, IdleTimeout: 2 * time.Minute,
+		MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		ConnContext: handoffContext}
+	// The event loops accept and serve CONNECT tunnels; the server gets the rest.
+	served := ln
+	loops, ok := g.startLoops(ln, g.cfg.Loops)
+	if ok {
+		served = loops.hand
+		g.mu.Lock()
+		g.loops = loops
+		g.mu.Unlock()
+		go func() {
+			<-ctx.Done()
+			loops.stop()
+		}()
+	}
+	err, _ := httpserve.Until(ctx, hs, served)
 	cancel()
+	if ok {
+		loops.stop()
+	}
 	g.mu.Lock()
 	g.closed = true
 	open := make([]*tunnel, 0, len(g.tunnels))

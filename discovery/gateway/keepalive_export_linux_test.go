@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net"
+	"sync"
 	"syscall"
 )
 
@@ -9,7 +10,6 @@ import (
 // TCP keepalive on.
 func (g *Gateway) UpstreamKeepAlive() []bool {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	var out []bool
 	for t := range g.tunnels {
 		on := false
@@ -22,6 +22,22 @@ func (g *Gateway) UpstreamKeepAlive() []bool {
 			}
 		}
 		out = append(out, on)
+	}
+	s := g.loops
+	// Unlocked: a loop holding a lease takes the lock.
+	g.mu.Unlock()
+	if s != nil {
+		var mu sync.Mutex
+		s.each(func(l *loop) {
+			for t := range l.open {
+				if t.state == stOpen {
+					v, err := syscall.GetsockoptInt(t.up.fd, syscall.SOL_SOCKET, syscall.SO_KEEPALIVE)
+					mu.Lock()
+					out = append(out, err == nil && v == 1)
+					mu.Unlock()
+				}
+			}
+		})
 	}
 	return out
 }

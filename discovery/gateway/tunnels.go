@@ -41,7 +41,7 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 		early []byte
 		l     *discovery.LeaseResponse
 	)
-	for up == nil && len(x.tried) < g.cfg.Attempts {
+	for up == nil && len(x.tried) < g.cfg.Attempts && !x.final {
 		var err error
 		l, err = g.leaseFor(r.Context(), x)
 		switch {
@@ -62,9 +62,6 @@ func (g *Gateway) tunnel(w http.ResponseWriter, r *http.Request, x *exchange) st
 				return "canceled"
 			}
 			g.failed(x, *f)
-			if !f.retry {
-				break
-			}
 		}
 	}
 	if up == nil {
@@ -126,14 +123,7 @@ func (g *Gateway) dialTunnel(ctx context.Context, l *discovery.LeaseResponse, ho
 		return nil, nil, dialFailure(id, err, true)
 	}
 	_ = c.SetDeadline(deadline)
-	var b strings.Builder
-	b.WriteString("CONNECT " + hostport + " HTTP/1.1\r\nHost: " + hostport + "\r\n")
-	if l.Proxy.Username != "" {
-		b.WriteString("Proxy-Authorization: Basic " +
-			base64.StdEncoding.EncodeToString([]byte(l.Proxy.Username+":"+l.Proxy.Password)) + "\r\n")
-	}
-	b.WriteString("\r\n")
-	if _, err := io.WriteString(c, b.String()); err != nil {
+	if _, err := io.WriteString(c, connectRequest(l, hostport)); err != nil {
 		c.Close()
 		return nil, nil, ioFailure(id, err)
 	}
@@ -143,17 +133,8 @@ func (g *Gateway) dialTunnel(ctx context.Context, l *discovery.LeaseResponse, ho
 		c.Close()
 		return nil, nil, ioFailure(id, err)
 	}
-	if resp.StatusCode/100 != 2 {
+	if f := connectRefused(id, resp); f != nil {
 		c.Close()
-		f := &upstreamFailure{proxy: id, kind: failRefused, detail: "answered " + resp.Status + " to CONNECT", retry: true}
-		switch resp.StatusCode {
-		case http.StatusProxyAuthRequired:
-			f.kind, f.detail = failAuth, "refused its credentials (407)"
-		case http.StatusBadRequest, http.StatusForbidden, http.StatusMethodNotAllowed:
-			// The proxy refuses the request itself (a port or destination its rules do
-			// not allow): another proxy of the fleet applies the same rules.
-			f.retry = false
-		}
 		return nil, nil, f
 	}
 	_ = c.SetDeadline(time.Time{})
@@ -163,6 +144,35 @@ func (g *Gateway) dialTunnel(ctx context.Context, l *discovery.LeaseResponse, ho
 		early = slices.Clone(b)
 	}
 	return c, early, nil
+}
+
+// connectRequest is the CONNECT a tunnel asks the leased proxy for.
+func connectRequest(l *discovery.LeaseResponse, hostport string) string {
+	var b strings.Builder
+	b.WriteString("CONNECT " + hostport + " HTTP/1.1\r\nHost: " + hostport + "\r\n")
+	if l.Proxy.Username != "" {
+		b.WriteString("Proxy-Authorization: Basic " +
+			base64.StdEncoding.EncodeToString([]byte(l.Proxy.Username+":"+l.Proxy.Password)) + "\r\n")
+	}
+	b.WriteString("\r\n")
+	return b.String()
+}
+
+// connectRefused is the failure a fleet proxy's answer to CONNECT says, or nil for a 2xx.
+func connectRefused(id string, resp *http.Response) *upstreamFailure {
+	if resp.StatusCode/100 == 2 {
+		return nil
+	}
+	f := &upstreamFailure{proxy: id, kind: failRefused, detail: "answered " + resp.Status + " to CONNECT", retry: true}
+	switch resp.StatusCode {
+	case http.StatusProxyAuthRequired:
+		f.kind, f.detail = failAuth, "refused its credentials (407)"
+	case http.StatusBadRequest, http.StatusForbidden, http.StatusMethodNotAllowed:
+		// The proxy refuses the request itself (a port or destination its rules do
+		// not allow): another proxy of the fleet applies the same rules.
+		f.retry = false
+	}
+	return f
 }
 
 // dialFailure classifies a failed connection to a fleet proxy. Its detail names no
