@@ -20,3 +20,6 @@ func (g *Gateway) Hold(id, auth string) { g.hold(id, auth) }
 
 // RenewPass runs one pass of renewals of the leases g holds.
 func (g *Gateway) RenewPass(ctx context.Context) { g.renewPass(ctx) }
+
+// SetHeaderTimeout bounds a crawler's request head to d, before Serve.
+func (g *Gateway) SetHeaderTimeout(d time.Duration) { g.headerTimeout = d }

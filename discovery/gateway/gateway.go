@@ -208,6 +208,8 @@ type Gateway struct {
 	closed   bool
 	// loops are the event loops Serve runs, if any.
 	loops *loopSet
+	// headerTimeout bounds a crawler's request head (headerTimeout; tests shorten it).
+	headerTimeout time.Duration
 
 	// waitPoll bounds how long a request waiting for a slot goes without looking by
 	// itself (0: the domain's); every change of the store that can free a slot wakes the
@@ -259,7 +261,7 @@ func newGateway(cfg Config, ops leaseOps, m *metrics, log *slog.Logger) *Gateway
 	cfg.defaults()
 	g := &Gateway{ops: ops, metrics: m, cfg: cfg, log: log.With("component", "gateway"), tracer: otel.Tracer("proxyfleet-gateway"),
 		report: map[int]string{}, held: map[string]string{}, tunnels: map[*tunnel]struct{}{},
-		switched: map[*leaseConn]struct{}{}}
+		switched: map[*leaseConn]struct{}{}, headerTimeout: headerTimeout}
 	for _, st := range cfg.ReportStatuses {
 		g.report[st] = contract.ReportBanned
 		if st == http.StatusTooManyRequests {

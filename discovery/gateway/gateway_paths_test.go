@@ -430,19 +430,24 @@ func TestGatewayEveryPathEndsItsLease(t *testing.T) {
 			c.ended()
 		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			relay := blindProxy(t)
-			ge := newGatewayEnv(t, 2, func(_ *discovery.Config, g *gateway.Config, fleet []discovery.Proxy) {
-				fleet[0].Attributes = map[string]string{"relay": "local"}
-				fleet[1].Attributes = map[string]string{"relay": "blind"}
-				fleet[1].Port = int32(relay)
-				g.HalfClosedTimeout = 200 * time.Millisecond
+		// Tunnels on the event loops (Linux), and on a goroutine each (elsewhere, and
+		// what the loops hand over).
+		for _, loops := range []int{0, -1} {
+			t.Run(tc.name+map[int]string{0: "", -1: "/no loops"}[loops], func(t *testing.T) {
+				relay := blindProxy(t)
+				ge := newGatewayEnv(t, 2, func(_ *discovery.Config, g *gateway.Config, fleet []discovery.Proxy) {
+					fleet[0].Attributes = map[string]string{"relay": "local"}
+					fleet[1].Attributes = map[string]string{"relay": "blind"}
+					fleet[1].Port = int32(relay)
+					g.HalfClosedTimeout = 200 * time.Millisecond
+					g.Loops = loops
+				})
+				ge.t = t
+				e := env{gatewayEnv: ge, site: newAnswersSite(t)}
+				tc.run(t, e)
+				e.waitNoLeases()
+				require.Eventually(t, func() bool { return e.metric("proxyfleet_gateway_tunnels_open") == 0 }, 10*time.Second, 5*time.Millisecond)
 			})
-			ge.t = t
-			e := env{gatewayEnv: ge, site: newAnswersSite(t)}
-			tc.run(t, e)
-			e.waitNoLeases()
-			require.Eventually(t, func() bool { return e.metric("proxyfleet_gateway_tunnels_open") == 0 }, 10*time.Second, 5*time.Millisecond)
-		})
+		}
 	}
 }

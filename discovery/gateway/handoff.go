@@ -15,6 +15,14 @@ import (
 // first request is not a CONNECT it can open by itself, with the bytes it already read,
 // and, when it got as far as knowing the crawler, what it learned (a handoff).
 
+// Reasons of a handoff, the label of proxyfleet_gateway_handoffs_total.
+const (
+	handoffRequest  = "request"  // not a CONNECT the loop serves
+	handoffRefused  = "refused"  // the crawler is refused: the server answers why
+	handoffWait     = "wait"     // no proxy could take it at once: the server waits for one
+	handoffUpstream = "upstream" // a fleet proxy failed: the server tries the next
+)
+
 // handoff is what the event loop learned of a CONNECT it hands over: who asked for what,
 // the proxies tried and how they failed, or why the crawler is refused. The HTTP server
 // goes on from there for the connection's first request (Gateway.ServeHTTP), so nothing is

@@ -138,7 +138,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	go func() { g.renewHeld(ctx); close(renewed) }()
 	// No read or write timeout: a plain answer may stream for as long as the site sends
 	// it, and a tunnel lives past its handler. The header timeout bounds a silent client.
-	hs := &http.Server{Handler: g, ReadHeaderTimeout: headerTimeout, IdleTimeout: 2 * time.Minute,
+	hs := &http.Server{Handler: g, ReadHeaderTimeout: g.headerTimeout, IdleTimeout: 2 * time.Minute,
 		MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 		ConnContext: handoffContext}
 	// The event loops accept and serve CONNECT tunnels; the server gets the rest.

@@ -41,3 +41,21 @@ func (g *Gateway) UpstreamKeepAlive() []bool {
 	}
 	return out
 }
+
+// LoopTunnels is how many tunnels g's event loops serve now, in any state.
+func (g *Gateway) LoopTunnels() int {
+	g.mu.Lock()
+	s := g.loops
+	g.mu.Unlock()
+	if s == nil {
+		return 0
+	}
+	var mu sync.Mutex
+	n := 0
+	s.each(func(l *loop) {
+		mu.Lock()
+		n += len(l.open)
+		mu.Unlock()
+	})
+	return n
+}

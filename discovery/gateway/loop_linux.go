@@ -435,7 +435,7 @@ func (l *loop) accept() {
 		l.open[t] = struct{}{}
 		// The head's bound, as the server's ReadHeaderTimeout: a crawler that sends
 		// nothing holds nothing.
-		l.arm(t, headerTimeout, func() { l.end(t, "") })
+		l.arm(t, l.g.headerTimeout, func() { l.end(t, "") })
 		// Nothing is read yet: a head already here is reported by the set at once.
 	}
 }
@@ -512,7 +512,7 @@ func (l *loop) readHead(t *ltunnel, hangup bool) {
 		from := max(len(t.in)-3, 0)
 		t.in = append(t.in, chunk[:n]...)
 		if !isConnectPrefix(t.in) {
-			l.handoff(t, nil) // a plain request, or not HTTP: the server's
+			l.handoff(t, nil, handoffRequest) // a plain request, or not HTTP: the server's
 			return
 		}
 		if i := bytes.Index(t.in[from:], []byte("\r\n\r\n")); i >= 0 {
@@ -521,7 +521,7 @@ func (l *loop) readHead(t *ltunnel, hangup bool) {
 			return
 		}
 		if len(t.in) > loopMaxHead {
-			l.handoff(t, nil)
+			l.handoff(t, nil, handoffRequest)
 			return
 		}
 		if n < len(chunk) && !hangup {
@@ -545,23 +545,23 @@ func (l *loop) headRead(t *ltunnel) {
 	l.head.Reset(l.headR)
 	req, err := http.ReadRequest(l.head)
 	if err != nil || !servable(req) {
-		l.handoff(t, nil)
+		l.handoff(t, nil, handoffRequest)
 		return
 	}
 	g := l.g
 	// Its span is the handler's once handed over; the loop records its own (record).
 	x := &exchange{span: trace.SpanFromContext(context.Background())}
 	if ae := g.identify(req.Header, x); ae != nil || !g.ops.Loaded() {
-		l.handoff(t, nil)
+		l.handoff(t, nil, handoffRefused)
 		return
 	}
 	if _, port, err := net.SplitHostPort(req.Host); err != nil || port == "" {
-		l.handoff(t, nil)
+		l.handoff(t, nil, handoffRefused)
 		return
 	}
 	target, err := discovery.NormalizeTarget(req.Host)
 	if err != nil {
-		l.handoff(t, nil)
+		l.handoff(t, nil, handoffRefused)
 		return
 	}
 	x.target = target
@@ -569,7 +569,7 @@ func (l *loop) headRead(t *ltunnel) {
 	t.x = x
 	if x.client != nil {
 		if ae := g.ops.Throttle(x.client); ae != nil {
-			l.handoff(t, &handoff{x: x, refusal: ae})
+			l.handoff(t, &handoff{x: x, refusal: ae}, handoffRefused)
 			return
 		}
 	}
@@ -632,7 +632,7 @@ func (l *loop) granted(t *ltunnel, lease *discovery.LeaseResponse, err error) {
 		return
 	}
 	if err != nil {
-		l.handoff(t, &handoff{x: t.x})
+		l.handoff(t, &handoff{x: t.x}, handoffWait)
 		return
 	}
 	t.x.tried = append(t.x.tried, lease.Proxy.Namespace+"/"+lease.Proxy.Name)
@@ -787,7 +787,7 @@ func (l *loop) upFailed(t *ltunnel, f *upstreamFailure) {
 		t.x.tried = t.x.tried[:len(t.x.tried)-1]
 	}
 	t.lease = nil
-	l.handoff(t, &handoff{x: t.x})
+	l.handoff(t, &handoff{x: t.x}, handoffUpstream)
 }
 
 // opened answers the crawler's CONNECT and starts relaying: the fleet proxy's early bytes
@@ -957,8 +957,9 @@ func (l *loop) end(t *ltunnel, outcome string) {
 }
 
 // handoff gives the crawler's connection to the HTTP server, with the bytes read from
-// it and what the loop learned (h; nil: the server starts from the head).
-func (l *loop) handoff(t *ltunnel, h *handoff) {
+// it and what the loop learned (h; nil: the server starts from the head), for reason.
+func (l *loop) handoff(t *ltunnel, h *handoff, reason string) {
+	l.g.metrics.handoffs.WithLabelValues(reason).Inc()
 	c := t.client
 	prefix := t.in
 	t.in = nil

@@ -21,6 +21,7 @@ type metrics struct {
 	reports          *prometheus.CounterVec
 	leasesLost       prometheus.Counter
 	waits            prometheus.Counter
+	handoffs         *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -62,6 +63,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "proxyfleet_gateway_waits_total",
 			Help: "Gateway requests and tunnels that waited for a proxy to free a slot (every one that could take them was full or resting): the fleet is saturated.",
 		}),
+		handoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "proxyfleet_gateway_handoffs_total",
+			Help: "Connections the gateway's event loops (Linux) passed to its HTTP server, by reason: request (not a CONNECT the loop serves: a plain request, or one it does not parse as the server would), refused (bad credentials, the rate limit, an index still loading, a bad target), wait (no proxy could take it at once), upstream (a fleet proxy failed; the server tries the next).",
+		}, []string{"reason"}),
 		leasesLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_leases_lost_total",
 			Help: "Leases of open gateway requests or tunnels that could not be renewed (their proxy was replaced, turned unhealthy or left); the connection goes on uncounted.",
@@ -77,6 +82,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	for _, r := range []string{contract.ReportBanned, contract.ReportRateLimited} {
 		m.reports.WithLabelValues(r)
+	}
+	for _, r := range []string{handoffRequest, handoffRefused, handoffWait, handoffUpstream} {
+		m.handoffs.WithLabelValues(r)
 	}
 	if reg != nil {
 		m.register(reg)
@@ -98,6 +106,7 @@ func (m *metrics) register(reg prometheus.Registerer) {
 	m.reports = registered(reg, m.reports)
 	m.leasesLost = registered(reg, m.leasesLost)
 	m.waits = registered(reg, m.waits)
+	m.handoffs = registered(reg, m.handoffs)
 }
 
 // registered registers c on reg, or returns the collector of the same metric registered
