@@ -55,6 +55,8 @@ func main() {
 		"how long a gateway request or tunnel waits when no proxy matches it yet, or none is healthy, but a ProxyPool's autoscaler watches the proxies it asks for (a pool scaled to zero starting one)")
 	flag.DurationVar(&cfg.Gateway.LeaseTTL, "gateway-lease-ttl", gateway.DefaultLeaseTTL,
 		"TTL of the lease each gateway request or tunnel holds, renewed while it lasts")
+	flag.IntVar(&cfg.Gateway.Loops, "gateway-loops", 0,
+		"event loops that serve the gateway's CONNECT tunnels on Linux, each from its head to its end without a goroutine of its own (0: one per CPU Go uses; negative: none, a goroutine per connection)")
 	replica := flag.String("replica", cmdline.Env("DISCOVERY_REPLICA", "0"),
 		"this replica's number in --peers, or a StatefulSet pod name ending in it, such as discovery-2 (env DISCOVERY_REPLICA)")
 

@@ -158,6 +158,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	cancel()
 	if ok {
 		loops.stop()
+		_ = loops.hand.Close()
 	}
 	g.mu.Lock()
 	g.closed = true

@@ -126,7 +126,9 @@ func (g *Gateway) startLoops(ln net.Listener, n int) (*loopSet, bool) {
 }
 
 // stop ends the loops: no more connections are accepted, and every tunnel they hold is
-// closed and its lease released.
+// closed and its lease released. The listener of handed-over connections stays open for
+// the server, whose shutdown closes it: closed first, it would end the server's Serve
+// with an error before the drain.
 func (s *loopSet) stop() {
 	s.stopOnce.Do(func() {
 		for _, l := range s.loops {
@@ -134,7 +136,6 @@ func (s *loopSet) stop() {
 		}
 		s.wg.Wait()
 		_ = syscall.Close(s.lnfd)
-		_ = s.hand.Close()
 	})
 }
 
