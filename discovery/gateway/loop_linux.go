@@ -63,6 +63,10 @@ const loopMaxHead = 64<<10 + 4096
 // only while its peer cannot take them.
 const loopBuffer = 64 << 10
 
+// pumpBudget bounds the reads one direction of a tunnel makes before the loop turns to
+// the others (1 MiB): a fast transfer waits its turn instead of holding the loop.
+const pumpBudget = 16
+
 // epollET is EPOLLET as the events word holds it.
 const epollET = 1 << 31
 
@@ -164,6 +168,9 @@ type loop struct {
 	buf    []byte
 	events []syscall.EpollEvent
 	gen    uint32
+	// again are the directions that used their budget with more to read, pumped on the
+	// loop's next turn.
+	again []pumpTurn
 	// due are the tunnels' deadlines; wake is the timer set for the earliest (at wakeAt).
 	due     deadlineHeap
 	wake    *time.Timer
@@ -236,7 +243,8 @@ func (l *loop) run() {
 	_ = rc.Read(func(uintptr) bool {
 		for !l.stopped {
 			n := l.poll()
-			if !l.fireDue() && n == 0 && !l.stopped {
+			more := l.pumpAgain()
+			if !l.fireDue() && n == 0 && !more && !l.stopped {
 				l.wakeForDue()
 				return false // Go's poller calls again once the set has events
 			}
@@ -841,6 +849,28 @@ func (l *loop) record(t *ltunnel, outcome string) {
 	span.End()
 }
 
+// pumpTurn is a direction of a tunnel waiting for its next turn.
+type pumpTurn struct {
+	t        *ltunnel
+	src, dst *lconn
+}
+
+// pumpAgain gives the directions that used their budget another turn, and says whether
+// there were any.
+func (l *loop) pumpAgain() bool {
+	if len(l.again) == 0 {
+		return false
+	}
+	turns := l.again
+	l.again = nil
+	for _, p := range turns {
+		if p.t.state == stOpen {
+			l.pump(p.t, p.src, p.dst, true)
+		}
+	}
+	return true
+}
+
 // pump moves what src sent to dst: first what dst could not take before, then src's
 // bytes until src has none or dst takes no more. Unless full, a read shorter than the
 // buffer ends it (see readHead): full when src may have ended, or nothing says what came.
@@ -849,7 +879,12 @@ func (l *loop) pump(t *ltunnel, src, dst *lconn, full bool) {
 	if src == t.up {
 		counter = l.s.downBytes
 	}
-	for t.state == stOpen {
+	for reads := 0; t.state == stOpen; reads++ {
+		if reads == pumpBudget {
+			// More may be waiting, which no new event will say: a turn later.
+			l.again = append(l.again, pumpTurn{t, src, dst})
+			return
+		}
 		if len(dst.out) > 0 {
 			n, e := rawWrite(dst.fd, dst.out)
 			switch {

@@ -275,3 +275,43 @@ func TestLoopForwardsWhatCameWithTheHead(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, bytes.Equal(early, got))
 }
+
+// TestLoopTurnsFromAFastTransferToTheOthers: a tunnel whose site streams as fast as the
+// loop can carry it does not hold its loop: another tunnel on it is answered meanwhile.
+func TestLoopTurnsFromAFastTransferToTheOthers(t *testing.T) {
+	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *gateway.Config, _ []discovery.Proxy) { g.Loops = 1 })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() { // a site that never stops sending
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				zeros := make([]byte, 1<<20)
+				for {
+					if _, err := c.Write(zeros); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	bulk, resp := e.connect(gwClient, gwToken, ln.Addr().String())
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	go func() { _, _ = io.Copy(io.Discard, bulk) }()
+	require.Eventually(t, func() bool { return e.metric("proxyfleet_gateway_tunnel_bytes_total", "direction", "downstream") > 64<<20 },
+		20*time.Second, 5*time.Millisecond)
+	conn, resp := e.connect(gwClient, gwToken, echoServer(t))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	_, err = io.WriteString(conn, "ping")
+	require.NoError(t, err)
+	got := make([]byte, 4)
+	_, err = io.ReadFull(conn, got)
+	require.NoError(t, err, "the second tunnel waited on the first")
+	assert.Equal(t, "ping", string(got))
+}
