@@ -177,7 +177,7 @@ type loop struct {
 	wakeAt  time.Time
 	wakeSet bool
 	head    *bufio.Reader
-	headR  *bytes.Reader
+	headR   *bytes.Reader
 	// stopped is set on the loop's goroutine when it stops.
 	stopped bool
 
@@ -367,8 +367,8 @@ type ltunnel struct {
 	// timer bounds the state (the head, the connection to the fleet proxy); idle closes a
 	// half-closed tunnel left silent; keep turns keepalive on for a lasting tunnel.
 	timer, idle, keep *deadline
-	ended int
-	moved int64
+	ended             int
+	moved             int64
 }
 
 // ctl adds, changes or removes fd in the loop's set; gen rides in the event's data.

@@ -143,7 +143,9 @@ func TestLoopRelaysLargeTransfersBothWaysUnderBackpressure(t *testing.T) {
 		sent <- err
 	}()
 	// Nothing is read until the writer is blocked: every buffer on the way is full.
-	require.Eventually(t, func() bool { return len(sent) == 0 && e.metric("proxyfleet_gateway_tunnel_bytes_total", "direction", "upstream") > 1<<20 },
+	require.Eventually(t, func() bool {
+		return len(sent) == 0 && e.metric("proxyfleet_gateway_tunnel_bytes_total", "direction", "upstream") > 1<<20
+	},
 		10*time.Second, 5*time.Millisecond)
 	got := make([]byte, len(payload))
 	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
@@ -303,7 +305,9 @@ func TestLoopTurnsFromAFastTransferToTheOthers(t *testing.T) {
 	bulk, resp := e.connect(gwClient, gwToken, ln.Addr().String())
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	go func() { _, _ = io.Copy(io.Discard, bulk) }()
-	require.Eventually(t, func() bool { return e.metric("proxyfleet_gateway_tunnel_bytes_total", "direction", "downstream") > 64<<20 },
+	require.Eventually(t, func() bool {
+		return e.metric("proxyfleet_gateway_tunnel_bytes_total", "direction", "downstream") > 64<<20
+	},
 		20*time.Second, 5*time.Millisecond)
 	conn, resp := e.connect(gwClient, gwToken, echoServer(t))
 	require.Equal(t, http.StatusOK, resp.StatusCode)

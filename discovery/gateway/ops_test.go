@@ -60,7 +60,7 @@ func (m *leaseOpsMock) ClientOf(token string) (*discovery.Client, bool) {
 func (m *leaseOpsMock) Throttle(*discovery.Client) *discovery.APIError { return nil }
 func (m *leaseOpsMock) Loaded() bool                                   { return true }
 func (m *leaseOpsMock) Freed() uint64                                  { return 0 }
-func (m *leaseOpsMock) Alone() bool                                   { return false }
+func (m *leaseOpsMock) Alone() bool                                    { return false }
 
 // WaitForProxy answers the refusal: nothing frees up in a fleet of mocks.
 func (m *leaseOpsMock) WaitForProxy(_ context.Context, _ discovery.Want, _ time.Duration, refusal error, _ uint64, _ discovery.Waiting) (*discovery.LeaseResponse, error) {
