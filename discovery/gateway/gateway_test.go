@@ -817,37 +817,24 @@ func TestGatewayRenewsTheLeaseOfAnOpenTunnel(t *testing.T) {
 // port.
 func blindProxy(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				br := bufio.NewReader(conn)
-				req, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				site, err := net.Dial("tcp", req.URL.Host)
-				if err != nil {
-					return
-				}
-				defer site.Close()
-				req.Header.Del("Proxy-Authorization")
-				if err := req.Write(site); err != nil {
-					return
-				}
-				go func() { _, _ = io.Copy(site, br) }()
-				_, _ = io.Copy(conn, site)
-			}()
+	return serveConns(t, func(conn net.Conn) {
+		br := bufio.NewReader(conn)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
 		}
-	}()
-	return ln.Addr().(*net.TCPAddr).Port
+		site, err := net.Dial("tcp", req.URL.Host)
+		if err != nil {
+			return
+		}
+		defer site.Close()
+		req.Header.Del("Proxy-Authorization")
+		if err := req.Write(site); err != nil {
+			return
+		}
+		go func() { _, _ = io.Copy(site, br) }()
+		_, _ = io.Copy(conn, site)
+	}).Port
 }
 
 // TestGatewaySendsNothingAgainThatTheSiteAnswered407: a 407 is a retry on another proxy

@@ -28,44 +28,12 @@ import (
 
 // echoServer answers every connection with what it reads, until the other side ends.
 func echoServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
-	return ln.Addr().String()
+	return serveConns(t, func(c net.Conn) { _, _ = io.Copy(c, c) }).String()
 }
 
 // stallingProxy accepts connections and reads them, and never answers.
 func stallingProxy(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(io.Discard, c)
-			}()
-		}
-	}()
-	return ln.Addr().(*net.TCPAddr).Port
+	return serveConns(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) }).Port
 }
 
 // serveGatewayOn runs a gateway over srv alone until the test ends, and returns its address.
@@ -282,27 +250,16 @@ func TestLoopForwardsWhatCameWithTheHead(t *testing.T) {
 // loop can carry it does not hold its loop: another tunnel on it is answered meanwhile.
 func TestLoopTurnsFromAFastTransferToTheOthers(t *testing.T) {
 	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *gateway.Config, _ []discovery.Proxy) { g.Loops = 1 })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() { // a site that never stops sending
+	// A site that never stops sending.
+	site := serveConns(t, func(c net.Conn) {
+		zeros := make([]byte, 1<<20)
 		for {
-			c, err := ln.Accept()
-			if err != nil {
+			if _, err := c.Write(zeros); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				zeros := make([]byte, 1<<20)
-				for {
-					if _, err := c.Write(zeros); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
-	bulk, resp := e.connect(gwClient, gwToken, ln.Addr().String())
+	})
+	bulk, resp := e.connect(gwClient, gwToken, site.String())
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	go func() { _, _ = io.Copy(io.Discard, bulk) }()
 	require.Eventually(t, func() bool {
@@ -312,7 +269,7 @@ func TestLoopTurnsFromAFastTransferToTheOthers(t *testing.T) {
 	conn, resp := e.connect(gwClient, gwToken, echoServer(t))
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	_, err = io.WriteString(conn, "ping")
+	_, err := io.WriteString(conn, "ping")
 	require.NoError(t, err)
 	got := make([]byte, 4)
 	_, err = io.ReadFull(conn, got)
