@@ -371,6 +371,11 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		x = h.x
 		x.span = span
 		x.span.SetAttributes(attribute.String("server.address", x.target))
+		for _, f := range x.failures {
+			// What the loop's attempts met, on the request's span as the server's are.
+			span.AddEvent("upstream failure", trace.WithAttributes(attribute.String("proxyfleet.proxy", f.proxy),
+				attribute.String("proxyfleet.gateway.failure", f.kind)))
+		}
 	}
 	record := func(outcome string) {
 		span.SetAttributes(attribute.String("proxyfleet.gateway.outcome", outcome),

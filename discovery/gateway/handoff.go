@@ -119,12 +119,18 @@ func (l *handoffListener) Accept() (net.Conn, error) {
 
 func (l *handoffListener) Close() error {
 	l.once.Do(func() { close(l.done) })
+	l.drain()
+	return nil
+}
+
+// drain closes the connections nobody will accept any more.
+func (l *handoffListener) drain() {
 	for {
 		select {
 		case c := <-l.conns:
 			c.Close()
 		default:
-			return nil
+			return
 		}
 	}
 }
@@ -135,18 +141,30 @@ func (l *handoffListener) Addr() net.Addr { return l.addr }
 // goroutine waits to; once the listener is closed, c is closed.
 func (l *handoffListener) give(c net.Conn) {
 	select {
-	case l.conns <- c:
-		return
 	case <-l.done:
 		c.Close()
+		return
+	case l.conns <- c:
+		l.afterClose()
 		return
 	default:
 	}
 	go func() {
 		select {
 		case l.conns <- c:
+			l.afterClose()
 		case <-l.done:
 			c.Close()
 		}
 	}()
+}
+
+// afterClose drains what was queued as the listener closed (a select that could both
+// queue and see the listener closed may have queued), which Close's drain may have missed.
+func (l *handoffListener) afterClose() {
+	select {
+	case <-l.done:
+		l.drain()
+	default:
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"os"
@@ -210,12 +211,9 @@ func newLoop(s *loopSet) (*loop, error) {
 		l.closeFiles()
 		return nil, e
 	}
-	if e := l.ctl(syscall.EPOLL_CTL_ADD, s.lnfd, syscall.EPOLLIN|epollExclusive, 0); e != 0 {
-		// A kernel before 4.5 has no EPOLLEXCLUSIVE: every loop is woken, one accepts.
-		if e := l.ctl(syscall.EPOLL_CTL_ADD, s.lnfd, syscall.EPOLLIN, 0); e != 0 {
-			l.closeFiles()
-			return nil, e
-		}
+	if e := l.watchListener(); e != 0 {
+		l.closeFiles()
+		return nil, e
 	}
 	l.file = os.NewFile(uintptr(epfd), "gateway-epoll")
 	return l, nil
@@ -265,6 +263,9 @@ func (l *loop) poll() int {
 	}
 	n := int(r)
 	for i := range n {
+		if l.stopped {
+			break // the rest of the batch is the closed loop's: its sockets are gone
+		}
 		ev := l.events[i]
 		fd := int(ev.Fd)
 		switch {
@@ -367,8 +368,10 @@ type ltunnel struct {
 	// timer bounds the state (the head, the connection to the fleet proxy); idle closes a
 	// half-closed tunnel left silent; keep turns keepalive on for a lasting tunnel.
 	timer, idle, keep *deadline
-	ended             int
-	moved             int64
+	// hangup: the crawler's end of stream may have come with its head.
+	hangup bool
+	ended  int
+	moved  int64
 }
 
 // ctl adds, changes or removes fd in the loop's set; gen rides in the event's data.
@@ -410,9 +413,25 @@ func (l *loop) forget(c *lconn) {
 	c.fd = -1
 }
 
-// accept takes every connection waiting.
+// acceptBudget bounds the connections one loop takes in a turn: the listener is level
+// triggered, so those left are reported again, to whichever loop looks first.
+const acceptBudget = 32
+
+// watchListener adds the listening socket to the loop's set.
+func (l *loop) watchListener() syscall.Errno {
+	if e := l.ctl(syscall.EPOLL_CTL_ADD, l.s.lnfd, syscall.EPOLLIN|epollExclusive, 0); e == 0 {
+		return 0
+	}
+	// A kernel before 4.5 has no EPOLLEXCLUSIVE: every loop is woken, one accepts.
+	return l.ctl(syscall.EPOLL_CTL_ADD, l.s.lnfd, syscall.EPOLLIN, 0)
+}
+
+// accept takes the connections waiting, up to acceptBudget.
 func (l *loop) accept() {
-	for {
+	for range acceptBudget {
+		if l.stopped {
+			return
+		}
 		r, _, e := syscall.RawSyscall6(syscall.SYS_ACCEPT4, uintptr(l.s.lnfd), 0, 0, syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0, 0)
 		switch e {
 		case 0:
@@ -426,7 +445,11 @@ func (l *loop) accept() {
 			l.g.log.Warn("gateway cannot accept a connection; pausing accepts", "error", e)
 			_ = l.ctl(syscall.EPOLL_CTL_DEL, l.s.lnfd, 0, 0)
 			time.AfterFunc(100*time.Millisecond, func() {
-				l.post(func() { _ = l.ctl(syscall.EPOLL_CTL_ADD, l.s.lnfd, syscall.EPOLLIN|epollExclusive, 0) })
+				l.post(func() {
+					if e := l.watchListener(); e != 0 {
+						l.g.log.Error("gateway loop cannot accept again", "error", e)
+					}
+				})
 			})
 			return
 		default:
@@ -471,14 +494,14 @@ func (l *loop) event(c *lconn, ev uint32) {
 			l.readHead(t, hangup)
 		}
 	case stGranting:
-		if hangup {
+		if hangup && l.left(c, ev) {
 			l.end(t, "canceled")
 		}
 	case stDialing, stAnswer:
 		if c == t.client {
 			// The crawler's bytes wait in its socket until the tunnel opens; its
 			// leaving ends the attempt, as it ends the server's request.
-			if hangup {
+			if hangup && l.left(c, ev) {
 				l.end(t, "canceled")
 			}
 			return
@@ -502,6 +525,21 @@ func (l *loop) event(c *lconn, ev uint32) {
 	}
 }
 
+// left says whether the crawler has gone before its tunnel opened: its connection failed,
+// or it ended its stream with nothing left unread. One that sent its first bytes and then
+// half-closed waits for its answer, as the server lets it.
+func (l *loop) left(c *lconn, ev uint32) bool {
+	return ev&(syscall.EPOLLERR|syscall.EPOLLHUP) != 0 || peerClosed(c.fd)
+}
+
+// peerClosed says whether fd's peer has ended its stream and nothing waits to be read.
+func peerClosed(fd int) bool {
+	var b [1]byte
+	r, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), 1,
+		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	return e == 0 && r == 0 || e != 0 && e != syscall.EAGAIN && e != syscall.EINTR
+}
+
 // readHead reads the crawler's request head, and acts on it once it is whole. A read
 // shorter than asked took all there was, and what comes later is a new event, unless the
 // crawler's end of stream came with it (hangup), which only a further read reports.
@@ -518,14 +556,15 @@ func (l *loop) readHead(t *ltunnel, hangup bool) {
 			l.end(t, "")
 			return
 		}
-		from := max(len(t.in)-3, 0)
+		from := max(len(t.in)-2, 0)
 		t.in = append(t.in, chunk[:n]...)
 		if !isConnectPrefix(t.in) {
 			l.handoff(t, nil, handoffRequest) // a plain request, or not HTTP: the server's
 			return
 		}
-		if i := bytes.Index(t.in[from:], []byte("\r\n\r\n")); i >= 0 {
-			t.head = from + i + 4
+		if end := headEnd(t.in, from); end >= 0 {
+			t.head = end
+			t.hangup = hangup
 			l.headRead(t)
 			return
 		}
@@ -537,6 +576,29 @@ func (l *loop) readHead(t *ltunnel, hangup bool) {
 			return // drained: more is a new event
 		}
 	}
+}
+
+// headEnd is where the head in b ends (after its empty line), looking from from on, or
+// -1. A line ends in CRLF or, as Go's reader also takes it, a bare LF.
+func headEnd(b []byte, from int) int {
+	for i := from; i < len(b); i++ {
+		if b[i] != '\n' {
+			continue
+		}
+		switch {
+		case i+1 < len(b) && b[i+1] == '\n':
+			return i + 2
+		case i+2 < len(b) && b[i+1] == '\r' && b[i+2] == '\n':
+			return i + 3
+		}
+	}
+	return -1
+}
+
+// parsedUpTo says whether the reader r, over the first end bytes of a head, read them all
+// and no more: what the loop takes for the head is what the server would read as one.
+func parsedUpTo(r *bufio.Reader, under *bytes.Reader) bool {
+	return r.Buffered() == 0 && under.Len() == 0
 }
 
 // isConnectPrefix says whether b can begin a CONNECT request.
@@ -553,7 +615,7 @@ func (l *loop) headRead(t *ltunnel) {
 	l.headR.Reset(t.in[:t.head])
 	l.head.Reset(l.headR)
 	req, err := http.ReadRequest(l.head)
-	if err != nil || !servable(req) {
+	if err != nil || !parsedUpTo(l.head, l.headR) || !servable(req) {
 		l.handoff(t, nil, handoffRequest)
 		return
 	}
@@ -576,6 +638,12 @@ func (l *loop) headRead(t *ltunnel) {
 	x.target = target
 	t.hostport = req.Host
 	t.x = x
+	if t.hangup && peerClosed(t.client.fd) {
+		// The crawler sent its head and left, with nothing after it: as the server's
+		// request is, it is cancelled before it takes a lease.
+		l.end(t, "canceled")
+		return
+	}
 	if x.client != nil {
 		if ae := g.ops.Throttle(x.client); ae != nil {
 			l.handoff(t, &handoff{x: x, refusal: ae}, handoffRefused)
@@ -697,8 +765,13 @@ func (l *loop) dial(t *ltunnel) {
 	t.up = c
 	c.out = []byte(connectRequest(t.lease, t.hostport))
 	t.state = stDialing
+	// One bound for the connection and the answer, as the server's dial has.
 	l.arm(t, l.g.cfg.ConnectTimeout, func() {
-		l.upFailed(t, dialFailure(id, context.DeadlineExceeded, true))
+		if t.state == stDialing {
+			l.upFailed(t, dialFailure(id, context.DeadlineExceeded, true))
+			return
+		}
+		l.upFailed(t, ioFailure(id, os.ErrDeadlineExceeded))
 	})
 }
 
@@ -731,7 +804,6 @@ func (l *loop) connected(t *ltunnel) {
 	}
 	t.up.out = nil
 	t.state = stAnswer
-	l.arm(t, l.g.cfg.ConnectTimeout, func() { l.upFailed(t, ioFailure(id, os.ErrDeadlineExceeded)) })
 	l.readAnswer(t, true)
 }
 
@@ -752,10 +824,10 @@ func (l *loop) readAnswer(t *ltunnel, hangup bool) {
 			l.upFailed(t, ioFailure(id, net.ErrClosed))
 			return
 		}
-		from := max(len(t.answer)-3, 0)
+		from := max(len(t.answer)-2, 0)
 		t.answer = append(t.answer, chunk[:n]...)
-		i := bytes.Index(t.answer[from:], []byte("\r\n\r\n"))
-		if i < 0 {
+		end := headEnd(t.answer, from)
+		if end < 0 {
 			if len(t.answer) > loopMaxHead {
 				l.upFailed(t, ioFailure(id, net.ErrClosed))
 				return
@@ -765,10 +837,12 @@ func (l *loop) readAnswer(t *ltunnel, hangup bool) {
 			}
 			continue
 		}
-		end := from + i + 4
 		l.headR.Reset(t.answer[:end])
 		l.head.Reset(l.headR)
 		resp, err := http.ReadResponse(l.head, &http.Request{Method: http.MethodConnect})
+		if err == nil && !parsedUpTo(l.head, l.headR) {
+			err = errAnswerUnread
+		}
 		if err != nil {
 			l.upFailed(t, ioFailure(id, err))
 			return
@@ -1054,6 +1128,9 @@ func dupCloexec(fd int) (int, error) {
 	}
 	return int(r), nil
 }
+
+// errAnswerUnread: the answer's head, as the loop found it, is not what Go's reader reads.
+var errAnswerUnread = errors.New("the answer to CONNECT is not one head")
 
 // sockaddr is ip:port as the kernel takes it, and its address family.
 func sockaddr(ip string, port int) ([]byte, int, bool) {

@@ -58,17 +58,17 @@ func (e *gatewayEnv) handoffs(reason string) float64 {
 
 func TestLoopServesTunnelsWithoutTheServer(t *testing.T) {
 	e := newGatewayEnv(t, 2)
+	conn, resp := e.connect(gwClient, gwToken, echoServer(t))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, 1, e.gw.LoopTunnels(), "the open tunnel is the loop's")
+	conn.Close()
+	require.Eventually(t, func() bool { return e.gw.LoopTunnels() == 0 }, 5*time.Second, 5*time.Millisecond)
 	c := e.client(gwClient, gwToken)
 	c.Transport.(*http.Transport).DisableKeepAlives = true // a tunnel per fetch
 	for range 20 {
 		resp, _ := get(t, c, e.site.tlsSite.URL+"/page")
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 	}
-	conn, resp := e.connect(gwClient, gwToken, echoServer(t))
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Equal(t, 1, e.gw.LoopTunnels(), "the open tunnel is the loop's")
-	conn.Close()
-	require.Eventually(t, func() bool { return e.gw.LoopTunnels() == 0 }, 5*time.Second, 5*time.Millisecond)
 	for _, reason := range []string{"request", "refused", "wait", "upstream"} {
 		assert.Zero(t, e.handoffs(reason), "a tunnel handed to the server (%s)", reason)
 	}
