@@ -20,27 +20,14 @@ import (
 // says, with the connection and what it read of it; it returns its port.
 func review34Proxy(t *testing.T, serve func(conn net.Conn, br *bufio.Reader, req *http.Request)) int32 {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				br := bufio.NewReader(conn)
-				req, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				serve(conn, br, req)
-			}()
+	return int32(serveConns(t, func(conn net.Conn) {
+		br := bufio.NewReader(conn)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
 		}
-	}()
-	return int32(ln.Addr().(*net.TCPAddr).Port)
+		serve(conn, br, req)
+	}).Port)
 }
 
 // TestReview34LoopNeverAnswersABareLFConnectHead: a CONNECT whose head ends its lines with
