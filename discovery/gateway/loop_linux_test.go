@@ -164,6 +164,23 @@ func TestLoopClosesACrawlerThatSendsNoHead(t *testing.T) {
 	assert.ErrorIs(t, err, io.EOF, "closed without an answer once the head's time is up")
 }
 
+// openEcho opens a tunnel through the gateway at addr (without credentials) to an echo
+// server, sending after its head, and returns the connection and its reader.
+func openEcho(t *testing.T, addr, after string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	echo := echoServer(t)
+	_, err = io.WriteString(conn, "CONNECT "+echo+" HTTP/1.1\r\nHost: "+echo+"\r\n\r\n"+after)
+	require.NoError(t, err)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	return conn, br
+}
+
 func TestLoopStopClosesItsTunnelsAndReleasesTheirLeases(t *testing.T) {
 	_, fleet := startFleet(t, 1)
 	store := discovery.NewStore(30 * time.Minute)
@@ -174,16 +191,7 @@ func TestLoopStopClosesItsTunnelsAndReleasesTheirLeases(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- gateway.New(gateway.Config{}, srv, nil, nil).Serve(ctx, ln) }()
-	conn, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	defer conn.Close()
-	echo := echoServer(t)
-	_, err = io.WriteString(conn, "CONNECT "+echo+" HTTP/1.1\r\nHost: "+echo+"\r\n\r\n")
-	require.NoError(t, err)
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	conn, br := openEcho(t, ln.Addr().String(), "")
 	require.Equal(t, 1, store.Stats().Leases)
 	cancel()
 	require.NoError(t, <-served, "a gateway told to stop stops without an error")
@@ -206,17 +214,7 @@ func TestLoopTunnelsThroughAnIPv6FleetProxy(t *testing.T) {
 	store := discovery.NewStore(30 * time.Minute)
 	store.ReplaceAll(fleet)
 	srv := discovery.NewServer(discovery.Config{}, store, nil, &fakeSignaler{}, slog.New(slog.DiscardHandler), nil)
-	addr := serveGatewayOn(t, srv)
-	conn, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	defer conn.Close()
-	echo := echoServer(t)
-	_, err = io.WriteString(conn, "CONNECT "+echo+" HTTP/1.1\r\nHost: "+echo+"\r\n\r\nhello")
-	require.NoError(t, err)
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	_, br := openEcho(t, serveGatewayOn(t, srv), "hello")
 	got := make([]byte, 5)
 	_, err = io.ReadFull(br, got)
 	require.NoError(t, err)
