@@ -401,7 +401,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	if h != nil {
 		if h.refusal != nil {
-			record(g.fail(w, h.refusal))
+			record(g.failNoLease(w, x, h.refusal))
 			return
 		}
 		record(g.tunnel(w, r.WithContext(ctx), x))

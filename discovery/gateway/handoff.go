@@ -7,8 +7,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-
-	"github.com/proxyfleet/proxyfleet/discovery"
 )
 
 // Connections the event loop (loop_linux.go) gives to the HTTP server: every one whose
@@ -18,8 +16,7 @@ import (
 // Reasons of a handoff, the label of proxyfleet_gateway_handoffs_total.
 const (
 	handoffRequest  = "request"  // not a CONNECT the loop serves
-	handoffRefused  = "refused"  // the crawler is refused: the server answers why
-	handoffWait     = "wait"     // no proxy could take it at once: the server waits for one
+	handoffRefused  = "refused"  // the crawler is refused, or no proxy took it: the server answers why
 	handoffUpstream = "upstream" // a fleet proxy failed: the server tries the next
 )
 
@@ -29,8 +26,9 @@ const (
 // counted twice: not the crawler's rate limit, not an attempt.
 type handoff struct {
 	x *exchange
-	// refusal, when set, is the answer: the crawler's rate limit refused the request.
-	refusal *discovery.APIError
+	// refusal, when set, is the answer: the crawler's rate limit refused the request, or
+	// no proxy could take it within the wait.
+	refusal error
 }
 
 // handoffHolder gives a connection's handoff to its first request only.

@@ -370,6 +370,8 @@ type ltunnel struct {
 	timer, idle, keep *deadline
 	// hangup: the crawler's end of stream may have come with its head.
 	hangup bool
+	// cancel ends a wait for a slot on the crawler's leaving.
+	cancel context.CancelFunc
 	ended  int
 	moved  int64
 }
@@ -683,9 +685,10 @@ func servable(req *http.Request) bool {
 func (l *loop) grant(t *ltunnel) {
 	g := l.g
 	want := t.x.want(g.cfg.LeaseTTL)
+	freed := g.ops.Freed()
 	if g.ops.Alone() {
 		lease, err := g.ops.Grant(context.Background(), want, t.x.skip)
-		l.granted(t, lease, err)
+		l.granted(t, lease, err, freed)
 		return
 	}
 	t.state = stGranting
@@ -693,25 +696,58 @@ func (l *loop) grant(t *ltunnel) {
 		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.ConnectTimeout)
 		lease, err := g.ops.Grant(ctx, want, t.x.skip)
 		cancel()
-		if !l.post(func() { l.granted(t, lease, err) }) && err == nil {
+		if !l.post(func() { l.granted(t, lease, err, freed) }) && err == nil {
 			g.release(t.x.auth, lease.LeaseID)
 		}
 	}()
 }
 
-// granted goes on with a lease, or hands a refusal to the server, which waits for a slot
-// as a refused request does.
-func (l *loop) granted(t *ltunnel, lease *discovery.LeaseResponse, err error) {
+// granted goes on with a lease. A refused grant waits for a slot as the server's requests
+// do (waitForSlot, in the queue the API's acquires share), on a goroutine that gives the
+// loop the lease it gets, or a refusal the server then answers; freed is the store's count
+// of freeing changes before the grant. Waiting here, not in the server, keeps a tunnel that
+// waited on the loop: one crawler over capacity would otherwise send most tunnels through
+// the server, each handed over, as every slot freed goes to the one waiting.
+func (l *loop) granted(t *ltunnel, lease *discovery.LeaseResponse, err error, freed uint64) {
 	if t.state != stHead && t.state != stGranting {
 		if err == nil {
 			l.release(t.x.auth, lease.LeaseID) // the crawler left meanwhile
 		}
 		return
 	}
-	if err != nil {
-		l.handoff(t, &handoff{x: t.x}, handoffWait)
+	if err == nil {
+		l.leased(t, lease)
 		return
 	}
+	g := l.g
+	t.state = stGranting
+	ctx, cancel := context.WithCancel(context.Background())
+	t.cancel = cancel
+	go func() {
+		lease, err := g.waitForSlot(ctx, t.x, err, freed)
+		if !l.post(func() { l.waited(t, lease, err) }) && err == nil {
+			g.release(t.x.auth, lease.LeaseID)
+		}
+	}()
+}
+
+// waited goes on with the lease a wait got, or hands its refusal to the server to answer.
+func (l *loop) waited(t *ltunnel, lease *discovery.LeaseResponse, err error) {
+	if t.state != stGranting {
+		if err == nil {
+			l.release(t.x.auth, lease.LeaseID) // the crawler left meanwhile
+		}
+		return
+	}
+	if err != nil {
+		l.handoff(t, &handoff{x: t.x, refusal: err}, handoffRefused)
+		return
+	}
+	l.leased(t, lease)
+}
+
+// leased holds a granted lease and connects to its proxy.
+func (l *loop) leased(t *ltunnel, lease *discovery.LeaseResponse) {
 	t.x.tried = append(t.x.tried, lease.Proxy.Namespace+"/"+lease.Proxy.Name)
 	l.g.hold(lease.LeaseID, t.x.auth)
 	t.lease = lease
@@ -1051,6 +1087,9 @@ func (l *loop) end(t *ltunnel, outcome string) {
 		l.record(t, outcome)
 	}
 	t.state = stDone
+	if t.cancel != nil {
+		t.cancel()
+	}
 	l.disarm(t)
 	l.cancel(t.idle)
 	l.cancel(t.keep)

@@ -65,7 +65,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		handoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_handoffs_total",
-			Help: "Connections the gateway's event loops (Linux) passed to its HTTP server, by reason: request (not a CONNECT the loop serves: a plain request, or one it does not parse as the server would), refused (bad credentials, the rate limit, an index still loading, a bad target), wait (no proxy could take it at once), upstream (a fleet proxy failed; the server tries the next).",
+			Help: "Connections the gateway's event loops (Linux) passed to its HTTP server, by reason: request (not a CONNECT the loop serves: a plain request, or one it does not parse as the server would), refused (bad credentials, the rate limit, an index still loading, a bad target, no proxy within the wait), upstream (a fleet proxy failed; the server tries the next).",
 		}, []string{"reason"}),
 		leasesLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "proxyfleet_gateway_leases_lost_total",
@@ -83,7 +83,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range []string{contract.ReportBanned, contract.ReportRateLimited} {
 		m.reports.WithLabelValues(r)
 	}
-	for _, r := range []string{handoffRequest, handoffRefused, handoffWait, handoffUpstream} {
+	for _, r := range []string{handoffRequest, handoffRefused, handoffUpstream} {
 		m.handoffs.WithLabelValues(r)
 	}
 	if reg != nil {
