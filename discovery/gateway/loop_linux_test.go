@@ -274,3 +274,46 @@ func TestLoopTurnsFromAFastTransferToTheOthers(t *testing.T) {
 	require.NoError(t, err, "the second tunnel waited on the first")
 	assert.Equal(t, "ping", string(got))
 }
+
+// TestLoopTunnelsThatWaitedStayOnTheLoop: a tunnel that waits for a slot opens on its loop
+// once it has one; one whose wait runs out is answered 503 by the server; one whose
+// crawler leaves while it waits ends its wait and takes no lease.
+func TestLoopTunnelsThatWaitedStayOnTheLoop(t *testing.T) {
+	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *gateway.Config, fleet []discovery.Proxy) {
+		fleet[0].MaxLeases = 1
+		g.Wait = 30 * time.Second
+	})
+	echo := echoServer(t)
+	first, resp := e.connect(gwClient, gwToken, echo)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	second := e.connectAsync(gwClient, echo)
+	require.Eventually(t, func() bool { return e.metric("proxyfleet_gateway_waits_total") == 1 }, 10*time.Second, 5*time.Millisecond)
+	first.Close()
+	assert.Equal(t, http.StatusOK, status(t, second, "the waiting tunnel"))
+	assert.Zero(t, e.handoffs("refused"), "the tunnel that waited went to the server")
+	assert.Zero(t, e.handoffs("request"))
+
+	// The second tunnel holds the slot now: a third waits, its crawler leaves.
+	leaver := e.rawCrawler(gwClient)
+	leaver.send(http.MethodConnect, echo, echo, true)
+	require.Eventually(t, func() bool { return e.metric("proxyfleet_gateway_waits_total") == 2 }, 10*time.Second, 5*time.Millisecond)
+	leaver.conn.Close()
+	require.Eventually(t, func() bool {
+		return e.metric("proxyfleet_gateway_requests_total", "client", gwClient, "kind", "connect", "outcome", "canceled") == 1
+	}, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, 1, e.leases(), "only the open tunnel holds a lease")
+}
+
+func TestLoopAnswersAWaitThatRanOut(t *testing.T) {
+	e := newGatewayEnv(t, 1, func(_ *discovery.Config, g *gateway.Config, fleet []discovery.Proxy) {
+		fleet[0].MaxLeases = 1
+		g.Wait = 100 * time.Millisecond
+	})
+	echo := echoServer(t)
+	_, resp := e.connect(gwClient, gwToken, echo)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	_, resp = e.connect(gwClient, gwToken, echo)
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Equal(t, "no_match", resp.Header.Get(gateway.ErrorHeader))
+	assert.Equal(t, 1.0, e.handoffs("refused"))
+}
