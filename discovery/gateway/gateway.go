@@ -191,7 +191,7 @@ type Gateway struct {
 	report map[int]string
 	// transport carries plain requests to the fleet proxy in the request's context;
 	// its connections are pooled per proxy and credentials.
-	transport *http.Transport
+	transport *fleetTransport
 	forward   *httputil.ReverseProxy
 
 	mu sync.Mutex
@@ -268,16 +268,17 @@ func newGateway(cfg Config, ops leaseOps, m *metrics, log *slog.Logger) *Gateway
 			g.report[st] = contract.ReportRateLimited
 		}
 	}
-	g.transport = &http.Transport{
+	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+	g.transport = newFleetTransport(dialer, cfg.ResponseHeaderTimeout, &http.Transport{
 		Proxy:       fleetProxyOf,
-		DialContext: (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext: dialer.DialContext,
 		// The crawler's own Accept-Encoding goes through untouched, and its answer too.
 		DisableCompression:    true,
 		MaxIdleConns:          4096,
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       time.Minute,
 		ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
-	}
+	})
 	g.forward = &httputil.ReverseProxy{
 		// Rewrite, unlike Director, adds no X-Forwarded-* header and drops the crawler's:
 		// nothing identifying the crawler reaches the site.

@@ -136,6 +136,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	defer cancel()
 	renewed := make(chan struct{})
 	go func() { g.renewHeld(ctx); close(renewed) }()
+	go g.transport.keepPruning(ctx)
 	// No read or write timeout: a plain answer may stream for as long as the site sends
 	// it, and a tunnel lives past its handler. The header timeout bounds a silent client.
 	hs := &http.Server{Handler: g, ReadHeaderTimeout: g.headerTimeout, IdleTimeout: 2 * time.Minute,
