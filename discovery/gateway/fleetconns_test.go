@@ -121,7 +121,7 @@ func roundTripBody(t *testing.T, ft *fleetTransport, req *http.Request) (string,
 // absolute form, and the request it was given ends as it came (no credentials left on it).
 func TestFleetTransportKeepsConnectionsAndTheProxysCredentialsToItself(t *testing.T) {
 	p := newRawProxy(t, answerAll)
-	ft, fb := testFleetTransport(t, 5 * time.Second)
+	ft, fb := testFleetTransport(t, 5*time.Second)
 	for range 5 {
 		req := fleetRequest(t, context.Background(), p, http.MethodGet)
 		body, err := roundTripBody(t, ft, req)
@@ -160,7 +160,7 @@ func TestFleetTransportSendsAgainWhenTheProxyClosedAPooledConnection(t *testing.
 		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		_, _ = p.readRequest(br)
 	})
-	ft, _ := testFleetTransport(t, 5 * time.Second)
+	ft, _ := testFleetTransport(t, 5*time.Second)
 	for i := range 3 {
 		body, err := roundTripBody(t, ft, fleetRequest(t, context.Background(), p, http.MethodGet))
 		require.NoError(t, err, "GET %d", i)
@@ -192,7 +192,7 @@ func TestFleetTransportBoundsWhatASiteCanMakeItWaitForAndRead(t *testing.T) {
 			}
 		}
 	})
-	ft, _ := testFleetTransport(t, 20 * time.Second)
+	ft, _ := testFleetTransport(t, 20*time.Second)
 	_, err := ft.RoundTrip(fleetRequest(t, context.Background(), endless, http.MethodGet))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "heads are over")
@@ -201,7 +201,7 @@ func TestFleetTransportBoundsWhatASiteCanMakeItWaitForAndRead(t *testing.T) {
 		_, _ = p.readRequest(br)
 		_, _ = br.ReadByte() // until the gateway hangs up
 	})
-	ft, _ = testFleetTransport(t, 100 * time.Millisecond)
+	ft, _ = testFleetTransport(t, 100*time.Millisecond)
 	_, err = ft.RoundTrip(fleetRequest(t, context.Background(), silent, http.MethodGet))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "timeout awaiting response headers")
@@ -250,7 +250,7 @@ func TestFleetTransportKeepsOnlyConnectionsItCanTrust(t *testing.T) {
 			}
 		}
 	})
-	ft, _ := testFleetTransport(t, 5 * time.Second)
+	ft, _ := testFleetTransport(t, 5*time.Second)
 	get := func(query string) string {
 		req := fleetRequest(t, context.Background(), p, http.MethodGet)
 		req.URL.RawQuery = query
