@@ -157,7 +157,9 @@ func (t *fleetTransport) exchange(c *fleetConn, req *http.Request) (*http.Respon
 			case c.lr.N == 0:
 				return nil, fmt.Errorf("the answer's heads are over %d bytes", maxAnswerHead)
 			case isTimeout(err):
-				return nil, errors.New("timeout awaiting response headers")
+				// Still a timeout (errors.Is os.ErrDeadlineExceeded), which the failure's kind
+				// says.
+				return nil, fmt.Errorf("timeout awaiting response headers: %w", err)
 			}
 			return nil, err
 		}
@@ -342,13 +344,19 @@ func (t *fleetTransport) prune(every bool) {
 	}
 }
 
-// keepPruning prunes until ctx ends, then closes every idle connection.
+// keepPruning prunes until ctx ends (the gateway stops), then closes every idle
+// connection and keeps none after.
 func (t *fleetTransport) keepPruning(ctx context.Context) {
 	tick := time.NewTicker(t.idleTimeout / 2)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			// Answers still streaming find the pool closed when they end, and close their
+			// connections themselves.
+			t.mu.Lock()
+			t.closed = true
+			t.mu.Unlock()
 			t.prune(true)
 			return
 		case <-tick.C:

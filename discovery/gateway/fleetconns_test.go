@@ -205,6 +205,7 @@ func TestFleetTransportBoundsWhatASiteCanMakeItWaitForAndRead(t *testing.T) {
 	_, err = ft.RoundTrip(fleetRequest(t, context.Background(), silent, http.MethodGet))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "timeout awaiting response headers")
+	assert.Equal(t, failTimeout, ioFailure("p", err).kind, "counted as a timeout, not a reset")
 
 	ft, _ = testFleetTransport(t, time.Hour)
 	ctx, cancel := context.WithCancel(context.Background())
