@@ -89,6 +89,11 @@ func (t *fleetTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	key := pu.String()
 	for {
+		if err := req.Context().Err(); err != nil {
+			// The crawler left (before this attempt, or while a stale connection failed
+			// under it): nothing is sent for it, as the standard transport sends nothing.
+			return nil, err
+		}
 		c, err := t.get(req.Context(), key, pu)
 		if err != nil {
 			return nil, err
@@ -123,11 +128,13 @@ func replayable(req *http.Request) bool {
 // exchange: read to its end, the connection goes back to the pool.
 func (t *fleetTransport) exchange(c *fleetConn, req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
-	// The crawler leaving (or the gateway stopping) cuts whatever the connection waits for.
+	// The crawler leaving cuts whatever the connection waits for.
 	stop := context.AfterFunc(ctx, func() { _ = c.conn.SetDeadline(time.Unix(1, 0)) })
 	// The request is the reverse proxy's own copy, which nothing reads after this: the
 	// fleet proxy's credentials go on it for as long as it is written, and no longer.
-	req.Header["Proxy-Authorization"] = []string{c.auth}
+	if c.auth != "" {
+		req.Header["Proxy-Authorization"] = []string{c.auth}
+	}
 	err := req.WriteProxy(c.bw)
 	delete(req.Header, "Proxy-Authorization")
 	if err == nil {
@@ -142,9 +149,17 @@ func (t *fleetTransport) exchange(c *fleetConn, req *http.Request) (*http.Respon
 	}
 	if t.headerTimeout > 0 {
 		_ = c.conn.SetReadDeadline(time.Now().Add(t.headerTimeout))
+		// This deadline replaces a past one the crawler's leaving may have set since the
+		// write: then the wait ends now, not a header timeout later.
+		if ctx.Err() != nil {
+			stop()
+			return nil, ctx.Err()
+		}
 	}
 	var resp *http.Response
 	c.lr.N = maxAnswerHead
+	// informed says a 1xx came: the request reached the site, which began to answer it.
+	informed := false
 	for {
 		resp, err = http.ReadResponse(c.br, req)
 		if err != nil {
@@ -152,7 +167,7 @@ func (t *fleetTransport) exchange(c *fleetConn, req *http.Request) (*http.Respon
 			switch {
 			case ctx.Err() != nil:
 				return nil, ctx.Err()
-			case c.reused && c.lr.N == maxAnswerHead && c.br.Buffered() == 0 && staleError(err):
+			case c.reused && !informed && c.lr.N == maxAnswerHead && c.br.Buffered() == 0 && staleError(err):
 				return nil, fmt.Errorf("%w: %w", errStaleConn, err)
 			case c.lr.N == 0:
 				return nil, fmt.Errorf("the answer's heads are over %d bytes", maxAnswerHead)
@@ -167,6 +182,7 @@ func (t *fleetTransport) exchange(c *fleetConn, req *http.Request) (*http.Respon
 		if code < 100 || code > 199 || code == http.StatusSwitchingProtocols {
 			break
 		}
+		informed = true
 		// An informational answer (103 Early Hints, ...) goes to the crawler, and the next
 		// head gets a limit of its own; one nobody passes on counts against the limit of
 		// the heads read so far, which bounds how many a site can send (the standard
@@ -182,6 +198,13 @@ func (t *fleetTransport) exchange(c *fleetConn, req *http.Request) (*http.Respon
 	c.lr.N = math.MaxInt64
 	if t.headerTimeout > 0 {
 		_ = c.conn.SetReadDeadline(time.Time{})
+		// Clearing the deadline may have undone the one the crawler's leaving set: if it
+		// left, the exchange ends here (ctx.Err is set before AfterFunc's function runs,
+		// and a leaving after this line sets its deadline after the clearing).
+		if ctx.Err() != nil {
+			stop()
+			return nil, ctx.Err()
+		}
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// Only a site switching unasked gets here (a request asking to switch goes to the
@@ -358,6 +381,9 @@ func (t *fleetTransport) keepPruning(ctx context.Context) {
 			t.closed = true
 			t.mu.Unlock()
 			t.prune(true)
+			if f, ok := t.fallback.(interface{ CloseIdleConnections() }); ok {
+				f.CloseIdleConnections()
+			}
 			return
 		case <-tick.C:
 			t.prune(false)
