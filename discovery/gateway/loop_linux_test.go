@@ -97,13 +97,17 @@ func TestLoopHandsTheServerWhatItDoesNotServe(t *testing.T) {
 	e.waitNoLeases()
 }
 
-// TestLoopRelaysLargeTransfersBothWaysUnderBackpressure: 8 MiB each way at once through
+// TestLoopRelaysLargeTransfersBothWaysUnderBackpressure: 64 MiB each way at once through
 // an echo, with a crawler that stops reading for a while, arrive whole and in order.
 func TestLoopRelaysLargeTransfersBothWaysUnderBackpressure(t *testing.T) {
 	e := newGatewayEnv(t, 1)
 	conn, resp := e.connect(gwClient, gwToken, echoServer(t))
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	payload := make([]byte, 8<<20)
+	// More than the buffers on the way can hold, with a small receive buffer on the
+	// crawler's side: with TCP autotuning up to 32 MiB a socket (tcp_rmem), the buffers
+	// of a machine held all of 8 MiB, and the writer never blocked.
+	require.NoError(t, conn.(*net.TCPConn).SetReadBuffer(64<<10))
+	payload := make([]byte, 64<<20)
 	_, _ = rand.Read(payload)
 	sent := make(chan error, 1)
 	go func() {
