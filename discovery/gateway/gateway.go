@@ -335,6 +335,8 @@ type exchange struct {
 	result string
 	// body is the answer handed to the reverse proxy, whose Close ends the lease.
 	body io.Closer
+	// flusher sends on what the crawler's connection holds of a plain answer (fleetBody).
+	flusher http.Flusher
 }
 
 func (x *exchange) want(ttl time.Duration) discovery.Want {
@@ -451,6 +453,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange, kin
 			_ = x.body.Close()
 		}
 	}()
+	x.flusher, _ = w.(http.Flusher)
 	g.forward.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
 	if x.result == "" {
 		return "ok"

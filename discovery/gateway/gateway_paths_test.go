@@ -112,6 +112,14 @@ func newAnswersSite(t *testing.T) *answersSite {
 		s.started <- r.URL.Path
 		<-s.hold // deaf to its crawler's going away, as a site can be
 	})
+	mux.HandleFunc("/pause", func(w http.ResponseWriter, r *http.Request) {
+		// A few bytes of a long answer, then a pause that lasts as long as the test.
+		w.Header().Set("Content-Length", "100000")
+		_, _ = io.WriteString(w, pauseStart)
+		_ = http.NewResponseController(w).Flush()
+		s.started <- r.URL.Path
+		<-s.hold
+	})
 	mux.HandleFunc("/stall", func(w http.ResponseWriter, r *http.Request) {
 		s.started <- r.URL.Path
 		<-s.hold
@@ -126,6 +134,9 @@ func newAnswersSite(t *testing.T) *answersSite {
 	t.Cleanup(func() { close(s.hold) })
 	return s
 }
+
+// pauseStart is what /pause sends before it pauses: less than any buffer on the way.
+const pauseStart = "paused here\n"
 
 // streamStart is what /stream sends before it stalls.
 var streamStart = "first\n" + strings.Repeat(".", 16<<10) + "\n"
@@ -399,6 +410,22 @@ func TestGatewayEveryPathEndsItsLease(t *testing.T) {
 			b, _ := io.ReadAll(resp.Body)
 			assert.Equal(t, "bye", string(b))
 			// The crawler neither closes nor sends anything more.
+		}},
+		{"a site that pauses mid-answer", func(t *testing.T, e env) {
+			// What the site sent before its pause reaches the crawler during the pause,
+			// through a fleet proxy that relays bytes as they come and through the local
+			// one: nothing waits in a buffer for bytes that may never come.
+			for _, user := range []string{blind, local} {
+				c := e.rawCrawler(user)
+				c.send(http.MethodGet, e.site.URL+"/pause", e.site.host(), true)
+				e.site.waitStarted(t, "/pause")
+				resp := c.read(http.MethodGet)
+				require.Equal(t, http.StatusOK, resp.StatusCode)
+				line, err := bufio.NewReader(resp.Body).ReadString('\n')
+				require.NoError(t, err, "through the %s proxy", user)
+				assert.Equal(t, pauseStart, line)
+				require.NoError(t, c.conn.Close())
+			}
 		}},
 		{"the fleet proxy resets before the answer", func(t *testing.T, e env) {
 			c := e.rawCrawler(local)

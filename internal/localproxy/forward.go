@@ -215,7 +215,35 @@ func (p *ForwardProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	w.WriteHeader(resp.StatusCode)
-	_, _ = io.Copy(w, resp.Body)
+	relayAnswer(w, resp.Body)
+}
+
+var relayBuffers = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+// relayAnswer copies an answer's body to the client, flushing each piece as it comes: a
+// site that pauses mid-answer must not leave the last bytes it sent in this proxy's
+// buffer, as a plain copy does (the server's writer holds what is smaller than its buffer
+// until more comes or the answer ends). Squid passes on what it got, too. The last piece
+// is left to the server's own flush at the end of the answer, so a short answer still
+// costs one write.
+func relayAnswer(w http.ResponseWriter, body io.Reader) {
+	rc := http.NewResponseController(w)
+	buf := relayBuffers.Get().(*[32 << 10]byte)
+	defer relayBuffers.Put(buf)
+	for {
+		n, err := body.Read(buf[:])
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			if err == nil {
+				_ = rc.Flush()
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 func (p *ForwardProxy) tunnel(w http.ResponseWriter, r *http.Request) {
