@@ -214,9 +214,6 @@ func (t *fleetTransport) exchange(c *fleetConn, req *http.Request) (*http.Respon
 		return resp, nil
 	}
 	b := &fleetBody{t: t, c: c, body: resp.Body, stop: stop, keep: !resp.Close && !req.Close}
-	if x, _ := ctx.Value(exchangeKey{}).(*exchange); x != nil {
-		b.flush = x.flusher
-	}
 	if resp.Body == http.NoBody {
 		b.finish(true)
 		return resp, nil
@@ -245,26 +242,13 @@ type fleetBody struct {
 	stop func() bool
 	keep bool
 	done atomic.Bool
-	// flush sends on what the crawler's side holds of the answer; passed says bytes were
-	// read (and written to the crawler) since the last flush.
-	flush  http.Flusher
-	passed bool
 }
 
 func (b *fleetBody) Read(p []byte) (int, error) {
 	if b.done.Load() {
 		return 0, errors.New("read on a closed answer")
 	}
-	if b.passed && b.flush != nil && b.c.br.Buffered() == 0 {
-		// This read may wait on the site: what it sent so far goes to the crawler first,
-		// instead of waiting in the server's buffer for more (the reverse proxy flushes
-		// an answer of known length only at its end). Flushing nothing costs nothing, so
-		// a piece written whole costs no more.
-		b.flush.Flush()
-		b.passed = false
-	}
 	n, err := b.body.Read(p)
-	b.passed = b.passed || n > 0
 	if err == io.EOF {
 		b.finish(true)
 	}

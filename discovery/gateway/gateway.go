@@ -335,7 +335,7 @@ type exchange struct {
 	result string
 	// body is the answer handed to the reverse proxy, whose Close ends the lease.
 	body io.Closer
-	// flusher sends on what the crawler's connection holds of a plain answer (fleetBody).
+	// flusher sends on what the crawler's connection holds of a plain answer (leaseBody).
 	flusher http.Flusher
 }
 

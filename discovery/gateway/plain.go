@@ -129,7 +129,7 @@ func (rt gatewayRoundTripper) RoundTrip(req *http.Request) (*http.Response, erro
 			}
 			resp.Body = lc
 		} else {
-			resp.Body = &leaseBody{ReadCloser: resp.Body, done: done, silence: g.cfg.ResponseHeaderTimeout}
+			resp.Body = &leaseBody{ReadCloser: resp.Body, done: done, silence: g.cfg.ResponseHeaderTimeout, flush: x.flusher}
 		}
 		x.body = resp.Body
 		return resp, nil
@@ -225,9 +225,30 @@ type leaseBody struct {
 	done    func()
 	silence time.Duration
 	timer   *time.Timer
+	// flush sends on what the crawler's connection holds of the answer; passed says bytes
+	// were read (and so written to the crawler) since the last flush.
+	flush  http.Flusher
+	passed bool
 }
 
 func (b *leaseBody) Read(p []byte) (int, error) {
+	if b.passed && b.flush != nil {
+		// This read may wait on the site: what it sent so far goes to the crawler first,
+		// instead of waiting in the server's buffer for more (the reverse proxy flushes an
+		// answer of known length only at its end, and a site that pauses mid-answer would
+		// keep its last bytes from the crawler until the silence timeout cut it). Pieces
+		// as large as the buffer go out as they are written, and flushing nothing costs
+		// nothing; an answer read whole in one read is never flushed here.
+		b.flush.Flush()
+		b.passed = false
+	}
+	n, err := b.read(p)
+	b.passed = n > 0
+	return n, err
+}
+
+// read reads the answer, closing it after silence without a byte.
+func (b *leaseBody) read(p []byte) (int, error) {
 	if b.silence <= 0 {
 		return b.ReadCloser.Read(p)
 	}
