@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"errors"
 	"net"
 	"syscall"
 )
@@ -20,12 +19,11 @@ func alive(c net.Conn) bool {
 		return false
 	}
 	open := false
-	var b [1]byte
 	err = rc.Read(func(fd uintptr) bool {
-		_, _, rerr := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		// Nothing to read is the only sign of life: an end (0 bytes), an error, or bytes
 		// nobody asked for all mean the connection cannot carry a request.
-		open = errors.Is(rerr, syscall.EAGAIN)
+		_, e := peek(int(fd))
+		open = e == syscall.EAGAIN
 		return true
 	})
 	return err == nil && open

@@ -536,10 +536,17 @@ func (l *loop) left(c *lconn, ev uint32) bool {
 
 // peerClosed says whether fd's peer has ended its stream and nothing waits to be read.
 func peerClosed(fd int) bool {
-	var b [1]byte
-	r, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), 1,
-		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	r, e := peek(fd)
 	return e == 0 && r == 0 || e != 0 && e != syscall.EAGAIN && e != syscall.EINTR
+}
+
+// peek looks at fd's next byte without taking it or waiting: r is 1 if one is there, 0 at
+// the end of the peer's stream, and e is EAGAIN if neither has come yet.
+func peek(fd int) (r uintptr, e syscall.Errno) {
+	var b [1]byte
+	r, _, e = syscall.RawSyscall6(syscall.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), 1,
+		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	return r, e
 }
 
 // readHead reads the crawler's request head, and acts on it once it is whole. A read

@@ -14,7 +14,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -179,9 +178,8 @@ func connectRefused(id string, resp *http.Response) *upstreamFailure {
 // address or credentials, only what happened.
 func dialFailure(id string, err error, retry bool) *upstreamFailure {
 	f := &upstreamFailure{proxy: id, kind: failUnreachable, detail: "could not connect", retry: retry}
-	var ne net.Error
 	switch {
-	case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
+	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		f.kind, f.detail = failTimeout, "timed out connecting"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		f.detail = "connection refused"
@@ -189,12 +187,18 @@ func dialFailure(id string, err error, retry bool) *upstreamFailure {
 	return f
 }
 
+// isTimeout says err is a timeout: a deadline that passed (os.ErrDeadlineExceeded is one)
+// or any net.Error that says so.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
 // ioFailure classifies a connection to a fleet proxy that broke or stalled before its
 // answer.
 func ioFailure(id string, err error) *upstreamFailure {
 	f := &upstreamFailure{proxy: id, kind: failReset, detail: "closed the connection before answering", retry: true}
-	var ne net.Error
-	if errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+	if isTimeout(err) {
 		f.kind, f.detail = failTimeout, "timed out before answering"
 	}
 	return f
