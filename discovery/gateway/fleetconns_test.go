@@ -21,36 +21,19 @@ import (
 // rawProxy is a fleet proxy stand-in on loopback that serves each connection with serve
 // (given the connection's number, from 0), and counts them.
 type rawProxy struct {
-	ln    net.Listener
+	addr  *net.TCPAddr
 	conns atomic.Int32
 	mu    sync.Mutex
 	seen  []string // every request line read by readRequest
 }
 
 func newRawProxy(t *testing.T, serve func(p *rawProxy, n int, c net.Conn, br *bufio.Reader)) *rawProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &rawProxy{ln: ln}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			n := int(p.conns.Add(1)) - 1
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-				serve(p, n, c, bufio.NewReader(c))
-			}()
-		}
-	}()
+	p := &rawProxy{}
+	p.addr = serveConns(t, func(c net.Conn) {
+		n := int(p.conns.Add(1)) - 1
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		serve(p, n, c, bufio.NewReader(c))
+	})
 	return p
 }
 
@@ -102,7 +85,7 @@ func testFleetTransport(t *testing.T, headerTimeout time.Duration) (*fleetTransp
 func fleetRequest(t *testing.T, ctx context.Context, p *rawProxy, method string) *http.Request {
 	req, err := http.NewRequestWithContext(ctx, method, "http://site.test/page", nil)
 	require.NoError(t, err)
-	pu := &url.URL{Scheme: "http", Host: p.ln.Addr().String(), User: url.UserPassword("proxyfleet", "fleet-secret")}
+	pu := &url.URL{Scheme: "http", Host: p.addr.String(), User: url.UserPassword("proxyfleet", "fleet-secret")}
 	return req.WithContext(context.WithValue(ctx, fleetProxyKey{}, pu))
 }
 

@@ -2,13 +2,11 @@ package gateway_test
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/proxyfleet/proxyfleet/discovery"
+	"github.com/proxyfleet/proxyfleet/discovery/gateway"
 	"github.com/proxyfleet/proxyfleet/discovery/service/servicetest"
 	"github.com/proxyfleet/proxyfleet/workflows/contract"
 )
@@ -45,25 +43,6 @@ func newReplicaSet(t *testing.T, n int, fleet []discovery.Proxy) *replicaSet {
 		DefaultTTL: 5 * time.Minute, MaxTTL: time.Hour, CooldownRateLimited: 5 * time.Minute, CooldownBanned: 30 * time.Minute}})
 }
 
-// serveConns accepts connections on a loopback port until the test ends, each handled by
-// handle on a goroutine of its own (which closes it when handle returns), and returns
-// the port's address.
-func serveConns(t *testing.T, handle func(net.Conn)) *net.TCPAddr {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				handle(c)
-			}()
-		}
-	}()
-	return ln.Addr().(*net.TCPAddr)
-}
+// serveConns is the package's loopback server helper (serveConns in
+// helpers_internal_test.go).
+var serveConns = gateway.ServeConns

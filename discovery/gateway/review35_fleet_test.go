@@ -87,7 +87,7 @@ func TestReview35FleetSendsNoEmptyProxyAuthorization(t *testing.T) {
 	ft, _ := testFleetTransport(t, 5*time.Second)
 	req, err := http.NewRequest(http.MethodGet, "http://site.test/page", nil)
 	require.NoError(t, err)
-	pu := &url.URL{Scheme: "http", Host: p.ln.Addr().String()} // a proxy without credentials
+	pu := &url.URL{Scheme: "http", Host: p.addr.String()} // a proxy without credentials
 	req = req.WithContext(context.WithValue(context.Background(), fleetProxyKey{}, pu))
 	body, err := roundTripBody(t, ft, req)
 	require.NoError(t, err)
