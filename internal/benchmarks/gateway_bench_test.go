@@ -245,7 +245,9 @@ func startGatewayHelper(b *testing.B, fleet []discovery.Proxy, env ...string) (*
 // with the crawlers, fleet proxies and sites. There the rate is what core 0 does per
 // fetch, and the benchmark reports it for each gateway (its busy time and the network
 // receive work, NET_RX softirqs, per fetch, from /proc): what a gateway costs the other
-// side of the machine.
+// side of the machine. It also counts how often core 1 was woken from the other core
+// (ipis): a gateway that falls idle more often makes the crawlers' core pay for more
+// interrupts, which on a VM are dear.
 func BenchmarkGatewayThroughput(b *testing.B) {
 	fleet := benchFleetProxies(b, 4, 64)
 	body := strings.Repeat("x", 1024)
@@ -312,9 +314,12 @@ func BenchmarkGatewayThroughput(b *testing.B) {
 				if setting == "own-core" {
 					b.ReportMetric(ours.core0PerFetch(), "core0-gateway-µs/fetch")
 					b.ReportMetric(theirs.core0PerFetch(), "core0-squid-µs/fetch")
-					extra = fmt.Sprintf("; core 0 per fetch: busy %.1f / %.1f µs (idle %.3f / %.3f of the time), NET_RX %.2f / %.2f",
+					b.ReportMetric(ours.wakesPerFetch(), "core1-gateway-wakes/fetch")
+					b.ReportMetric(theirs.wakesPerFetch(), "core1-squid-wakes/fetch")
+					extra = fmt.Sprintf("; core 0 per fetch: busy %.1f / %.1f µs (idle %.3f / %.3f of the time), NET_RX %.2f / %.2f; "+
+						"core 1 woken by the other %.2f / %.2f times a fetch",
 						ours.core0PerFetch(), theirs.core0PerFetch(), ours.core0Idle(), theirs.core0Idle(),
-						ours.netRxPerFetch(), theirs.netRxPerFetch())
+						ours.netRxPerFetch(), theirs.netRxPerFetch(), ours.wakesPerFetch(), theirs.wakesPerFetch())
 				}
 				b.Logf("%s/%s: %d rounds of %s slices: direct %.0f fetches/s, gateway %.0f, squid %.0f: %.2f of direct, "+
 					"%.2f of squid (mean of rounds %.3f ± %.3f, min %.2f, max %.2f); CPU per fetch: gateway %.1f µs, squid %.1f µs%s",
@@ -339,6 +344,7 @@ type sliced struct {
 	busy0   time.Duration // core 0's, busy and idle
 	idle0   time.Duration
 	netRx0  int64 // core 0's NET_RX softirqs
+	wakes1  int64 // interrupts core 1 received from the other core (see ipis)
 }
 
 func newSliced(b testing.TB, pid int, clientFor func(i int) *http.Client) *sliced {
@@ -355,7 +361,7 @@ func (l *sliced) run(b testing.TB, d time.Duration, u string) {
 	if l.pid != 0 {
 		cpu = procCPU(b, l.pid)
 	}
-	busy, idle, rx := coreTime(b, 0, false), coreTime(b, 0, true), netRx(b, 0)
+	busy, idle, rx, wakes := coreTime(b, 0, false), coreTime(b, 0, true), netRx(b, 0), ipis(b, 1)
 	start := time.Now()
 	var n atomic.Int64
 	var failed atomic.Int64
@@ -390,6 +396,7 @@ func (l *sliced) run(b testing.TB, d time.Duration, u string) {
 	l.busy0 += coreTime(b, 0, false) - busy
 	l.idle0 += coreTime(b, 0, true) - idle
 	l.netRx0 += netRx(b, 0) - rx
+	l.wakes1 += ipis(b, 1) - wakes
 }
 
 func (l *sliced) rate() float64 { return float64(l.fetches) / l.elapsed.Seconds() }
@@ -401,6 +408,8 @@ func (l *sliced) core0PerFetch() float64 { return float64(l.busy0.Microseconds()
 func (l *sliced) core0Idle() float64 { return l.idle0.Seconds() / (l.busy0 + l.idle0).Seconds() }
 
 func (l *sliced) netRxPerFetch() float64 { return float64(l.netRx0) / float64(l.fetches) }
+
+func (l *sliced) wakesPerFetch() float64 { return float64(l.wakes1) / float64(l.fetches) }
 
 func (l *sliced) close() {
 	for _, c := range l.clients {
@@ -464,6 +473,21 @@ func netRx(b testing.TB, cpu int) int64 {
 	}
 	b.Fatalf("no NET_RX in /proc/softirqs")
 	return 0
+}
+
+// ipis is how many interrupts core cpu has received from other cores so far, to reschedule
+// or to run a function (a remote wake-up): "RES" and "CAL" in /proc/interrupts. A core
+// that falls idle is woken by one when a task on another core makes work for it.
+func ipis(b testing.TB, cpu int) int64 {
+	var n int64
+	for _, f := range procLines(b, "/proc/interrupts") {
+		if len(f) > cpu+1 && (f[0] == "RES:" || f[0] == "CAL:") {
+			v, err := strconv.ParseInt(f[cpu+1], 10, 64)
+			require.NoError(b, err)
+			n += v
+		}
+	}
+	return n
 }
 
 func procLines(b testing.TB, path string) [][]string {
