@@ -298,6 +298,17 @@ func newGateway(cfg Config, ops leaseOps, m *metrics, log *slog.Logger) *Gateway
 			}
 		},
 		Transport:  gatewayRoundTripper{g},
+		// After the reverse proxy removed the answer's hop-by-hop headers, those its
+		// Connection names included: a site can neither strip the header that names the
+		// proxy (by naming it in Connection) nor forge the gateway's own error mark.
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Header.Del(ErrorHeader)
+			resp.Header.Del(ProxyHeader)
+			if x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange); x != nil && x.proxy != "" {
+				resp.Header.Set(ProxyHeader, x.proxy)
+			}
+			return nil
+		},
 		BufferPool: copyBuffers{},
 		// The default flushes streamed answers (no length, or event streams) at once and
 		// buffers the rest: flushing every write cost a syscall per chunk for nothing.
@@ -337,6 +348,8 @@ type exchange struct {
 	body io.Closer
 	// flusher sends on what the crawler's connection holds of a plain answer (leaseBody).
 	flusher http.Flusher
+	// proxy is the fleet proxy whose answer is forwarded (ProxyHeader on it).
+	proxy string
 }
 
 func (x *exchange) want(ttl time.Duration) discovery.Want {
@@ -454,12 +467,30 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, x *exchange, kin
 		}
 	}()
 	x.flusher, _ = w.(http.Flusher)
+	if !r.ProtoAtLeast(1, 1) {
+		w = noInterim{w}
+	}
 	g.forward.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x)))
 	if x.result == "" {
 		return "ok"
 	}
 	return x.result
 }
+
+// noInterim is the answer writer of a crawler that spoke HTTP/1.0, which must not be sent
+// a 1xx answer (RFC 9110, 15.2): it would read the site's 103 as the final answer, without
+// a length, and the real answer as its body. The site's 1xx answers are dropped; the
+// reverse proxy reaches the flusher and hijacker below through Unwrap.
+type noInterim struct{ http.ResponseWriter }
+
+func (w noInterim) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		return
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w noInterim) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // authenticate finds the client whose token is the password of the request's proxy
 // credentials, reads the options of its username and holds it to its rate limit.
