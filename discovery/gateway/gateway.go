@@ -297,7 +297,7 @@ func newGateway(cfg Config, ops leaseOps, m *metrics, log *slog.Logger) *Gateway
 				}
 			}
 		},
-		Transport:  gatewayRoundTripper{g},
+		Transport: gatewayRoundTripper{g},
 		// After the reverse proxy removed the answer's hop-by-hop headers, those its
 		// Connection names included: a site can neither strip the header that names the
 		// proxy (by naming it in Connection) nor forge the gateway's own error mark.
