@@ -59,7 +59,13 @@ install_tool() {
 		echo ">> built $name in $((SECONDS - t0))s" >&2
 	fi
 	mkdir -p "$(link_dir "$name")"
-	ln -sfn "$dest/$out" "$(link_dir "$name")/$out"
+	# A new link renamed over the old one: the tool's path never goes missing for a test
+	# that starts it meanwhile (ln -sf removes the old link first).
+	local link
+	link=$(link_dir "$name")/$out
+	if [ "$(readlink "$link" 2>/dev/null)" != "$dest/$out" ]; then
+		ln -sfn "$dest/$out" "$link.tmp.$$" && mv -fT "$link.tmp.$$" "$link"
+	fi
 }
 
 tools=("$@")
