@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,6 +30,10 @@ func TestMakeDevAsAUserWould(t *testing.T) {
 	require.NoError(t, err)
 	cmd := exec.Command("make", "dev")
 	cmd.Dir = root
+	// Every process make dev starts inherits this mark, which tells them from the same
+	// binaries other suites run on the machine meanwhile (CI runs suites side by side).
+	mark := fmt.Sprintf("PROXYFLEET_DEVSTACK_TEST=%d-%d", os.Getpid(), time.Now().UnixNano())
+	cmd.Env = append(os.Environ(), mark)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -176,11 +181,16 @@ wait:
 			strings.TrimSpace(shell("bin/kubectl get proxies -l crawl.example.com/pool=tour -o name")) == ""
 	}, 3*time.Minute, time.Second, "the idle pool shrinks back to no proxy")
 
+	// The mark reaches the stack's servers, so its absence below means they are gone.
+	running := strings.Join(marked(mark), "\n")
+	for _, name := range []string{"temporal", "etcd", "kube-apiserver"} {
+		require.Contains(t, running, " "+name, "make dev's processes carry the mark")
+	}
+
 	// Ctrl-C stops everything: nothing of the group is left, and the ports are free again.
 	stop()
 	assert.ErrorIs(t, syscall.Kill(-pgid, 0), syscall.ESRCH, "processes of make dev are still running")
-	left, _ := exec.Command("pgrep", "-fl", filepath.Join(root, "bin")).CombinedOutput()
-	assert.Empty(t, strings.TrimSpace(string(left)), "binaries of the stack still running")
+	assert.Empty(t, marked(mark), "processes make dev started are still running")
 	for _, port := range []int{7233, 8233, 8089, 8090, 8091} {
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if assert.NoError(t, err, "port %d is still in use after Ctrl-C", port) {
@@ -189,4 +199,20 @@ wait:
 	}
 	_, err = os.Stat(filepath.Join(root, ".state", "logs", "worker.log"))
 	assert.NoError(t, err, "logs are kept in the state directory")
+}
+
+// marked lists the processes (pid and name) whose environment holds mark: those started by
+// make dev, whichever process group they put themselves in.
+func marked(mark string) []string {
+	var out []string
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		env, err := os.ReadFile(filepath.Join(d, "environ"))
+		if err != nil || !slices.Contains(strings.Split(string(env), "\x00"), mark) {
+			continue
+		}
+		comm, _ := os.ReadFile(filepath.Join(d, "comm"))
+		out = append(out, filepath.Base(d)+" "+strings.TrimSpace(string(comm)))
+	}
+	return out
 }

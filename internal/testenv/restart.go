@@ -43,6 +43,13 @@ type devServer struct {
 // the same port after a restart. They are drawn below the kernel's ephemeral range: a port
 // from that range, once its server is killed, can be taken as the source port of a client
 // reconnecting to it (a TCP self-connect), and the restart would then fail to bind.
+//
+// A port is free when nothing listens on it, which stays true only until its server
+// binds: meanwhile another caller, in this process or another test process (CI runs
+// suites side by side), could be handed the same port, and one of the two servers would
+// then answer the other's clients. So each port handed out is also reserved, for as long
+// as this process lives, by a lock on a file named after it (reserve), which every caller
+// respects.
 func FreePorts(n int) ([]int, error) {
 	lo := 32768
 	if raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
@@ -72,6 +79,10 @@ func FreePorts(n int) ([]int, error) {
 		if err != nil {
 			continue
 		}
+		if !reserve(p) {
+			ln.Close()
+			continue
+		}
 		held = append(held, ln) // held until all are chosen, so none is picked twice
 		ports = append(ports, p)
 	}
@@ -79,6 +90,38 @@ func FreePorts(n int) ([]int, error) {
 		return nil, fmt.Errorf("found %d free ports below %d, need %d", len(ports), lo, n)
 	}
 	return ports, nil
+}
+
+// reserved holds the lock files of the ports this process was handed by FreePorts.
+var reserved = struct {
+	sync.Mutex
+	files map[int]*os.File
+}{files: map[int]*os.File{}}
+
+// reserve takes port p for this process unless it, or another process, has it already. The
+// reservation is an exclusive flock on a file named after the port in the machine's
+// temporary directory, held until the process exits (the kernel then drops it, however
+// the process ended). Where no lock file can be made, the bind check alone decides.
+func reserve(p int) bool {
+	reserved.Lock()
+	defer reserved.Unlock()
+	if _, ok := reserved.files[p]; ok {
+		return false
+	}
+	dir := filepath.Join(os.TempDir(), "proxyfleet-test-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return true
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return true
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return false
+	}
+	reserved.files[p] = f
+	return true
 }
 
 func newDevServer(bin, dir string, out io.Writer) (*devServer, error) {

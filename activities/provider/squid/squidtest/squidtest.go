@@ -28,6 +28,7 @@ import (
 	"unicode"
 
 	"github.com/proxyfleet/proxyfleet/activities/provider/squid"
+	"github.com/proxyfleet/proxyfleet/internal/testenv"
 )
 
 // InstallHint is how to install what these tests need.
@@ -107,15 +108,15 @@ func TempPaths(t testing.TB) squid.Paths {
 	}
 }
 
-// FreePort is a TCP port of 127.0.0.1 that nothing listens on now.
+// FreePort is a TCP port of 127.0.0.1 that nothing listens on now, reserved for the caller
+// until Squid binds it (testenv.FreePorts).
 func FreePort(t testing.TB) int32 {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := testenv.FreePorts(1)
 	if err != nil {
 		t.Fatalf("squidtest: %v", err)
 	}
-	defer func() { _ = l.Close() }()
-	return int32(l.Addr().(*net.TCPAddr).Port)
+	return int32(p[0])
 }
 
 // Instance is a running Squid.
