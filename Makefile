@@ -76,8 +76,10 @@ lint: tools check-generated vet ## gofmt, go vet, workflowcheck, staticcheck, ge
 	$(GO) vet -tags chaos,devstack ./internal/chaos/ ./internal/devstack/
 	$(BIN)/staticcheck -tags chaos,devstack ./internal/chaos/ ./internal/devstack/
 	@# The Python package: it must at least compile (Debian's python3, as its tests use).
-	python3 -m compileall -q discovery/client/python >/dev/null
-	@find discovery/client/python -name __pycache__ -type d -prune -exec rm -rf {} +
+	@# Its bytecode goes to a directory of its own: nothing is written into (or removed
+	@# from) the source tree, whose caches the Python tests may be using meanwhile (CI).
+	@pyc=$$(mktemp -d); trap 'rm -rf "$$pyc"' EXIT; \
+	PYTHONPYCACHEPREFIX="$$pyc" python3 -m compileall -q discovery/client/python >/dev/null
 
 E2E_PKG   ?= ./internal/e2e/...
 E2E_FLAGS ?= -count=1 -timeout 30m
