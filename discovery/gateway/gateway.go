@@ -304,8 +304,9 @@ func newGateway(cfg Config, ops leaseOps, m *metrics, log *slog.Logger) *Gateway
 		ModifyResponse: func(resp *http.Response) error {
 			resp.Header.Del(ErrorHeader)
 			resp.Header.Del(ProxyHeader)
-			if x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange); x != nil && x.proxy != "" {
-				resp.Header.Set(ProxyHeader, x.proxy)
+			if x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange); x != nil && len(x.tried) > 0 {
+				// The last proxy tried is the one whose answer this is.
+				resp.Header.Set(ProxyHeader, x.tried[len(x.tried)-1])
 			}
 			return nil
 		},
@@ -348,8 +349,6 @@ type exchange struct {
 	body io.Closer
 	// flusher sends on what the crawler's connection holds of a plain answer (leaseBody).
 	flusher http.Flusher
-	// proxy is the fleet proxy whose answer is forwarded (ProxyHeader on it).
-	proxy string
 }
 
 func (x *exchange) want(ttl time.Duration) discovery.Want {

@@ -114,7 +114,6 @@ func (rt gatewayRoundTripper) RoundTrip(req *http.Request) (*http.Response, erro
 				return nil, err
 			}
 		}
-		x.proxy = id // the reverse proxy's ModifyResponse names it on the answer
 		done := func() { g.release(x.auth, l.LeaseID) }
 		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
 			lc := &leaseConn{ReadWriteCloser: rwc, g: g}
