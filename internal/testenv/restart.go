@@ -63,15 +63,7 @@ func FreePorts(n int) ([]int, error) {
 	if lo <= base+n {
 		return nil, fmt.Errorf("the ephemeral port range starts at %d: no room below it", lo)
 	}
-	var (
-		ports []int
-		held  []net.Listener
-	)
-	defer func() {
-		for _, ln := range held {
-			ln.Close()
-		}
-	}()
+	var ports []int
 	start := base + rand.IntN(lo-base)
 	for i := 0; i < lo-base && len(ports) < n; i++ {
 		p := base + (start-base+i)%(lo-base)
@@ -79,12 +71,11 @@ func FreePorts(n int) ([]int, error) {
 		if err != nil {
 			continue
 		}
-		if !reserve(p) {
-			ln.Close()
-			continue
+		ln.Close()
+		// Nothing listens on it; the reservation keeps it from every other caller.
+		if reserve(p) {
+			ports = append(ports, p)
 		}
-		held = append(held, ln) // held until all are chosen, so none is picked twice
-		ports = append(ports, p)
 	}
 	if len(ports) < n {
 		return nil, fmt.Errorf("found %d free ports below %d, need %d", len(ports), lo, n)
@@ -108,8 +99,8 @@ func reserve(p int) bool {
 	if _, ok := reserved.files[p]; ok {
 		return false
 	}
-	dir := filepath.Join(os.TempDir(), "proxyfleet-test-ports")
-	if err := os.MkdirAll(dir, 0o777); err != nil {
+	dir, err := portLockDir()
+	if err != nil {
 		return true
 	}
 	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p)), os.O_CREATE|os.O_RDWR, 0o666)
@@ -123,6 +114,12 @@ func reserve(p int) bool {
 	reserved.files[p] = f
 	return true
 }
+
+// portLockDir is where the ports' lock files are, made once per process.
+var portLockDir = sync.OnceValues(func() (string, error) {
+	dir := filepath.Join(os.TempDir(), "proxyfleet-test-ports")
+	return dir, os.MkdirAll(dir, 0o777)
+})
 
 func newDevServer(bin, dir string, out io.Writer) (*devServer, error) {
 	ports, err := FreePorts(3)
