@@ -133,17 +133,28 @@ func fetchLoad(b testing.TB, workers int, d time.Duration, u string, clientFor f
 // fetch the gateway refused (its 503 after waiting for a slot, for a request or a
 // tunnel's CONNECT) instead of failing, and returns their number too.
 func runLoad(b testing.TB, workers int, d time.Duration, u string, clientFor func(i int) *http.Client, refusals bool) (float64, []time.Duration, int64) {
+	clients := make([]*http.Client, workers)
+	for i := range clients {
+		clients[i] = clientFor(i)
+	}
+	defer closeIdle(clients)
+	ok, lat, refused := fetchWith(b, clients, d, u, refusals)
+	return float64(ok) / d.Seconds(), lat, refused
+}
+
+// fetchWith has every client fetch u, one fetch after another, until d has passed, and
+// returns how many fetches succeeded, their latencies, and how many were refused (counted
+// only when refusals are allowed, see runLoad). Any other outcome fails the benchmark.
+func fetchWith(b testing.TB, clients []*http.Client, d time.Duration, u string, refusals bool) (int64, []time.Duration, int64) {
 	var total, refused, failed atomic.Int64
 	var mu sync.Mutex
 	var lat []time.Duration
 	stop := time.Now().Add(d)
 	var wg sync.WaitGroup
-	for i := range workers {
+	for _, c := range clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c := clientFor(i)
-			defer c.CloseIdleConnections()
 			var mine []time.Duration
 			for time.Now().Before(stop) {
 				t0 := time.Now()
@@ -173,7 +184,13 @@ func runLoad(b testing.TB, workers int, d time.Duration, u string, clientFor fun
 	}
 	wg.Wait()
 	require.Zero(b, failed.Load(), "fetches failed")
-	return float64(total.Load()) / d.Seconds(), lat, refused.Load()
+	return total.Load(), lat, refused.Load()
+}
+
+func closeIdle(clients []*http.Client) {
+	for _, c := range clients {
+		c.CloseIdleConnections()
+	}
 }
 
 func quantile(ds []time.Duration, q float64) time.Duration {
@@ -288,8 +305,7 @@ func BenchmarkGatewayThroughput(b *testing.B) {
 				direct := newSliced(b, 0, func(i int) *http.Client { return benchClient(proxyURL(fleet[i%len(fleet)]), tc.keepAlive) })
 				all := []*sliced{ours, theirs, direct}
 				for _, l := range all {
-					l.run(b, slice, tc.url) // a warm-up: tunnels and pools opened, not counted
-					*l = sliced{pid: l.pid, clients: l.clients}
+					fetchWith(b, l.clients, slice, tc.url, false) // a warm-up: tunnels and pools opened, not counted
 				}
 				var ratios []float64
 				for range rounds {
@@ -326,7 +342,7 @@ func BenchmarkGatewayThroughput(b *testing.B) {
 					setting, tc.name, rounds, slice, base, through, squid, through/base, through/squid, mean, half,
 					slices.Min(ratios), slices.Max(ratios), ours.cpuPerFetch(), theirs.cpuPerFetch(), extra)
 				for _, l := range all {
-					l.close()
+					closeIdle(l.clients)
 				}
 			})
 		}
@@ -361,40 +377,18 @@ func (l *sliced) run(b testing.TB, d time.Duration, u string) {
 	if l.pid != 0 {
 		cpu = procCPU(b, l.pid)
 	}
-	busy, idle, rx, wakes := coreTime(b, 0, false), coreTime(b, 0, true), netRx(b, 0), ipis(b, 1)
+	busy, idle := coreTimes(b, 0)
+	rx, wakes := netRx(b, 0), ipis(b, 1)
 	start := time.Now()
-	var n atomic.Int64
-	var failed atomic.Int64
-	var wg sync.WaitGroup
-	for _, c := range l.clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Since(start) < d {
-				resp, err := c.Get(u)
-				if err != nil {
-					failed.Add(1)
-					continue
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					failed.Add(1)
-					continue
-				}
-				n.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
+	n, _, _ := fetchWith(b, l.clients, d, u, false)
 	l.elapsed += time.Since(start)
-	require.Zero(b, failed.Load(), "fetches failed")
-	l.fetches += n.Load()
+	l.fetches += n
 	if l.pid != 0 {
 		l.cpu += procCPU(b, l.pid) - cpu
 	}
-	l.busy0 += coreTime(b, 0, false) - busy
-	l.idle0 += coreTime(b, 0, true) - idle
+	busyNow, idleNow := coreTimes(b, 0)
+	l.busy0 += busyNow - busy
+	l.idle0 += idleNow - idle
 	l.netRx0 += netRx(b, 0) - rx
 	l.wakes1 += ipis(b, 1) - wakes
 }
@@ -410,12 +404,6 @@ func (l *sliced) core0Idle() float64 { return l.idle0.Seconds() / (l.busy0 + l.i
 func (l *sliced) netRxPerFetch() float64 { return float64(l.netRx0) / float64(l.fetches) }
 
 func (l *sliced) wakesPerFetch() float64 { return float64(l.wakes1) / float64(l.fetches) }
-
-func (l *sliced) close() {
-	for _, c := range l.clients {
-		c.CloseIdleConnections()
-	}
-}
 
 // meanInterval is the mean of xs and the half width of its 95% confidence interval
 // (Student's t, two-sided; 2.0 beyond 30 values).
@@ -440,25 +428,27 @@ func meanInterval(xs []float64) (float64, float64) {
 var studentT95 = []float64{12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14,
 	2.13, 2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05}
 
-// coreTime is the time core cpu spent busy (idle false) or idle (and waiting on I/O) so
-// far, from /proc/stat.
-func coreTime(b testing.TB, cpu int, idle bool) time.Duration {
+// coreTimes is the time core cpu has spent busy and idle (or waiting on I/O) so far, from
+// /proc/stat.
+func coreTimes(b testing.TB, cpu int) (busy, idle time.Duration) {
 	for _, f := range procLines(b, "/proc/stat") {
 		if len(f) < 8 || f[0] != "cpu"+strconv.Itoa(cpu) {
 			continue
 		}
-		var t time.Duration
 		for i, v := range f[1:8] {
 			n, err := strconv.ParseInt(v, 10, 64)
 			require.NoError(b, err)
-			if (i == 3 || i == 4) == idle { // the fourth and fifth: idle, iowait
-				t += time.Duration(n) * (time.Second / 100) // in USER_HZ, 100 a second
+			t := time.Duration(n) * (time.Second / 100) // in USER_HZ, 100 a second
+			if i == 3 || i == 4 {                       // the fourth and fifth: idle, iowait
+				idle += t
+			} else {
+				busy += t
 			}
 		}
-		return t
+		return busy, idle
 	}
 	b.Fatalf("no cpu%d in /proc/stat", cpu)
-	return 0
+	return 0, 0
 }
 
 // netRx is core cpu's count of network receive softirqs so far: on loopback, a segment
